@@ -1,0 +1,58 @@
+"""Our error tree. Library errors are translated at the boundary (``raise ... from exc``).
+
+WeightControllerError
+├── ConfigError            bad settings; the CLI exits 2
+└── ScrapeError            one page could not be turned into samples; carries a Reason
+    ├── ScrapeTimeoutError
+    ├── ScrapeConnectError
+    ├── ScrapeHTTPStatusError
+    ├── ScrapeTooLargeError
+    └── ScrapeParseError
+"""
+
+from __future__ import annotations
+
+from controller.model import Reason
+
+
+class WeightControllerError(Exception):
+    """Base of every error this package raises on purpose."""
+
+
+class ConfigError(WeightControllerError):
+    """The settings are invalid; ``lines`` holds one ``field: reason`` per problem."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__("\n".join(lines))
+        self.lines = lines
+
+
+class ScrapeError(WeightControllerError):
+    """A page could not be fetched or read. ``reason`` feeds health and the error counter."""
+
+    reason: Reason = Reason.PARSE
+
+    def __init__(self, url: str, detail: str) -> None:
+        super().__init__(f"{url}: {detail}")
+        self.url = url
+        self.detail = detail
+
+
+class ScrapeTimeoutError(ScrapeError):
+    reason = Reason.TIMEOUT
+
+
+class ScrapeConnectError(ScrapeError):
+    reason = Reason.CONNECT
+
+
+class ScrapeHTTPStatusError(ScrapeError):
+    reason = Reason.HTTP_STATUS
+
+
+class ScrapeTooLargeError(ScrapeError):
+    reason = Reason.TOO_LARGE
+
+
+class ScrapeParseError(ScrapeError):
+    reason = Reason.PARSE

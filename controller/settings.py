@@ -1,0 +1,339 @@
+"""One typed Settings object: a YAML file, overridden by ``WEIGHT_CONTROLLER_*`` environment.
+
+Every default says why it is what it is. Durations accept ``500ms``, ``10s``, ``2m``, ``1h`` or a
+bare number of seconds. ``load_settings`` turns every validation problem into one line
+``field.path: reason`` inside a ``ConfigError``; nothing here reads globals at import time.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal, Self
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    HttpUrl,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from controller.errors import ConfigError
+
+ENV_PREFIX = "WEIGHT_CONTROLLER_"
+CONFIG_ENV = ENV_PREFIX + "CONFIG"
+
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def parse_duration(value: object) -> object:
+    """``"500ms"`` → 0.5; numbers pass through as seconds; anything else is left to fail."""
+    if isinstance(value, str):
+        found = _DURATION_RE.match(value)
+        if found is None:
+            raise ValueError(f"not a duration: {value!r} (use e.g. 500ms, 10s, 2m)")
+        return float(found.group(1)) * _UNIT_SECONDS[found.group(2)]
+    return value
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
+"""Seconds, written as ``10s``/``500ms``/``2m`` or a number."""
+
+
+class _Group(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ClusterSettings(_Group):
+    """One cluster serving the model: where its signals are read."""
+
+    name: str = Field(
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        max_length=63,
+        description="Names the cluster in logs, metric labels and weights (a DNS label).",
+    )
+    vllm_urls: list[HttpUrl] = Field(
+        default_factory=list,
+        description="vLLM /metrics pages, one per pod; KV cache, queue and e2e latency.",
+    )
+    epp_url: HttpUrl | None = Field(
+        default=None, description="The EPP /metrics page: request latency and pool averages."
+    )
+    model_name: str | None = Field(
+        default=None,
+        description="Only series with this model_name label count; unset reads every model.",
+    )
+    pool_name: str | None = Field(
+        default=None,
+        description="Only EPP pool-average series with this name label count; unset reads all.",
+    )
+    bearer_token_file: Path | None = Field(
+        default=None,
+        description="Sent as 'Authorization: Bearer'; re-read when it changes (tokens rotate).",
+    )
+    ca_file: Path | None = Field(
+        default=None, description="CA bundle for https URLs; the system store when unset."
+    )
+    tls_insecure_skip_verify: bool = Field(
+        default=False, description="Off: TLS is verified unless an operator opts out here."
+    )
+    timeout: Duration | None = Field(
+        default=None, description="Per-request timeout for this cluster; scrape.timeout if unset."
+    )
+
+    @model_validator(mode="after")
+    def _has_a_source(self) -> Self:
+        if not self.vllm_urls and self.epp_url is None:
+            raise ValueError("needs at least one of vllm_urls or epp_url")
+        return self
+
+
+class ScrapeSettings(_Group):
+    timeout: Duration = Field(
+        default=3.0,
+        description="Per-request timeout; well under the interval so a slow pod cannot stall a "
+        "tick.",
+    )
+    max_body_bytes: int = Field(
+        default=10 * 1024 * 1024,
+        gt=0,
+        description="A /metrics page larger than this is refused while reading (10 MiB is ~50x "
+        "a busy vLLM page).",
+    )
+    min_pod_fraction: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="A cluster stays usable while at least this share of its pods answer.",
+    )
+    min_latency_requests: float = Field(
+        default=5,
+        ge=1,
+        description="Fewer requests than this between two scrapes leave latency unknown: a "
+        "quantile of a handful of requests is noise.",
+    )
+
+
+class HealthSettings(_Group):
+    failures_to_unhealthy: int = Field(
+        default=2, ge=1, description="One failed scrape is a blip; two in a row is an outage."
+    )
+    successes_to_healthy: int = Field(
+        default=2,
+        ge=1,
+        description="A recovering cluster must prove itself twice before it gets traffic.",
+    )
+    max_staleness: Duration = Field(
+        default=60.0,
+        description="Data older than this (sample timestamps, or the last good scrape) is "
+        "stale, and the cluster unhealthy, whatever the failure count says.",
+    )
+
+
+class WeightSettings(_Group):
+    floor: int = Field(
+        default=2,
+        ge=0,
+        le=50,
+        description="Every healthy cluster keeps this much traffic, so its signals stay fresh.",
+    )
+    max_step: int = Field(
+        default=25,
+        ge=1,
+        le=100,
+        description="No healthy cluster's weight moves more than this per tick, so traffic "
+        "never lurches.",
+    )
+    deadband: int = Field(
+        default=3,
+        ge=0,
+        le=50,
+        description="Moves smaller than this are noise: the weights are not republished.",
+    )
+    smoothing: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="Share of the way to the target taken per tick (1 = no smoothing).",
+    )
+    kv_saturation: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="KV-cache use at which a cluster counts as full: vLLM preempts before 100%.",
+    )
+    kv_exponent: float = Field(
+        default=1.0,
+        gt=0,
+        description="Curvature of the KV headroom score; above 1 sheds load from warm clusters "
+        "earlier.",
+    )
+    queue_reference: float = Field(
+        default=4.0,
+        gt=0,
+        description="Waiting requests per pod that count as a real queue: a cluster with this "
+        "many more than the shortest queue loses about half its weight.",
+    )
+    queue_sensitivity: float = Field(
+        default=1.0, ge=0, description="Exponent of the queue penalty; 0 ignores queues."
+    )
+    latency_quantile: Literal["p50", "p90", "mean"] = Field(
+        default="p90", description="The latency compared across clusters: the tail users feel."
+    )
+    latency_sensitivity: float = Field(
+        default=0.5,
+        ge=0,
+        description="Exponent of (fastest / this) latency; 0.5 halves weight at 4x the latency.",
+    )
+
+    @model_validator(mode="after")
+    def _deadband_below_step(self) -> Self:
+        if self.deadband >= self.max_step:
+            raise ValueError("deadband must be smaller than max_step, or weights never move")
+        return self
+
+
+class ServerSettings(_Group):
+    bind: str = Field(
+        default="0.0.0.0:8080",
+        description="host:port for /metrics, /healthz, /readyz; all interfaces so Prometheus "
+        "can reach the pod.",
+    )
+
+    @field_validator("bind")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+            raise ValueError(f"expected host:port, got {value!r}")
+        return value
+
+    @property
+    def host(self) -> str:
+        return self.bind.rpartition(":")[0].strip("[]")
+
+    @property
+    def port(self) -> int:
+        return int(self.bind.rpartition(":")[2])
+
+
+class LogSettings(_Group):
+    level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info", description="One line per cluster per tick at info."
+    )
+    format: Literal["auto", "json", "console"] = Field(
+        default="auto", description="auto: key=value on a terminal, JSON otherwise."
+    )
+
+
+class Settings(BaseSettings):
+    """Everything the controller needs, validated once at start-up."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        extra="forbid",
+        frozen=True,
+    )
+
+    interval: Duration = Field(
+        default=10.0,
+        description="Reconcile period: fast enough to follow KV pressure, slow enough that a "
+        "weight change shows in the next scrape.",
+    )
+    clusters: list[ClusterSettings] = Field(min_length=1)
+    scrape: ScrapeSettings = Field(default_factory=ScrapeSettings)
+    health: HealthSettings = Field(default_factory=HealthSettings)
+    weights: WeightSettings = Field(default_factory=WeightSettings)
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    log: LogSettings = Field(default_factory=LogSettings)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The YAML file arrives as init kwargs; the environment overrides it.
+        return env_settings, init_settings
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        names = [cluster.name for cluster in self.clusters]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"cluster names must be unique: {', '.join(duplicates)}")
+        if self.scrape.timeout >= self.interval:
+            raise ValueError("scrape.timeout must be shorter than interval")
+        for cluster in self.clusters:
+            if cluster.timeout is not None and cluster.timeout >= self.interval:
+                name = cluster.name
+                raise ValueError(f"clusters '{name}': timeout must be shorter than interval")
+        return self
+
+    def cluster_timeout(self, cluster: ClusterSettings) -> float:
+        return cluster.timeout if cluster.timeout is not None else self.scrape.timeout
+
+
+def _format_loc(loc: tuple[int | str, ...]) -> str:
+    text = ""
+    for part in loc:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif part.startswith(("function-after", "function-before")):
+            continue
+        else:
+            text += f".{part}" if text else part
+    return text or "(top level)"
+
+
+def _error_lines(exc: ValidationError) -> list[str]:
+    lines = []
+    for error in exc.errors(include_url=False):
+        message = error["msg"].removeprefix("Value error, ")
+        lines.append(f"{_format_loc(tuple(error['loc']))}: {message}")
+    return lines
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError([f"{path}: cannot read: {exc.strerror or exc}"]) from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError([f"{path}: not valid YAML: {exc}".replace("\n", " ")]) from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError([f"{path}: the top level must be a mapping"])
+    return data
+
+
+def build_settings(data: Mapping[str, Any]) -> Settings:
+    """Validate a mapping (plus the environment) into Settings, or raise ConfigError."""
+    try:
+        return Settings(**data)
+    except ValidationError as exc:
+        raise ConfigError(_error_lines(exc)) from exc
+
+
+def load_settings(path: Path | None = None) -> Settings:
+    """The file named by ``path`` or ``$WEIGHT_CONTROLLER_CONFIG``, then the environment."""
+    if path is None and os.environ.get(CONFIG_ENV):
+        path = Path(os.environ[CONFIG_ENV])
+    data = read_yaml(path) if path is not None else {}
+    return build_settings(data)

@@ -1,0 +1,113 @@
+"""HTTP for sources: one GET with a timeout, a size cap enforced while reading, auth and TLS.
+
+aiohttp's exceptions are translated here into our ScrapeError tree, so callers catch one type.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import ssl
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+from controller.errors import (
+    ScrapeConnectError,
+    ScrapeError,
+    ScrapeHTTPStatusError,
+    ScrapeParseError,
+    ScrapeTimeoutError,
+    ScrapeTooLargeError,
+)
+
+# The classic text format: prometheus-client >= 0.23 would rename vllm: metrics for OpenMetrics.
+ACCEPT_TEXT = "text/plain;version=0.0.4;q=1.0,*/*;q=0.1"
+_CHUNK = 64 * 1024
+
+
+class TokenFile:
+    """A bearer token read from a file and re-read whenever the file changes.
+
+    Projected service-account tokens are rotated in place by the kubelet; a cached token would
+    start failing with 401 an hour later. A stat per request is cheap next to the request.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._stamp: tuple[int, int, int] | None = None
+        self._token = ""
+
+    def header(self) -> str:
+        stat = os.stat(self._path)
+        stamp = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+        if stamp != self._stamp:
+            self._token = self._path.read_text(encoding="utf-8").strip()
+            self._stamp = stamp
+        return f"Bearer {self._token}"
+
+    def __repr__(self) -> str:  # never show the token
+        return f"TokenFile({str(self._path)!r})"
+
+
+def ssl_context(ca_file: Path | None, insecure: bool) -> ssl.SSLContext | bool:
+    """``True`` (verify with the system store) unless a CA file or an explicit opt-out says."""
+    if insecure:
+        return False
+    if ca_file is not None:
+        return ssl.create_default_context(cafile=str(ca_file))
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """How to GET one URL: its timeout, size cap, credentials and TLS settings."""
+
+    url: str
+    timeout: float
+    max_bytes: int
+    token: TokenFile | None = None
+    tls: ssl.SSLContext | bool = True
+
+
+async def get_text(session: aiohttp.ClientSession, endpoint: Endpoint, accept: str) -> str:
+    """The body of a 200 response as text, or a ScrapeError saying what went wrong."""
+    url = endpoint.url
+    headers = {"Accept": accept, "Accept-Encoding": "gzip"}
+    if endpoint.token is not None:
+        try:
+            headers["Authorization"] = endpoint.token.header()
+        except OSError as exc:
+            raise ScrapeConnectError(url, f"cannot read the bearer token file: {exc}") from exc
+    try:
+        async with asyncio.timeout(endpoint.timeout):
+            async with session.get(url, headers=headers, ssl=endpoint.tls) as response:
+                if response.status != 200:
+                    raise ScrapeHTTPStatusError(url, f"HTTP {response.status}")
+                body = await _read_capped(response, endpoint)
+    except TimeoutError as exc:
+        raise ScrapeTimeoutError(url, f"no complete answer within {endpoint.timeout:g}s") from exc
+    except aiohttp.ClientPayloadError as exc:
+        raise ScrapeParseError(url, f"body cut short or badly encoded: {exc}") from exc
+    except (aiohttp.ClientConnectionError, OSError) as exc:
+        raise ScrapeConnectError(url, f"{type(exc).__name__}: {exc}") from exc
+    except aiohttp.ClientError as exc:
+        raise ScrapeError(url, f"{type(exc).__name__}: {exc}") from exc
+    return body.decode("utf-8", errors="replace")
+
+
+async def _read_capped(response: aiohttp.ClientResponse, endpoint: Endpoint) -> bytes:
+    limit = endpoint.max_bytes
+    declared = response.content_length
+    if declared is not None and declared > limit:
+        raise ScrapeTooLargeError(endpoint.url, f"Content-Length {declared} > {limit}")
+    chunks: list[bytes] = []
+    size = 0
+    # Counted after decompression, so a small gzip bomb is refused too.
+    async for chunk in response.content.iter_chunked(_CHUNK):
+        size += len(chunk)
+        if size > limit:
+            raise ScrapeTooLargeError(endpoint.url, f"body larger than {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
