@@ -1,0 +1,163 @@
+"""Pure: per-cluster signals + health + the weights now in force → the next integer weights.
+
+The result always sums to exactly 100 (the ExternalModel ``weight`` field is 0..100 and the
+router picks by weighted random choice over the total) and is never all zeros.
+
+1. Target: every healthy cluster gets ``floor``; the rest is shared in proportion to a score:
+   KV headroom ``(1 - kv / kv_saturation) ** kv_exponent``, times a queue penalty and a latency
+   penalty relative to the best cluster. Unhealthy clusters get 0. If every healthy cluster is
+   saturated, they split evenly.
+2. Step: from the weights in force (a dead cluster's share first handed to the survivors in
+   proportion to what they carry), move ``smoothing`` of the way to the target, at most
+   ``max_step`` per cluster, keeping the sum.
+3. Hold: if no weight moved by ``deadband`` and no cluster gained or lost traffic entirely,
+   keep the weights in force — noise is not republished.
+The first decision (nothing in force yet) is the target itself. With no healthy cluster the
+weights in force are kept (fail static).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from controller.model import Decision, Mode, Signals
+from controller.settings import WeightSettings
+
+TOTAL = 100
+
+
+def scores(healthy: Mapping[str, Signals], params: WeightSettings) -> dict[str, float]:
+    """How much each healthy cluster deserves traffic, ≥ 0; 0 means saturated."""
+    queues = [s.queue_per_pod for s in healthy.values() if s.queue_per_pod is not None]
+    latencies = [s.latency for s in healthy.values() if s.latency is not None and s.latency > 0]
+    shortest = min(queues, default=0.0)
+    fastest = min(latencies, default=0.0)
+    result = {}
+    for name, signal in healthy.items():
+        headroom = max(0.0, 1.0 - signal.kv / params.kv_saturation) ** params.kv_exponent
+        penalty = 1.0
+        if signal.queue_per_pod is not None:
+            ratio = (params.queue_reference + shortest) / (
+                params.queue_reference + signal.queue_per_pod
+            )
+            penalty *= ratio**params.queue_sensitivity
+        if signal.latency is not None and signal.latency > 0:
+            penalty *= (fastest / signal.latency) ** params.latency_sensitivity
+        result[name] = headroom * penalty
+    return result
+
+
+def targets(
+    clusters: Mapping[str, Signals | None], params: WeightSettings
+) -> tuple[dict[str, float], bool]:
+    """Real-valued target weights summing to 100, and whether every healthy one is saturated."""
+    healthy = {n: s for n, s in clusters.items() if s is not None}
+    result = dict.fromkeys(clusters, 0.0)
+    floor = min(float(params.floor), TOTAL / len(healthy))
+    score = scores(healthy, params)
+    total = sum(score.values())
+    if total <= 0:
+        for name in healthy:
+            result[name] = TOTAL / len(healthy)
+        return result, True
+    spare = TOTAL - floor * len(healthy)
+    for name in healthy:
+        result[name] = floor + spare * score[name] / total
+    return result, False
+
+
+def decide(
+    clusters: Mapping[str, Signals | None],
+    in_force: Mapping[str, int] | None,
+    params: WeightSettings,
+) -> Decision:
+    """The next weights. ``clusters`` maps every cluster to its signals, or ``None`` if
+    unhealthy; ``in_force`` is what was last published (``None`` before the first time)."""
+    previous = {n: in_force.get(n, 0) for n in clusters} if in_force else None
+    if previous is not None and sum(previous.values()) <= 0:
+        previous = None
+    healthy = [n for n, s in clusters.items() if s is not None]
+    if not healthy:
+        if previous is None:
+            return Decision(None, {}, Mode.NO_DATA, False, ("no cluster has usable data yet",))
+        note = "every cluster is unhealthy: keeping the last weights (fail static)"
+        return Decision(previous, {}, Mode.FAIL_STATIC, False, (note,))
+    goal, saturated = targets(clusters, params)
+    mode = Mode.SATURATED if saturated else Mode.NORMAL
+    base = _survivors(previous, healthy) if previous else None
+    if previous is None or base is None:
+        return Decision(round_to_total(goal, params.floor, healthy), goal, Mode.INITIAL, True)
+    moved = _with_floor(_step(base, goal, params), healthy, params.floor)
+    weights = round_to_total(moved, params.floor, healthy)
+    if _is_noise(previous, weights, params.deadband):
+        return Decision(previous, goal, Mode.HOLD, False)
+    return Decision(weights, goal, mode, weights != previous)
+
+
+def _survivors(previous: Mapping[str, int], healthy: list[str]) -> dict[str, float] | None:
+    """The weights in force with unhealthy clusters' share handed to the healthy ones in
+    proportion to what they carry; ``None`` if no healthy cluster carries anything."""
+    carried = sum(previous[n] for n in healthy)
+    if carried <= 0:
+        return None
+    result = dict.fromkeys(previous, 0.0)
+    for name in healthy:
+        result[name] = previous[name] * TOTAL / carried
+    return result
+
+
+def _step(
+    base: Mapping[str, float], goal: Mapping[str, float], params: WeightSettings
+) -> dict[str, float]:
+    cap = float(params.max_step)
+    delta = {n: max(-cap, min(cap, params.smoothing * (goal[n] - base[n]))) for n in base}
+    gains = sum(d for d in delta.values() if d > 0)
+    losses = -sum(d for d in delta.values() if d < 0)
+    # Capping broke the zero sum; shrink the larger side so the total stays 100.
+    if gains > losses:
+        delta = {n: d * losses / gains if d > 0 else d for n, d in delta.items()}
+    elif losses > gains:
+        delta = {n: d * gains / losses if d < 0 else d for n, d in delta.items()}
+    return {n: base[n] + delta[n] for n in base}
+
+
+def _with_floor(values: Mapping[str, float], healthy: list[str], floor: int) -> dict[str, float]:
+    """Lift healthy clusters below the floor, taking from the others' excess over it."""
+    low = min(float(floor), TOTAL / len(healthy))
+    result = dict(values)
+    deficit = sum(max(0.0, low - result[n]) for n in healthy)
+    if deficit <= 0:
+        return result
+    excess = {n: result[n] - low for n in healthy if result[n] > low}
+    spare = sum(excess.values())
+    for name in healthy:
+        if name in excess:
+            result[name] -= deficit * excess[name] / spare
+        else:
+            result[name] = low
+    return result
+
+
+def round_to_total(values: Mapping[str, float], floor: int, healthy: list[str]) -> dict[str, int]:
+    """Integers summing to exactly 100 (largest remainder; ties by name, so deterministic).
+
+    Only healthy clusters receive the rounding remainder, and none ends below the floor
+    (float error can leave 1.9999 where 2 was meant)."""
+    ints = {n: (int(v) if n in healthy else 0) for n, v in values.items()}
+    short = TOTAL - sum(ints.values())
+    by_remainder = sorted(healthy, key=lambda n: (-(values[n] - ints[n]), n))
+    for name in by_remainder[: max(0, short)]:
+        ints[name] += 1
+    low = min(floor, TOTAL // len(healthy))
+    for name in healthy:
+        while ints[name] < low:
+            donor = max(healthy, key=lambda n: (ints[n], n))
+            ints[donor] -= 1
+            ints[name] += 1
+    return ints
+
+
+def _is_noise(previous: Mapping[str, int], weights: Mapping[str, int], deadband: int) -> bool:
+    if any((previous[n] > 0) != (weights[n] > 0) for n in weights):
+        return False  # a cluster gained or lost traffic entirely: always publish
+    return max(abs(weights[n] - previous[n]) for n in weights) < deadband

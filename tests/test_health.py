@@ -1,0 +1,94 @@
+"""The health state machine: hysteresis both ways, explicit reasons, staleness."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import pytest
+
+from controller.health import failure_reason, judge
+from controller.model import ClusterHealth, ClusterMetrics, PodError, Reason
+from controller.settings import HealthSettings
+
+H = HealthSettings()
+NOW = 1_000_000.0
+
+
+def good(now: float = NOW, **kw: object) -> ClusterMetrics:
+    fields: dict[str, object] = {"pods_scraped": 2, "pods_answering": 2, "kv_mean": 0.3, "kv_max": 0.4}
+    fields.update(kw)
+    return ClusterMetrics(cluster="a", scraped_at=now, duration=0.01, **fields)  # type: ignore[arg-type]
+
+
+def bad(reason: Reason = Reason.TIMEOUT, now: float = NOW) -> ClusterMetrics:
+    return ClusterMetrics.failed("a", now, reason, "boom")
+
+
+def run(fetches: Iterable[ClusterMetrics], start: ClusterHealth | None = None) -> list[ClusterHealth]:
+    states = []
+    state = start
+    for metrics in fetches:
+        state = judge(state, metrics, H, 0.5, metrics.scraped_at)
+        states.append(state)
+    return states
+
+
+@pytest.mark.parametrize(
+    ("metrics", "reason"),
+    [
+        (good(), None),
+        (bad(Reason.CONNECT), Reason.CONNECT),
+        (good(kv_mean=None, kv_max=None), Reason.MISSING_METRIC),
+        (good(pods_scraped=0, pods_answering=0), Reason.NO_PODS),
+        (
+            good(
+                pods_scraped=3,
+                pods_answering=1,
+                errors=(PodError("u1", Reason.HTTP_STATUS, "500"), PodError("u2", Reason.HTTP_STATUS, "503")),
+            ),
+            Reason.HTTP_STATUS,
+        ),
+        (good(observed_at=NOW - 120), Reason.STALE),
+    ],
+)
+def test_failure_reasons_are_explicit(metrics: ClusterMetrics, reason: Reason | None) -> None:
+    assert failure_reason(metrics, 0.5, H.max_staleness, NOW) == reason
+
+
+def test_some_pods_failing_is_usable_but_degraded() -> None:
+    metrics = good(pods_scraped=3, pods_answering=2, errors=(PodError("u", Reason.TIMEOUT, "slow"),))
+    (state,) = run([metrics])
+    assert state.healthy and state.degraded and state.reason is None
+
+
+def test_first_good_fetch_is_healthy_first_bad_is_unhealthy() -> None:
+    assert run([good()])[0].healthy
+    first = run([bad()])[0]
+    assert not first.healthy and first.reason is Reason.TIMEOUT
+
+
+def test_one_failure_is_a_blip_two_is_an_outage_and_signals_are_held() -> None:
+    states = run([good(), bad(now=NOW + 10), bad(now=NOW + 20)])
+    assert states[1].healthy and states[1].reason is Reason.TIMEOUT
+    assert states[1].signals is not None and states[1].signals.kv_mean == 0.3
+    assert not states[2].healthy and states[2].changed and states[2].signals is None
+
+
+def test_recovery_needs_consecutive_successes() -> None:
+    states = run([good(), bad(), bad(), good(), bad(), good(), good()])
+    assert [s.healthy for s in states] == [True, True, False, False, False, False, True]
+    assert states[-1].changed
+
+
+def test_stale_data_is_unhealthy_at_once() -> None:
+    states = run([good(), good(now=NOW + 10, observed_at=NOW - 100)])
+    assert not states[1].healthy and states[1].reason is Reason.STALE
+
+
+def test_held_signals_go_stale() -> None:
+    short = HealthSettings(failures_to_unhealthy=5, max_staleness=15)
+    state = judge(None, good(), short, 0.5, NOW)
+    state = judge(state, bad(now=NOW + 10), short, 0.5, NOW + 10)
+    assert state.healthy
+    state = judge(state, bad(now=NOW + 20), short, 0.5, NOW + 20)
+    assert not state.healthy and state.reason is Reason.STALE
