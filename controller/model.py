@@ -18,6 +18,7 @@ class Reason(StrEnum):
     MISSING_METRIC = "missing_metric"
     STALE = "stale"
     NO_PODS = "no_pods"
+    INTERNAL = "internal"
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,174 @@
+"""Wiring: one ClientSession, a source per cluster, the reconciler, the HTTP server, and an
+ordered shutdown (stop ticking → short grace → cancel → close server and session)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any
+
+import aiohttp
+import structlog
+from aiohttp import web
+
+from controller import server
+from controller.exporter import Snapshot, make_registry
+from controller.loop import Reconciler, TickReport
+from controller.publish import Publisher
+from controller.publish.dryrun import DryRunPublisher
+from controller.settings import Settings
+from controller.sources import ClusterMetricsSource
+from controller.sources.scrape import ScrapeSource
+
+log = structlog.get_logger("controller.app")
+
+# SIGTERM → the tick in flight gets this long to finish before it is cancelled; the rest of
+# shutdown (server, sessions) takes well under a second, so the process exits within 5 s.
+SHUTDOWN_GRACE = 2.0
+
+
+def build_sources(
+    settings: Settings, session: aiohttp.ClientSession, clock: Callable[[], float]
+) -> list[ClusterMetricsSource]:
+    return [
+        ScrapeSource(cluster, settings.scrape, settings.cluster_timeout(cluster), session, clock)
+        for cluster in settings.clusters
+    ]
+
+
+def _connector(settings: Settings) -> aiohttp.TCPConnector:
+    pods = sum(len(c.vllm_urls) + (c.epp_url is not None) for c in settings.clusters)
+    # One connection per endpoint is enough (one request per endpoint per tick), and keep-alive
+    # saves a handshake per scrape.
+    return aiohttp.TCPConnector(limit=max(100, pods), limit_per_host=0, ttl_dns_cache=60)
+
+
+class Controller:
+    """The running controller. ``async with Controller(settings) as c: await c.run(stop)``."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        publisher: Publisher | None = None,
+        clock: Callable[[], float] = time.time,
+        serve: bool = True,
+        on_tick: Callable[[TickReport], None] | None = None,
+    ) -> None:
+        self._on_tick = on_tick
+        self.settings = settings
+        self.publisher: Publisher = publisher or DryRunPublisher()
+        self.snapshot = Snapshot()
+        self.registry, self.metrics = make_registry(self.snapshot)
+        self._clock = clock
+        self._serve = serve
+        self._session: aiohttp.ClientSession | None = None
+        self._runner: web.AppRunner | None = None
+        self.port: int | None = None
+        self.reconciler: Reconciler | None = None
+
+    async def __aenter__(self) -> Controller:
+        self._session = aiohttp.ClientSession(
+            connector=_connector(self.settings),
+            headers={"User-Agent": "weight-controller"},
+        )
+        sources: Sequence[ClusterMetricsSource] = build_sources(
+            self.settings, self._session, self._clock
+        )
+        self.reconciler = Reconciler(
+            self.settings,
+            sources,
+            self.publisher,
+            self.metrics,
+            self.snapshot,
+            self._clock,
+            self._on_tick,
+        )
+        if self._serve:
+            app = server.make_app(self.registry, self.snapshot, self.settings.interval)
+            bind = self.settings.server
+            self._runner, self.port = await server.start(app, bind.host, bind.port)
+            log.info("serving", address=f"{bind.host}:{self.port}")
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+
+    async def once(self) -> TickReport:
+        assert self.reconciler is not None, "use inside 'async with'"
+        return await self.reconciler.tick()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Reconcile until ``stop`` is set, then give the tick in flight a short grace."""
+        assert self.reconciler is not None, "use inside 'async with'"
+        task = asyncio.create_task(self.reconciler.run(stop), name="reconcile-loop")
+        stopper = asyncio.create_task(stop.wait(), name="stop-wait")
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        if not task.done():
+            log.info("stopping", grace_seconds=SHUTDOWN_GRACE)
+            try:
+                await asyncio.wait_for(asyncio.shield(task), SHUTDOWN_GRACE)
+            except TimeoutError:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        task.result()  # surface a crash of the loop itself (it catches per tick)
+
+
+def install_signal_handlers(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+
+
+async def serve_forever(settings: Settings, publisher: Publisher | None = None) -> None:
+    stop = asyncio.Event()
+    install_signal_handlers(stop)
+    async with Controller(settings, publisher) as controller:
+        await controller.run(stop)
+    log.info("stopped")
+
+
+def report_json(report: TickReport) -> dict[str, Any]:
+    """The ``once`` output: every signal and decision per cluster, ``null`` when unknown."""
+    clusters: dict[str, Any] = {}
+    for name, view in report.clusters.items():
+        m, h = view.metrics, view.health
+        latency = m.latency if m else None
+        clusters[name] = {
+            "vram_utilization": m.kv_mean if m else None,
+            "vram_utilization_max": m.kv_max if m else None,
+            "kv_metric": m.kv_family if m else None,
+            "queue_depth": m.queue_depth if m else None,
+            "running": m.running if m else None,
+            "latency_p50_seconds": latency.p50 if latency else None,
+            "latency_p90_seconds": latency.p90 if latency else None,
+            "pods_scraped": m.pods_scraped if m else 0,
+            "pods_answering": m.pods_answering if m else 0,
+            "healthy": h.healthy if h else False,
+            "degraded": h.degraded if h else False,
+            "reason": h.reason.value if h and h.reason else None,
+            "weight": view.weight,
+            "target_weight": view.target,
+            "errors": [
+                {"url": e.url, "reason": e.reason.value, "detail": e.detail}
+                for e in (m.errors if m else ())
+            ],
+        }
+    decision = report.decision
+    return {"clusters": clusters, "mode": decision.mode.value, "notes": list(decision.notes)}
+
+
+__all__ = ["Controller", "report_json", "serve_forever"]

@@ -1,0 +1,81 @@
+"""``weight-controller run | once | check-config | demo``.
+
+A bad config exits 2 with one ``field: reason`` line per problem on stderr, no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+
+from controller import __version__, logs
+from controller.app import Controller, report_json, serve_forever
+from controller.errors import ConfigError
+from controller.settings import CONFIG_ENV, Settings, load_settings
+
+EXIT_CONFIG = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", type=Path, help=f"YAML settings file (default: ${CONFIG_ENV})")
+    parser = argparse.ArgumentParser(
+        prog="weight-controller",
+        description="Steer LLM traffic away from clusters under KV-cache pressure.",
+    )
+    parser.add_argument("--version", action="version", version=__version__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", parents=[common], help="the daemon: reconcile every interval")
+    run.add_argument(
+        "--dry-run", action="store_true", help="compute and export, write nothing (default now)"
+    )
+    sub.add_parser("once", parents=[common], help="one reconcile, printed as JSON")
+    check = sub.add_parser("check-config", help="validate a config file, print it normalised")
+    check.add_argument("path", type=Path)
+    demo = sub.add_parser("demo", help="simulated clusters on loopback + the controller")
+    demo.add_argument("--duration", type=float, default=None, help="seconds, then exit")
+    demo.add_argument("--interval", type=float, default=1.0, help="reconcile period, seconds")
+    demo.add_argument("--bind", default="127.0.0.1:8080", help="our /metrics address")
+    demo.add_argument("--verbose", action="store_true", help="also print the structured logs")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "check-config":
+            return _check_config(args.path)
+        if args.command == "demo":
+            from controller.demo.runner import run_demo
+
+            return asyncio.run(run_demo(args.duration, args.interval, args.bind, args.verbose))
+        settings = load_settings(args.config)
+    except ConfigError as exc:
+        for line in exc.lines:
+            print(f"config error: {line}", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.command == "once":  # stdout carries the JSON; logs go to stderr
+        logs.configure(settings.log.level, settings.log.format, sys.stderr)
+        return asyncio.run(_once(settings))
+    logs.configure(settings.log.level, settings.log.format)
+    asyncio.run(serve_forever(settings))
+    return 0
+
+
+def _check_config(path: Path) -> int:
+    settings = load_settings(path)
+    print(yaml.safe_dump(settings.model_dump(mode="json"), sort_keys=False), end="")
+    return 0
+
+
+async def _once(settings: Settings) -> int:
+    async with Controller(settings, serve=False) as controller:
+        report = await controller.once()
+    print(json.dumps(report_json(report), indent=2))
+    return 0

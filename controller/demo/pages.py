@@ -1,0 +1,102 @@
+"""Realistic /metrics pages for simulated pods: vLLM V1 (``engine`` label,
+``vllm:kv_cache_usage_perc``), vLLM V0 (``vllm:gpu_cache_usage_perc``) and an llm-d EPP.
+
+Latency histograms are cumulative counters that grow as simulated requests complete, the way
+real ones do, so the controller's between-scrape latency has something to difference.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+LATENCY_BOUNDS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0)
+
+
+@dataclass(slots=True)
+class CumulativeHistogram:
+    """Counts per bucket (not yet cumulative), plus sum and count, like a client library."""
+
+    bounds: Sequence[float] = LATENCY_BOUNDS
+    counts: list[float] = field(default_factory=lambda: [0.0] * (len(LATENCY_BOUNDS) + 1))
+    total: float = 0.0
+    sum: float = 0.0
+
+    def observe(self, seconds: float, times: int = 1) -> None:
+        self.counts[bisect.bisect_left(self.bounds, seconds)] += times
+        self.total += times
+        self.sum += seconds * times
+
+    def lines(self, name: str, labels: str) -> list[str]:
+        out = [f"# HELP {name} Request latency in seconds.", f"# TYPE {name} histogram"]
+        running = 0.0
+        for bound, count in zip([*self.bounds, math.inf], self.counts, strict=True):
+            running += count
+            le = "+Inf" if math.isinf(bound) else repr(float(bound))
+            out.append(f'{name}_bucket{{{labels},le="{le}"}} {running}')
+        out.append(f"{name}_sum{{{labels}}} {self.sum}")
+        out.append(f"{name}_count{{{labels}}} {self.total}")
+        return out
+
+
+def vllm_v1_page(
+    model: str,
+    kv: Sequence[float],
+    waiting: Sequence[float],
+    running: Sequence[float],
+    e2e: Sequence[CumulativeHistogram],
+) -> str:
+    """One vLLM V1 server with one series per data-parallel engine."""
+    lines: list[str] = []
+    for family, doc, values in (
+        ("vllm:num_requests_running", "Number of requests in model execution batches.", running),
+        ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", waiting),
+        ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", kv),
+    ):
+        lines += [f"# HELP {family} {doc}", f"# TYPE {family} gauge"]
+        for engine, value in enumerate(values):
+            lines.append(f'{family}{{engine="{engine}",model_name="{model}"}} {value}')
+    for engine, histogram in enumerate(e2e):
+        block = histogram.lines(
+            "vllm:e2e_request_latency_seconds", f'engine="{engine}",model_name="{model}"'
+        )
+        lines += block if engine == 0 else block[2:]
+    return "\n".join(lines) + "\n"
+
+
+def vllm_v0_page(model: str, kv: float, waiting: float, running: float) -> str:
+    """An older vLLM (V0): no engine label, the KV gauge under its deprecated name."""
+    label = f'model_name="{model}"'
+    return (
+        "\n".join(
+            [
+                "# HELP vllm:num_requests_running Number of requests currently running on GPU.",
+                "# TYPE vllm:num_requests_running gauge",
+                f"vllm:num_requests_running{{{label}}} {running}",
+                "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
+                "# TYPE vllm:num_requests_waiting gauge",
+                f"vllm:num_requests_waiting{{{label}}} {waiting}",
+                "# HELP vllm:gpu_cache_usage_perc GPU KV-cache usage. 1 means 100 percent usage.",
+                "# TYPE vllm:gpu_cache_usage_perc gauge",
+                f"vllm:gpu_cache_usage_perc{{{label}}} {kv}",
+            ]
+        )
+        + "\n"
+    )
+
+
+def epp_page(model: str, pool: str, kv: float, queue: float, latency: CumulativeHistogram) -> str:
+    """An llm-d EPP: request-duration histogram plus the pool averages."""
+    labels = f'fairness_id="",model_name="{model}",priority="0",target_model_name="{model}"'
+    lines = latency.lines("llm_d_epp_request_duration_seconds", labels)
+    lines += [
+        "# HELP llm_d_epp_average_kv_cache_utilization The average kv cache utilization.",
+        "# TYPE llm_d_epp_average_kv_cache_utilization gauge",
+        f'llm_d_epp_average_kv_cache_utilization{{name="{pool}"}} {kv}',
+        "# HELP llm_d_epp_average_queue_size The average number of requests pending.",
+        "# TYPE llm_d_epp_average_queue_size gauge",
+        f'llm_d_epp_average_queue_size{{name="{pool}"}} {queue}',
+    ]
+    return "\n".join(lines) + "\n"

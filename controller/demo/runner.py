@@ -1,0 +1,104 @@
+"""``weight-controller demo``: three simulated clusters and the real controller, with a table.
+
+cluster-a sits near 20% KV; cluster-b climbs to 95% and later cools; cluster-c (an older vLLM
+V0) fails with HTTP 500 for a while and recovers. The scenario advances per tick, so what you
+see does not depend on how fast the machine is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import TextIO
+
+from controller import logs
+from controller.app import Controller, install_signal_handlers
+from controller.demo.sim import Fault, Fleet, SimCluster
+from controller.loop import TickReport
+from controller.settings import build_settings
+
+PERIOD = 60  # ticks per scenario cycle
+
+
+def hot_kv(tick: int) -> float:
+    """cluster-b: quiet, climbing to 95%, holding, cooling, quiet again."""
+    t = tick % PERIOD
+    if t < 5:
+        return 0.25
+    if t < 20:
+        return 0.25 + (0.95 - 0.25) * (t - 5) / 15
+    if t < 35:
+        return 0.95
+    if t < 45:
+        return 0.95 - (0.95 - 0.30) * (t - 35) / 10
+    return 0.30
+
+
+def apply_scenario(fleet: Fleet, tick: int) -> None:
+    fleet["cluster-b"].kv = hot_kv(tick)
+    failing = 25 <= tick % PERIOD < 35
+    fleet["cluster-c"].fault = Fault.HTTP_500 if failing else Fault.NONE
+
+
+def demo_fleet() -> Fleet:
+    return Fleet(
+        [
+            SimCluster("cluster-a", style="v1", pods=2, engines=2, kv=0.20),
+            SimCluster("cluster-b", style="v1", pods=2, engines=2, kv=0.25, with_epp=True),
+            SimCluster("cluster-c", style="v0", pods=1, kv=0.40),
+        ]
+    )
+
+
+def _cell(value: float | None, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def print_table(report: TickReport, out: TextIO) -> None:
+    print(f"\ntick {report.tick:<4} mode={report.decision.mode.value}", file=out)
+    print(f"  {'cluster':<10} {'kv':>5} {'queue':>6} {'p90':>7}  {'health':<22} weight", file=out)
+    for name, view in report.clusters.items():
+        m, h = view.metrics, view.health
+        p90 = m.latency.p90 if m and m.latency else None
+        health = "-" if h is None else ("healthy" if h.healthy else f"UNHEALTHY ({h.reason})")
+        if h is not None and h.healthy and h.reason is not None:
+            health = f"healthy ({h.reason}!)"
+        weight = view.weight if view.weight is not None else 0
+        print(
+            f"  {name:<10} {_cell(m.kv_mean if m else None, '.2f'):>5}"
+            f" {_cell(m.queue_depth if m else None, '.1f'):>6}"
+            f" {_cell(p90 * 1000 if p90 is not None else None, '.0f') + 'ms':>7}"
+            f"  {health:<22} {weight:>3} {'#' * (weight // 4)}",
+            file=out,
+        )
+    out.flush()
+
+
+async def run_demo(
+    duration: float | None, interval: float, bind: str, verbose: bool, out: TextIO = sys.stdout
+) -> int:
+    logs.configure("info" if verbose else "warning", "console", sys.stderr)
+    stop = asyncio.Event()
+    install_signal_handlers(stop)
+    async with demo_fleet() as fleet:
+        settings = build_settings(
+            {
+                "interval": interval,
+                "clusters": fleet.settings_clusters(),
+                "scrape": {"timeout": interval / 2, "min_latency_requests": 3},
+                "server": {"bind": bind},
+            }
+        )
+
+        def on_tick(report: TickReport) -> None:
+            print_table(report, out)
+            apply_scenario(fleet, report.tick)
+
+        apply_scenario(fleet, 0)
+        async with Controller(settings, on_tick=on_tick) as controller:
+            print(f"weight-controller demo: our /metrics on http://{bind}/metrics", file=out)
+            if duration is not None:
+                asyncio.get_running_loop().call_later(duration, stop.set)
+            await controller.run(stop)
+    print("\ndemo stopped", file=out)
+    return 0

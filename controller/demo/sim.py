@@ -1,0 +1,178 @@
+"""Simulated clusters on loopback: each serves realistic /metrics pages whose numbers a test or
+the demo script sets (KV-cache use, queue, faults). One port per cluster; paths
+``/pod-N/metrics`` for vLLM pods and ``/epp/metrics`` for the EPP."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Literal
+
+from aiohttp import web
+
+from controller.demo.pages import CumulativeHistogram, epp_page, vllm_v0_page, vllm_v1_page
+
+
+class Fault(StrEnum):
+    NONE = "none"
+    HTTP_500 = "http_500"
+    HANG = "hang"  # never answers: the scrape times out
+    GARBAGE = "garbage"
+
+
+@dataclass(slots=True)
+class _Pod:
+    histograms: list[CumulativeHistogram]
+    last: float | None = None
+    carry: float = 0.0
+
+
+@dataclass
+class SimCluster:
+    """A cluster's knobs. Change them at any time; the next scrape shows the new state."""
+
+    name: str
+    style: Literal["v1", "v0"] = "v1"
+    pods: int = 2
+    engines: int = 2
+    kv: float = 0.2
+    fault: Fault = Fault.NONE
+    with_epp: bool = False
+    requests_per_second: float = 20.0
+    model: str = "meta-llama/Llama-3.1-8B-Instruct"
+    seed: int = 0
+    port: int | None = None
+    _pods: list[_Pod] = field(default_factory=list, repr=False)
+    _epp: CumulativeHistogram = field(default_factory=CumulativeHistogram, repr=False)
+    _rng: random.Random = field(default_factory=random.Random, repr=False)
+
+    def __post_init__(self) -> None:
+        engines = self.engines if self.style == "v1" else 1
+        self._pods = [
+            _Pod([CumulativeHistogram() for _ in range(engines)]) for _ in range(self.pods)
+        ]
+        self._rng.seed(f"{self.name}-{self.seed}")
+
+    # ---- what the pages say ------------------------------------------------------------------
+    def latency(self) -> float:
+        """Requests slow down as the KV cache fills and requests start queueing."""
+        return 0.8 + 8.0 * float(max(0.0, self.kv - 0.6) ** 1.5)
+
+    def waiting(self) -> float:
+        return round(max(0.0, self.kv - 0.85) * 100, 1)
+
+    def _engine_kv(self) -> float:
+        return min(1.0, max(0.0, self.kv + self._rng.uniform(-0.02, 0.02)))
+
+    def _advance(self, pod: _Pod, now: float) -> int:
+        elapsed = 0.0 if pod.last is None else now - pod.last
+        pod.last = now
+        pod.carry += elapsed * self.requests_per_second / self.pods
+        done, pod.carry = int(pod.carry), pod.carry - int(pod.carry)
+        for _ in range(done):
+            seconds = self.latency() * self._rng.uniform(0.7, 1.3)
+            self._rng.choice(pod.histograms).observe(seconds)
+            self._epp.observe(seconds)
+        return done
+
+    def pod_page(self, index: int, now: float) -> str:
+        pod = self._pods[index]
+        self._advance(pod, now)
+        running = 8.0 * self.kv
+        if self.style == "v0":
+            return vllm_v0_page(self.model, round(self._engine_kv(), 4), self.waiting(), running)
+        n = len(pod.histograms)
+        kv = [round(self._engine_kv(), 4) for _ in range(n)]
+        return vllm_v1_page(
+            self.model, kv, [self.waiting() / n] * n, [running / n] * n, pod.histograms
+        )
+
+    def epp_page(self, now: float) -> str:
+        for pod in self._pods:
+            self._advance(pod, now)
+        return epp_page(self.model, f"{self.name}-pool", self.kv, self.waiting(), self._epp)
+
+    # ---- where to find it --------------------------------------------------------------------
+    def base_url(self, host: str = "127.0.0.1") -> str:
+        assert self.port is not None, "start the fleet first"
+        return f"http://{host}:{self.port}"
+
+    def vllm_urls(self) -> list[str]:
+        return [f"{self.base_url()}/pod-{i}/metrics" for i in range(self.pods)]
+
+    def epp_url(self) -> str | None:
+        return f"{self.base_url()}/epp/metrics" if self.with_epp else None
+
+    def cluster_settings(self) -> dict[str, Any]:
+        entry: dict[str, Any] = {"name": self.name, "vllm_urls": self.vllm_urls()}
+        if self.with_epp:
+            entry["epp_url"] = self.epp_url()
+        return entry
+
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _app(cluster: SimCluster) -> web.Application:
+    loop_time = asyncio.get_event_loop().time
+
+    async def respond(text_of: Any) -> web.Response:
+        if cluster.fault is Fault.HTTP_500:
+            return web.Response(status=500, text="internal error\n")
+        if cluster.fault is Fault.HANG:
+            await asyncio.sleep(3600)
+        if cluster.fault is Fault.GARBAGE:
+            return web.Response(text="<html><body>502 Bad Gateway</body></html>\n")
+        return web.Response(
+            body=text_of(loop_time()).encode(), headers={"Content-Type": CONTENT_TYPE}
+        )
+
+    async def pod(request: web.Request) -> web.Response:
+        index = int(request.match_info["index"])
+        if index >= cluster.pods:
+            raise web.HTTPNotFound()
+        return await respond(lambda now: cluster.pod_page(index, now))
+
+    async def epp(_: web.Request) -> web.Response:
+        if not cluster.with_epp:
+            raise web.HTTPNotFound()
+        return await respond(cluster.epp_page)
+
+    app = web.Application()
+    app.router.add_get(r"/pod-{index:\d+}/metrics", pod)
+    app.router.add_get("/epp/metrics", epp)
+    return app
+
+
+class Fleet:
+    """Starts every simulated cluster on its own loopback port."""
+
+    def __init__(self, clusters: list[SimCluster], host: str = "127.0.0.1") -> None:
+        self.clusters = {c.name: c for c in clusters}
+        self._host = host
+        self._runners: list[web.AppRunner] = []
+
+    def __getitem__(self, name: str) -> SimCluster:
+        return self.clusters[name]
+
+    async def __aenter__(self) -> Fleet:
+        for cluster in self.clusters.values():
+            runner = web.AppRunner(
+                _app(cluster), access_log=None, handle_signals=False, shutdown_timeout=0.1
+            )
+            await runner.setup()
+            site = web.TCPSite(runner, self._host, cluster.port or 0)
+            await site.start()
+            cluster.port = int(runner.addresses[0][1])
+            self._runners.append(runner)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for runner in self._runners:
+            await runner.cleanup()
+        self._runners.clear()
+
+    def settings_clusters(self) -> list[dict[str, Any]]:
+        return [c.cluster_settings() for c in self.clusters.values()]
