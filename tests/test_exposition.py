@@ -1,0 +1,198 @@
+"""The targeted extractor agrees with prometheus_client.parser on every wanted sample."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
+
+from controller.exposition import Extractor, Sample
+from controller.sources.scrape import EPP_EXTRACTOR, VLLM_EXTRACTOR
+from tests.conftest import fixture_names, fixture_text
+
+Row = tuple[str, tuple[tuple[str, str], ...], float | str, float | None]
+
+
+def _row(name: str, labels: dict[str, str], value: float, timestamp: float | None) -> Row:
+    number: float | str = "NaN" if math.isnan(value) else float(value)
+    return name, tuple(sorted(labels.items())), number, timestamp
+
+
+def reference(text: str, wanted: Iterable[str]) -> list[Row]:
+    names = set(wanted)
+    return [
+        _row(s.name, s.labels, s.value, s.timestamp)
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name in names
+    ]
+
+
+def ours(samples: list[Sample]) -> list[Row]:
+    return [_row(s.name, s.labels, s.value, s.timestamp) for s in samples]
+
+
+def wanted_names(extractor: Extractor) -> set[str]:
+    return set(extractor._canonical.values())  # the canonical sample names it reports
+
+
+@pytest.mark.parametrize("name", fixture_names())
+@pytest.mark.parametrize("extractor", [VLLM_EXTRACTOR, EPP_EXTRACTOR], ids=["vllm", "epp"])
+def test_every_shared_fixture_matches_the_reference(name: str, extractor: Extractor) -> None:
+    text = fixture_text(name)
+    found = extractor.extract(text)
+    assert found.invalid_lines == 0
+    assert ours(found.samples) == reference(text, wanted_names(extractor))
+
+
+def test_fixtures_hold_the_families_we_rely_on() -> None:
+    vllm = VLLM_EXTRACTOR.extract(fixture_text("vllm-v0-aibrix-docs.prom")).by_name()
+    assert set(vllm) == {"vllm:gpu_cache_usage_perc", "vllm:num_requests_waiting", "vllm:num_requests_running"}
+    epp = EPP_EXTRACTOR.extract(fixture_text("epp-llmd-router-request-duration.prom")).by_name()
+    assert len(epp["llm_d_epp_request_duration_seconds_bucket"]) > 50
+
+
+KV = Extractor(gauges=["vllm:kv_cache_usage_perc"], histograms=["vllm:e2e_request_latency_seconds"])
+
+
+@pytest.mark.parametrize(
+    ("line", "labels", "value", "timestamp"),
+    [
+        ('vllm:kv_cache_usage_perc{engine="0"} 0.5', {"engine": "0"}, 0.5, None),
+        ('vllm:kv_cache_usage_perc{engine="0", model_name="m"} 0.5', {"engine": "0", "model_name": "m"}, 0.5, None),
+        ('vllm:kv_cache_usage_perc{a="x\\"y\\\\z\\nw"} 1', {"a": 'x"y\\z\nw'}, 1.0, None),
+        ('vllm:kv_cache_usage_perc{a="} {,"} 2', {"a": "} {,"}, 2.0, None),
+        ("vllm:kv_cache_usage_perc 0.25 1712345678901", {}, 0.25, 1712345678.901),
+        ("vllm:kv_cache_usage_perc{} +Inf", {}, math.inf, None),
+        ("vllm:kv_cache_usage_perc -Inf", {}, -math.inf, None),
+        ("vllm:kv_cache_usage_perc\t3e-1", {}, 0.3, None),
+        ('vllm_kv_cache_usage_perc{engine="1"} 0.7', {"engine": "1"}, 0.7, None),
+        ('vllm:kv_cache_usage_perc{engine="0",} 0.5', {"engine": "0"}, 0.5, None),
+    ],
+)
+def test_text_format_details(line: str, labels: dict[str, str], value: float, timestamp: float | None) -> None:
+    (sample,) = KV.extract(line + "\n").samples
+    assert sample.name == "vllm:kv_cache_usage_perc"
+    assert sample.labels == labels
+    assert sample.value == value
+    assert sample.timestamp == timestamp
+
+
+def test_nan_is_read_as_nan() -> None:
+    (sample,) = KV.extract("vllm:kv_cache_usage_perc NaN\n").samples
+    assert math.isnan(sample.value)
+
+
+def test_crlf_missing_help_type_and_eof() -> None:
+    page = "vllm:kv_cache_usage_perc{engine=\"0\"} 0.1\r\nother 1\r\nvllm:kv_cache_usage_perc{engine=\"1\"} 0.2\r\n# EOF\r\n"
+    assert [s.value for s in KV.extract(page).samples] == [0.1, 0.2]
+
+
+def test_name_prefixes_are_not_confused() -> None:
+    page = "vllm:kv_cache_usage_perc_total 5\nvllm:kv_cache_usage_percent 6\nvllm:kv_cache_usage_perc 0.4\n"
+    assert [s.value for s in KV.extract(page).samples] == [0.4]
+
+
+def test_openmetrics_exemplar_is_ignored() -> None:
+    page = 'vllm:e2e_request_latency_seconds_bucket{le="1.0"} 3 # {trace_id="abc"} 0.5 1712345678.1\n'
+    (sample,) = KV.extract(page).samples
+    assert sample.value == 3 and sample.labels == {"le": "1.0"}
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        'vllm:kv_cache_usage_perc{engine="0" 0.5',
+        'vllm:kv_cache_usage_perc{engine="0"}',
+        "vllm:kv_cache_usage_perc 0.5 12 13",
+        "vllm:kv_cache_usage_perc zero",
+        "vllm:kv_cache_usage_perc 1_000",
+        'vllm:kv_cache_usage_perc{engine=0} 0.5',
+        'vllm:kv_cache_usage_perc{engine="0",engine="1"} 0.5',
+    ],
+)
+def test_malformed_wanted_lines_are_counted_not_used(line: str) -> None:
+    found = KV.extract(line + "\nvllm:kv_cache_usage_perc 0.3\n")
+    assert found.invalid_lines == 1
+    assert found.first_error is not None
+    assert [s.value for s in found.samples] == [0.3]
+
+
+# ---- differential property -------------------------------------------------------------------
+
+label_names = st.sampled_from(["engine", "model_name", "le", "lora", "pod", "x_1"])
+label_values = st.text(
+    alphabet=st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")) | st.sampled_from(['"', "\\", "\n", "{", "}", ",", "="]),
+    max_size=12,
+)
+values = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True, width=64),
+    st.integers(-(10**12), 10**12),
+)
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _number(value: float | int) -> str:
+    if isinstance(value, float) and math.isnan(value):
+        return "NaN"
+    if isinstance(value, float) and math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(value)
+
+
+@st.composite
+def sample_lines(draw: st.DrawFn, name: str) -> str:
+    labels = draw(st.dictionaries(label_names, label_values, max_size=4))
+    sep = draw(st.sampled_from([",", ", ", " , "]))
+    body = sep.join(f'{k}="{_escape(v)}"' for k, v in labels.items())
+    head = f"{name}{{{body}}}" if labels or draw(st.booleans()) else name
+    gap = draw(st.sampled_from([" ", "\t", "  "]))
+    line = f"{head}{gap}{_number(draw(values))}"
+    if draw(st.booleans()):
+        line += f" {draw(st.integers(0, 2**52))}"
+    return line
+
+
+WANTED_FAMILIES = [
+    ("vllm:kv_cache_usage_perc", "gauge"),
+    ("vllm:num_requests_waiting", "gauge"),
+    ("vllm:e2e_request_latency_seconds", "histogram"),
+]
+NOISE = ["vllm:kv_cache_usage_perc_x", "vllm:prompt_tokens_total", "process_cpu_seconds_total", "up"]
+
+
+@st.composite
+def pages(draw: st.DrawFn) -> str:
+    blocks: list[str] = []
+    for _ in range(draw(st.integers(1, 6))):
+        if draw(st.booleans()):
+            family, kind = draw(st.sampled_from(WANTED_FAMILIES))
+            names = [family] if kind == "gauge" else [family + s for s in ("_bucket", "_sum", "_count")]
+        else:
+            family, kind = draw(st.sampled_from(NOISE)), "untyped"
+            names = [family]
+        if draw(st.booleans()):
+            blocks.append(f"# HELP {family} Some help text.")
+        if draw(st.booleans()):
+            blocks.append(f"# TYPE {family} {kind}")
+        for _ in range(draw(st.integers(0, 4))):
+            blocks.append(draw(sample_lines(draw(st.sampled_from(names)))))
+    newline = draw(st.sampled_from(["\n", "\r\n"]))
+    tail = draw(st.sampled_from(["", "# EOF" + newline]))
+    return newline.join(blocks) + newline + tail
+
+
+@settings(max_examples=400, deadline=None)
+@given(page=pages())
+def test_generated_pages_match_the_reference(page: str) -> None:
+    extractor = VLLM_EXTRACTOR
+    found = extractor.extract(page)
+    assert found.invalid_lines == 0
+    assert ours(found.samples) == reference(page, wanted_names(extractor))

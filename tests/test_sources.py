@@ -1,0 +1,259 @@
+"""The scraping source against real aiohttp servers on loopback, good pages and bad."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from controller.model import ClusterMetrics, Reason
+from controller.settings import ClusterSettings, ScrapeSettings
+from controller.sources.scrape import ScrapeSource
+from tests.conftest import Handler, Server, fixture_text, text_handler
+
+Serve = Callable[[dict[str, Handler]], Awaitable[Server]]
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as s:
+        yield s
+
+
+def source(session: aiohttp.ClientSession, timeout: float = 1.0, **cluster: Any) -> ScrapeSource:
+    scrape = ScrapeSettings(**cluster.pop("scrape", {}))
+    return ScrapeSource(ClusterSettings(name="c", **cluster), scrape, timeout, session)
+
+
+def v1_page(kv: list[float], waiting: float = 0.0, model: str = "m", name: str = "vllm:kv_cache_usage_perc") -> str:
+    lines = [f"# TYPE {name} gauge"]
+    lines += [f'{name}{{engine="{i}",model_name="{model}"}} {v}' for i, v in enumerate(kv)]
+    lines += [f'vllm:num_requests_waiting{{engine="0",model_name="{model}"}} {waiting}']
+    return "\n".join(lines) + "\n"
+
+
+async def test_real_vllm_v0_fixture(serve: Serve, session: aiohttp.ClientSession) -> None:
+    server = await serve({"/metrics": text_handler(fixture_text("vllm-v0-aibrix-docs.prom"))})
+    metrics = await source(session, vllm_urls=[server.url("/metrics")]).fetch()
+    assert metrics.kv_mean == 0.0  # the capture's real value: an idle server, known, not None
+    assert metrics.kv_family == "vllm:gpu_cache_usage_perc"
+    assert metrics.queue_depth == 0.0 and metrics.running == 0.0
+    assert (metrics.pods_scraped, metrics.pods_answering, metrics.errors) == (1, 1, ())
+
+
+async def test_engines_are_averaged_not_summed_and_pods_combined(serve: Serve, session: aiohttp.ClientSession) -> None:
+    server = await serve({
+        "/p0": text_handler(v1_page([0.2, 0.4], waiting=3)),
+        "/p1": text_handler(v1_page([0.9], waiting=5)),
+    })
+    metrics = await source(session, vllm_urls=[server.url("/p0"), server.url("/p1")]).fetch()
+    assert metrics.kv_mean == pytest.approx(0.5)
+    assert metrics.kv_max == pytest.approx(0.9)
+    assert metrics.queue_depth == 8 and metrics.queue_per_pod == 4
+
+
+async def test_new_name_preferred_and_openmetrics_spelling_accepted(serve: Serve, session: aiohttp.ClientSession) -> None:
+    both = v1_page([0.7]) + v1_page([0.1], name="vllm:gpu_cache_usage_perc")
+    underscored = v1_page([0.3]).replace("vllm:", "vllm_")
+    server = await serve({"/both": text_handler(both), "/om": text_handler(underscored)})
+    assert (await source(session, vllm_urls=[server.url("/both")]).fetch()).kv_mean == 0.7
+    metrics = await source(session, vllm_urls=[server.url("/om")]).fetch()
+    assert metrics.kv_mean == 0.3 and metrics.kv_family == "vllm:kv_cache_usage_perc"
+
+
+async def test_model_name_filter(serve: Serve, session: aiohttp.ClientSession) -> None:
+    server = await serve({"/p": text_handler(v1_page([0.8], model="a") + v1_page([0.2], model="b"))})
+    metrics = await source(session, vllm_urls=[server.url("/p")], model_name="b").fetch()
+    assert metrics.kv_mean == 0.2
+
+
+async def test_epp_only_cluster_uses_pool_averages(serve: Serve, session: aiohttp.ClientSession) -> None:
+    for fixture in ("epp-gie-v1.5.0-pool-averages.prom", "epp-llmd-router-pool-averages.prom"):
+        server = await serve({"/m": text_handler(fixture_text(fixture))})
+        metrics = await source(session, epp_url=server.url("/m"), pool_name="p1").fetch()
+        assert metrics.kv_mean == 0.3 and metrics.queue_per_pod == 0.4
+        assert (metrics.pods_scraped, metrics.pods_answering) == (1, 1)
+
+
+class Mutable:
+    """A page whose text the test changes between scrapes."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.headers: list[dict[str, str]] = []
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.headers.append(dict(request.headers))
+        return web.Response(text=self.text)
+
+
+def histogram(name: str, buckets: dict[str, float], total_sum: float, labels: str = 'model_name="m"') -> str:
+    lines = [f"# TYPE {name} histogram"]
+    lines += [f'{name}_bucket{{{labels},le="{le}"}} {n}' for le, n in buckets.items()]
+    count = buckets["+Inf"]
+    lines += [f"{name}_sum{{{labels}}} {total_sum}", f"{name}_count{{{labels}}} {count}"]
+    return "\n".join(lines) + "\n"
+
+
+EPP = "inference_objective_request_duration_seconds"
+
+
+async def test_latency_comes_from_the_difference_between_scrapes(serve: Serve, session: aiohttp.ClientSession) -> None:
+    kv = v1_page([0.5])
+    epp = Mutable(histogram(EPP, {"0.5": 1000, "1.0": 1000, "2": 1000, "+Inf": 1000}, 300.0))
+    server = await serve({"/kv": text_handler(kv), "/epp": epp.handle})
+    src = source(session, vllm_urls=[server.url("/kv")], epp_url=server.url("/epp"))
+    first = await src.fetch()
+    assert first.latency is None  # one scrape is only a baseline
+    # 100 new requests, all between 1 and 2 seconds: since-start totals would say < 0.5 s.
+    epp.text = histogram(EPP, {"0.5": 1000, "1": 1000, "2.0": 1100, "+Inf": 1100}, 450.0)
+    second = await src.fetch()
+    assert second.latency is not None
+    assert second.latency.family == EPP
+    assert second.latency.requests == 100
+    assert second.latency.p50 == pytest.approx(1.5)
+    assert second.latency.p90 == pytest.approx(1.9)
+    assert second.latency.mean == pytest.approx(1.5)
+
+
+async def test_counter_reset_and_minimum_requests(serve: Serve, session: aiohttp.ClientSession) -> None:
+    epp = Mutable(histogram(EPP, {"1": 500, "+Inf": 1000}, 900.0))
+    server = await serve({"/kv": text_handler(v1_page([0.5])), "/epp": epp.handle})
+    src = source(session, vllm_urls=[server.url("/kv")], epp_url=server.url("/epp"))
+    await src.fetch()
+    epp.text = histogram(EPP, {"1": 10, "+Inf": 10}, 5.0)  # the EPP restarted
+    after_reset = await src.fetch()
+    assert after_reset.latency is not None and after_reset.latency.requests == 10
+    assert after_reset.latency.p90 == pytest.approx(0.9)
+    epp.text = histogram(EPP, {"1": 12, "+Inf": 12}, 6.0)  # 2 requests: too few to judge
+    quiet = await src.fetch()
+    assert quiet.latency is not None and quiet.latency.requests == 2 and quiet.latency.p90 is None
+
+
+async def test_vllm_e2e_histogram_is_the_fallback(serve: Serve, session: aiohttp.ClientSession) -> None:
+    name = "vllm:e2e_request_latency_seconds"
+    page = Mutable(v1_page([0.4]) + histogram(name, {"1": 0, "4": 0, "+Inf": 0}, 0.0))
+    server = await serve({"/p": page.handle})
+    src = source(session, vllm_urls=[server.url("/p")])
+    await src.fetch()
+    page.text = v1_page([0.4]) + histogram(name, {"1": 0, "4": 20, "+Inf": 20}, 50.0)
+    metrics = await src.fetch()
+    assert metrics.latency is not None and metrics.latency.family == name
+    assert metrics.latency.p50 == pytest.approx(2.5)
+
+
+async def test_real_epp_fixture_histograms_are_read(serve: Serve, session: aiohttp.ClientSession) -> None:
+    for fixture in ("epp-gie-v1.5.0-request-duration.prom", "epp-llmd-router-request-duration.prom"):
+        page = Mutable(fixture_text(fixture))
+        server = await serve({"/kv": text_handler(v1_page([0.5])), "/epp": page.handle})
+        src = source(session, vllm_urls=[server.url("/kv")], epp_url=server.url("/epp"))
+        await src.fetch()
+        metrics = await src.fetch()
+        assert metrics.latency is not None  # same page twice: a window with no requests
+        assert metrics.latency.requests == 0 and metrics.latency.p50 is None
+
+
+async def test_sends_classic_text_accept_and_reads_gzip(serve: Serve, session: aiohttp.ClientSession) -> None:
+    seen: list[str] = []
+
+    async def gzipped(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Accept", ""))
+        body = gzip.compress(v1_page([0.6]).encode())
+        return web.Response(body=body, headers={"Content-Encoding": "gzip", "Content-Type": "text/plain"})
+
+    server = await serve({"/p": gzipped})
+    metrics = await source(session, vllm_urls=[server.url("/p")]).fetch()
+    assert metrics.kv_mean == 0.6
+    assert seen[0].startswith("text/plain;version=0.0.4")
+
+
+async def test_bearer_token_is_reread_when_rotated(serve: Serve, session: aiohttp.ClientSession, tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("first\n")
+    page = Mutable(v1_page([0.5]))
+    server = await serve({"/p": page.handle})
+    src = source(session, vllm_urls=[server.url("/p")], bearer_token_file=str(token))
+    await src.fetch()
+    token.write_text("second-and-longer\n")
+    await src.fetch()
+    assert [h["Authorization"] for h in page.headers] == ["Bearer first", "Bearer second-and-longer"]
+
+
+# ---- failure modes ---------------------------------------------------------------------------
+
+
+async def _hang(_: web.Request) -> web.Response:
+    await asyncio.sleep(30)
+    return web.Response(text="late")
+
+
+async def _truncated(request: web.Request) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Length": "4096"})
+    await response.prepare(request)
+    await response.write(b'vllm:kv_cache_usage_perc{engine="0"} 0.5\nvllm:kv_cache_')
+    assert request.transport is not None
+    request.transport.close()
+    return response
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+FAILURES: list[tuple[str, Handler | None, Reason]] = [
+    ("timeout", _hang, Reason.TIMEOUT),
+    ("http-500", text_handler("oops", status=500), Reason.HTTP_STATUS),
+    ("garbage-html", text_handler("<html><body>Bad Gateway</body></html>", content_type="text/html"), Reason.PARSE),
+    ("cut-mid-line", text_handler('vllm:kv_cache_usage_perc{engine="0"} 0.5\nvllm:kv_cache_usage_perc{engi'), Reason.PARSE),
+    ("cut-body", _truncated, Reason.PARSE),
+    ("oversized", text_handler(v1_page([0.5]) + "# padding " + "x" * 5000 + "\n"), Reason.TOO_LARGE),
+    ("refused", None, Reason.CONNECT),
+]
+
+
+@pytest.mark.parametrize(("case", "handler", "reason"), FAILURES, ids=[f[0] for f in FAILURES])
+async def test_failure_modes_become_pod_errors(
+    serve: Serve, session: aiohttp.ClientSession, case: str, handler: Handler | None, reason: Reason
+) -> None:
+    if handler is None:
+        url = f"http://127.0.0.1:{free_port()}/metrics"
+    else:
+        url = (await serve({"/p": handler})).url("/p")
+    src = source(session, timeout=0.3, vllm_urls=[url], scrape={"max_body_bytes": 4096})
+    metrics: ClusterMetrics = await src.fetch()
+    assert metrics.pods_answering == 0
+    assert [e.reason for e in metrics.errors] == [reason]
+    assert metrics.errors[0].url == url and metrics.errors[0].detail
+    assert metrics.kv_mean is None
+
+
+async def test_invalid_kv_values_are_counted_never_used(serve: Serve, session: aiohttp.ClientSession) -> None:
+    server = await serve({"/p": text_handler(v1_page([float("nan"), -0.1, 1.5, 0.4]))})
+    metrics = await source(session, vllm_urls=[server.url("/p")]).fetch()
+    assert metrics.kv_mean == 0.4 and metrics.kv_max == 0.4
+    assert metrics.invalid_samples == 3
+
+
+@pytest.mark.parametrize("page", ["vllm:kv_cache_usage_ratio 0.5\n", "# nothing here\n", ""])
+async def test_missing_or_renamed_metric_is_unknown_not_zero(serve: Serve, session: aiohttp.ClientSession, page: str) -> None:
+    server = await serve({"/p": text_handler(page)})
+    metrics = await source(session, vllm_urls=[server.url("/p")]).fetch()
+    assert metrics.pods_answering == 1 and metrics.errors == ()
+    assert metrics.kv_mean is None and metrics.queue_depth is None and metrics.running is None
+
+
+async def test_one_pod_down_keeps_the_others(serve: Serve, session: aiohttp.ClientSession) -> None:
+    server = await serve({"/ok": text_handler(v1_page([0.3])), "/bad": text_handler("x", status=503)})
+    metrics = await source(session, vllm_urls=[server.url("/ok"), server.url("/bad")]).fetch()
+    assert metrics.kv_mean == 0.3
+    assert (metrics.pods_scraped, metrics.pods_answering) == (2, 1)
+    assert [e.reason for e in metrics.errors] == [Reason.HTTP_STATUS]
