@@ -100,6 +100,14 @@ class ControllerMetrics:
         )
         build.labels(__version__, platform.python_version()).set(1)
 
+    def add_cluster(self, cluster: str) -> None:
+        """Create every labelled series at 0, so rate() and alerts see them from the start."""
+        for reason in Reason:
+            self.scrape_errors.labels(cluster, reason.value)
+        for to in ("healthy", "unhealthy"):
+            self.health_transitions.labels(cluster, to)
+        self.invalid_samples.labels(cluster)
+
     def count_fetch(self, metrics: ClusterMetrics) -> None:
         self.scrape_duration.labels(metrics.cluster).observe(metrics.duration)
         for error in metrics.errors:

@@ -72,6 +72,9 @@ class Reconciler:
         self._tick = 0
         for source in self._sources:
             snapshot.clusters.setdefault(source.cluster, ClusterView())
+            metrics.add_cluster(source.cluster)
+        for stage in ("fetch", "publish", "tick"):
+            metrics.reconcile_errors.labels(stage)
 
     @property
     def in_force(self) -> Mapping[str, int] | None:

@@ -43,7 +43,9 @@ async def serve() -> AsyncIterator[Callable[[dict[str, Handler]], Awaitable[Serv
         server = Server()
         for path, handler in routes.items():
             server.app.router.add_get(path, handler)
-        runner = web.AppRunner(server.app, access_log=None, handle_signals=False, shutdown_timeout=0.1)
+        runner = web.AppRunner(
+            server.app, access_log=None, handle_signals=False, shutdown_timeout=0.1
+        )
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()

@@ -25,7 +25,7 @@ def _row(name: str, labels: dict[str, str], value: float, timestamp: float | Non
 def reference(text: str, wanted: Iterable[str]) -> list[Row]:
     names = set(wanted)
     return [
-        _row(s.name, s.labels, s.value, s.timestamp)
+        _row(s.name, s.labels, s.value, None if s.timestamp is None else float(s.timestamp))
         for family in text_string_to_metric_families(text)
         for s in family.samples
         if s.name in names
@@ -37,7 +37,7 @@ def ours(samples: list[Sample]) -> list[Row]:
 
 
 def wanted_names(extractor: Extractor) -> set[str]:
-    return set(extractor._canonical.values())  # the canonical sample names it reports
+    return set(extractor.sample_names)
 
 
 @pytest.mark.parametrize("name", fixture_names())
@@ -51,7 +51,11 @@ def test_every_shared_fixture_matches_the_reference(name: str, extractor: Extrac
 
 def test_fixtures_hold_the_families_we_rely_on() -> None:
     vllm = VLLM_EXTRACTOR.extract(fixture_text("vllm-v0-aibrix-docs.prom")).by_name()
-    assert set(vllm) == {"vllm:gpu_cache_usage_perc", "vllm:num_requests_waiting", "vllm:num_requests_running"}
+    assert set(vllm) == {
+        "vllm:gpu_cache_usage_perc",
+        "vllm:num_requests_waiting",
+        "vllm:num_requests_running",
+    }
     epp = EPP_EXTRACTOR.extract(fixture_text("epp-llmd-router-request-duration.prom")).by_name()
     assert len(epp["llm_d_epp_request_duration_seconds_bucket"]) > 50
 
@@ -63,7 +67,12 @@ KV = Extractor(gauges=["vllm:kv_cache_usage_perc"], histograms=["vllm:e2e_reques
     ("line", "labels", "value", "timestamp"),
     [
         ('vllm:kv_cache_usage_perc{engine="0"} 0.5', {"engine": "0"}, 0.5, None),
-        ('vllm:kv_cache_usage_perc{engine="0", model_name="m"} 0.5', {"engine": "0", "model_name": "m"}, 0.5, None),
+        (
+            'vllm:kv_cache_usage_perc{engine="0", model_name="m"} 0.5',
+            {"engine": "0", "model_name": "m"},
+            0.5,
+            None,
+        ),
         ('vllm:kv_cache_usage_perc{a="x\\"y\\\\z\\nw"} 1', {"a": 'x"y\\z\nw'}, 1.0, None),
         ('vllm:kv_cache_usage_perc{a="} {,"} 2', {"a": "} {,"}, 2.0, None),
         ("vllm:kv_cache_usage_perc 0.25 1712345678901", {}, 0.25, 1712345678.901),
@@ -74,7 +83,9 @@ KV = Extractor(gauges=["vllm:kv_cache_usage_perc"], histograms=["vllm:e2e_reques
         ('vllm:kv_cache_usage_perc{engine="0",} 0.5', {"engine": "0"}, 0.5, None),
     ],
 )
-def test_text_format_details(line: str, labels: dict[str, str], value: float, timestamp: float | None) -> None:
+def test_text_format_details(
+    line: str, labels: dict[str, str], value: float, timestamp: float | None
+) -> None:
     (sample,) = KV.extract(line + "\n").samples
     assert sample.name == "vllm:kv_cache_usage_perc"
     assert sample.labels == labels
@@ -88,7 +99,7 @@ def test_nan_is_read_as_nan() -> None:
 
 
 def test_crlf_missing_help_type_and_eof() -> None:
-    page = "vllm:kv_cache_usage_perc{engine=\"0\"} 0.1\r\nother 1\r\nvllm:kv_cache_usage_perc{engine=\"1\"} 0.2\r\n# EOF\r\n"
+    page = 'vllm:kv_cache_usage_perc{engine="0"} 0.1\r\nother 1\r\nvllm:kv_cache_usage_perc{engine="1"} 0.2\r\n# EOF\r\n'
     assert [s.value for s in KV.extract(page).samples] == [0.1, 0.2]
 
 
@@ -98,7 +109,9 @@ def test_name_prefixes_are_not_confused() -> None:
 
 
 def test_openmetrics_exemplar_is_ignored() -> None:
-    page = 'vllm:e2e_request_latency_seconds_bucket{le="1.0"} 3 # {trace_id="abc"} 0.5 1712345678.1\n'
+    page = (
+        'vllm:e2e_request_latency_seconds_bucket{le="1.0"} 3 # {trace_id="abc"} 0.5 1712345678.1\n'
+    )
     (sample,) = KV.extract(page).samples
     assert sample.value == 3 and sample.labels == {"le": "1.0"}
 
@@ -111,7 +124,7 @@ def test_openmetrics_exemplar_is_ignored() -> None:
         "vllm:kv_cache_usage_perc 0.5 12 13",
         "vllm:kv_cache_usage_perc zero",
         "vllm:kv_cache_usage_perc 1_000",
-        'vllm:kv_cache_usage_perc{engine=0} 0.5',
+        "vllm:kv_cache_usage_perc{engine=0} 0.5",
         'vllm:kv_cache_usage_perc{engine="0",engine="1"} 0.5',
     ],
 )
@@ -126,7 +139,8 @@ def test_malformed_wanted_lines_are_counted_not_used(line: str) -> None:
 
 label_names = st.sampled_from(["engine", "model_name", "le", "lora", "pod", "x_1"])
 label_values = st.text(
-    alphabet=st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")) | st.sampled_from(['"', "\\", "\n", "{", "}", ",", "="]),
+    alphabet=st.characters(codec="utf-8", exclude_categories=("Cs", "Cc"))
+    | st.sampled_from(['"', "\\", "\n", "{", "}", ",", "="]),
     max_size=12,
 )
 values = st.one_of(
@@ -152,7 +166,8 @@ def sample_lines(draw: st.DrawFn, name: str) -> str:
     labels = draw(st.dictionaries(label_names, label_values, max_size=4))
     sep = draw(st.sampled_from([",", ", ", " , "]))
     body = sep.join(f'{k}="{_escape(v)}"' for k, v in labels.items())
-    head = f"{name}{{{body}}}" if labels or draw(st.booleans()) else name
+    braces: bool = draw(st.booleans())
+    head = f"{name}{{{body}}}" if labels or braces else name
     gap = draw(st.sampled_from([" ", "\t", "  "]))
     line = f"{head}{gap}{_number(draw(values))}"
     if draw(st.booleans()):
@@ -165,7 +180,12 @@ WANTED_FAMILIES = [
     ("vllm:num_requests_waiting", "gauge"),
     ("vllm:e2e_request_latency_seconds", "histogram"),
 ]
-NOISE = ["vllm:kv_cache_usage_perc_x", "vllm:prompt_tokens_total", "process_cpu_seconds_total", "up"]
+NOISE = [
+    "vllm:kv_cache_usage_perc_x",
+    "vllm:prompt_tokens_total",
+    "process_cpu_seconds_total",
+    "up",
+]
 
 
 @st.composite
@@ -174,7 +194,9 @@ def pages(draw: st.DrawFn) -> str:
     for _ in range(draw(st.integers(1, 6))):
         if draw(st.booleans()):
             family, kind = draw(st.sampled_from(WANTED_FAMILIES))
-            names = [family] if kind == "gauge" else [family + s for s in ("_bucket", "_sum", "_count")]
+            names = (
+                [family] if kind == "gauge" else [family + s for s in ("_bucket", "_sum", "_count")]
+            )
         else:
             family, kind = draw(st.sampled_from(NOISE)), "untyped"
             names = [family]

@@ -15,7 +15,12 @@ NOW = 1_000_000.0
 
 
 def good(now: float = NOW, **kw: object) -> ClusterMetrics:
-    fields: dict[str, object] = {"pods_scraped": 2, "pods_answering": 2, "kv_mean": 0.3, "kv_max": 0.4}
+    fields: dict[str, object] = {
+        "pods_scraped": 2,
+        "pods_answering": 2,
+        "kv_mean": 0.3,
+        "kv_max": 0.4,
+    }
     fields.update(kw)
     return ClusterMetrics(cluster="a", scraped_at=now, duration=0.01, **fields)  # type: ignore[arg-type]
 
@@ -24,7 +29,9 @@ def bad(reason: Reason = Reason.TIMEOUT, now: float = NOW) -> ClusterMetrics:
     return ClusterMetrics.failed("a", now, reason, "boom")
 
 
-def run(fetches: Iterable[ClusterMetrics], start: ClusterHealth | None = None) -> list[ClusterHealth]:
+def run(
+    fetches: Iterable[ClusterMetrics], start: ClusterHealth | None = None
+) -> list[ClusterHealth]:
     states = []
     state = start
     for metrics in fetches:
@@ -44,7 +51,10 @@ def run(fetches: Iterable[ClusterMetrics], start: ClusterHealth | None = None) -
             good(
                 pods_scraped=3,
                 pods_answering=1,
-                errors=(PodError("u1", Reason.HTTP_STATUS, "500"), PodError("u2", Reason.HTTP_STATUS, "503")),
+                errors=(
+                    PodError("u1", Reason.HTTP_STATUS, "500"),
+                    PodError("u2", Reason.HTTP_STATUS, "503"),
+                ),
             ),
             Reason.HTTP_STATUS,
         ),
@@ -56,7 +66,9 @@ def test_failure_reasons_are_explicit(metrics: ClusterMetrics, reason: Reason | 
 
 
 def test_some_pods_failing_is_usable_but_degraded() -> None:
-    metrics = good(pods_scraped=3, pods_answering=2, errors=(PodError("u", Reason.TIMEOUT, "slow"),))
+    metrics = good(
+        pods_scraped=3, pods_answering=2, errors=(PodError("u", Reason.TIMEOUT, "slow"),)
+    )
     (state,) = run([metrics])
     assert state.healthy and state.degraded and state.reason is None
 

@@ -32,7 +32,9 @@ def source(session: aiohttp.ClientSession, timeout: float = 1.0, **cluster: Any)
     return ScrapeSource(ClusterSettings(name="c", **cluster), scrape, timeout, session)
 
 
-def v1_page(kv: list[float], waiting: float = 0.0, model: str = "m", name: str = "vllm:kv_cache_usage_perc") -> str:
+def v1_page(
+    kv: list[float], waiting: float = 0.0, model: str = "m", name: str = "vllm:kv_cache_usage_perc"
+) -> str:
     lines = [f"# TYPE {name} gauge"]
     lines += [f'{name}{{engine="{i}",model_name="{model}"}} {v}' for i, v in enumerate(kv)]
     lines += [f'vllm:num_requests_waiting{{engine="0",model_name="{model}"}} {waiting}']
@@ -48,18 +50,24 @@ async def test_real_vllm_v0_fixture(serve: Serve, session: aiohttp.ClientSession
     assert (metrics.pods_scraped, metrics.pods_answering, metrics.errors) == (1, 1, ())
 
 
-async def test_engines_are_averaged_not_summed_and_pods_combined(serve: Serve, session: aiohttp.ClientSession) -> None:
-    server = await serve({
-        "/p0": text_handler(v1_page([0.2, 0.4], waiting=3)),
-        "/p1": text_handler(v1_page([0.9], waiting=5)),
-    })
+async def test_engines_are_averaged_not_summed_and_pods_combined(
+    serve: Serve, session: aiohttp.ClientSession
+) -> None:
+    server = await serve(
+        {
+            "/p0": text_handler(v1_page([0.2, 0.4], waiting=3)),
+            "/p1": text_handler(v1_page([0.9], waiting=5)),
+        }
+    )
     metrics = await source(session, vllm_urls=[server.url("/p0"), server.url("/p1")]).fetch()
     assert metrics.kv_mean == pytest.approx(0.5)
     assert metrics.kv_max == pytest.approx(0.9)
     assert metrics.queue_depth == 8 and metrics.queue_per_pod == 4
 
 
-async def test_new_name_preferred_and_openmetrics_spelling_accepted(serve: Serve, session: aiohttp.ClientSession) -> None:
+async def test_new_name_preferred_and_openmetrics_spelling_accepted(
+    serve: Serve, session: aiohttp.ClientSession
+) -> None:
     both = v1_page([0.7]) + v1_page([0.1], name="vllm:gpu_cache_usage_perc")
     underscored = v1_page([0.3]).replace("vllm:", "vllm_")
     server = await serve({"/both": text_handler(both), "/om": text_handler(underscored)})
@@ -69,12 +77,16 @@ async def test_new_name_preferred_and_openmetrics_spelling_accepted(serve: Serve
 
 
 async def test_model_name_filter(serve: Serve, session: aiohttp.ClientSession) -> None:
-    server = await serve({"/p": text_handler(v1_page([0.8], model="a") + v1_page([0.2], model="b"))})
+    server = await serve(
+        {"/p": text_handler(v1_page([0.8], model="a") + v1_page([0.2], model="b"))}
+    )
     metrics = await source(session, vllm_urls=[server.url("/p")], model_name="b").fetch()
     assert metrics.kv_mean == 0.2
 
 
-async def test_epp_only_cluster_uses_pool_averages(serve: Serve, session: aiohttp.ClientSession) -> None:
+async def test_epp_only_cluster_uses_pool_averages(
+    serve: Serve, session: aiohttp.ClientSession
+) -> None:
     for fixture in ("epp-gie-v1.5.0-pool-averages.prom", "epp-llmd-router-pool-averages.prom"):
         server = await serve({"/m": text_handler(fixture_text(fixture))})
         metrics = await source(session, epp_url=server.url("/m"), pool_name="p1").fetch()
@@ -94,7 +106,9 @@ class Mutable:
         return web.Response(text=self.text)
 
 
-def histogram(name: str, buckets: dict[str, float], total_sum: float, labels: str = 'model_name="m"') -> str:
+def histogram(
+    name: str, buckets: dict[str, float], total_sum: float, labels: str = 'model_name="m"'
+) -> str:
     lines = [f"# TYPE {name} histogram"]
     lines += [f'{name}_bucket{{{labels},le="{le}"}} {n}' for le, n in buckets.items()]
     count = buckets["+Inf"]
@@ -105,7 +119,9 @@ def histogram(name: str, buckets: dict[str, float], total_sum: float, labels: st
 EPP = "inference_objective_request_duration_seconds"
 
 
-async def test_latency_comes_from_the_difference_between_scrapes(serve: Serve, session: aiohttp.ClientSession) -> None:
+async def test_latency_comes_from_the_difference_between_scrapes(
+    serve: Serve, session: aiohttp.ClientSession
+) -> None:
     kv = v1_page([0.5])
     epp = Mutable(histogram(EPP, {"0.5": 1000, "1.0": 1000, "2": 1000, "+Inf": 1000}, 300.0))
     server = await serve({"/kv": text_handler(kv), "/epp": epp.handle})
@@ -123,7 +139,9 @@ async def test_latency_comes_from_the_difference_between_scrapes(serve: Serve, s
     assert second.latency.mean == pytest.approx(1.5)
 
 
-async def test_counter_reset_and_minimum_requests(serve: Serve, session: aiohttp.ClientSession) -> None:
+async def test_counter_reset_and_minimum_requests(
+    serve: Serve, session: aiohttp.ClientSession
+) -> None:
     epp = Mutable(histogram(EPP, {"1": 500, "+Inf": 1000}, 900.0))
     server = await serve({"/kv": text_handler(v1_page([0.5])), "/epp": epp.handle})
     src = source(session, vllm_urls=[server.url("/kv")], epp_url=server.url("/epp"))
@@ -137,7 +155,9 @@ async def test_counter_reset_and_minimum_requests(serve: Serve, session: aiohttp
     assert quiet.latency is not None and quiet.latency.requests == 2 and quiet.latency.p90 is None
 
 
-async def test_vllm_e2e_histogram_is_the_fallback(serve: Serve, session: aiohttp.ClientSession) -> None:
+async def test_vllm_e2e_histogram_is_the_fallback(
+    serve: Serve, session: aiohttp.ClientSession
+) -> None:
     name = "vllm:e2e_request_latency_seconds"
     page = Mutable(v1_page([0.4]) + histogram(name, {"1": 0, "4": 0, "+Inf": 0}, 0.0))
     server = await serve({"/p": page.handle})
@@ -149,8 +169,13 @@ async def test_vllm_e2e_histogram_is_the_fallback(serve: Serve, session: aiohttp
     assert metrics.latency.p50 == pytest.approx(2.5)
 
 
-async def test_real_epp_fixture_histograms_are_read(serve: Serve, session: aiohttp.ClientSession) -> None:
-    for fixture in ("epp-gie-v1.5.0-request-duration.prom", "epp-llmd-router-request-duration.prom"):
+async def test_real_epp_fixture_histograms_are_read(
+    serve: Serve, session: aiohttp.ClientSession
+) -> None:
+    for fixture in (
+        "epp-gie-v1.5.0-request-duration.prom",
+        "epp-llmd-router-request-duration.prom",
+    ):
         page = Mutable(fixture_text(fixture))
         server = await serve({"/kv": text_handler(v1_page([0.5])), "/epp": page.handle})
         src = source(session, vllm_urls=[server.url("/kv")], epp_url=server.url("/epp"))
@@ -160,13 +185,17 @@ async def test_real_epp_fixture_histograms_are_read(serve: Serve, session: aioht
         assert metrics.latency.requests == 0 and metrics.latency.p50 is None
 
 
-async def test_sends_classic_text_accept_and_reads_gzip(serve: Serve, session: aiohttp.ClientSession) -> None:
+async def test_sends_classic_text_accept_and_reads_gzip(
+    serve: Serve, session: aiohttp.ClientSession
+) -> None:
     seen: list[str] = []
 
     async def gzipped(request: web.Request) -> web.Response:
         seen.append(request.headers.get("Accept", ""))
         body = gzip.compress(v1_page([0.6]).encode())
-        return web.Response(body=body, headers={"Content-Encoding": "gzip", "Content-Type": "text/plain"})
+        return web.Response(
+            body=body, headers={"Content-Encoding": "gzip", "Content-Type": "text/plain"}
+        )
 
     server = await serve({"/p": gzipped})
     metrics = await source(session, vllm_urls=[server.url("/p")]).fetch()
@@ -174,7 +203,9 @@ async def test_sends_classic_text_accept_and_reads_gzip(serve: Serve, session: a
     assert seen[0].startswith("text/plain;version=0.0.4")
 
 
-async def test_bearer_token_is_reread_when_rotated(serve: Serve, session: aiohttp.ClientSession, tmp_path: Path) -> None:
+async def test_bearer_token_is_reread_when_rotated(
+    serve: Serve, session: aiohttp.ClientSession, tmp_path: Path
+) -> None:
     token = tmp_path / "token"
     token.write_text("first\n")
     page = Mutable(v1_page([0.5]))
@@ -183,7 +214,10 @@ async def test_bearer_token_is_reread_when_rotated(serve: Serve, session: aiohtt
     await src.fetch()
     token.write_text("second-and-longer\n")
     await src.fetch()
-    assert [h["Authorization"] for h in page.headers] == ["Bearer first", "Bearer second-and-longer"]
+    assert [h["Authorization"] for h in page.headers] == [
+        "Bearer first",
+        "Bearer second-and-longer",
+    ]
 
 
 # ---- failure modes ---------------------------------------------------------------------------
@@ -212,10 +246,22 @@ def free_port() -> int:
 FAILURES: list[tuple[str, Handler | None, Reason]] = [
     ("timeout", _hang, Reason.TIMEOUT),
     ("http-500", text_handler("oops", status=500), Reason.HTTP_STATUS),
-    ("garbage-html", text_handler("<html><body>Bad Gateway</body></html>", content_type="text/html"), Reason.PARSE),
-    ("cut-mid-line", text_handler('vllm:kv_cache_usage_perc{engine="0"} 0.5\nvllm:kv_cache_usage_perc{engi'), Reason.PARSE),
+    (
+        "garbage-html",
+        text_handler("<html><body>Bad Gateway</body></html>", content_type="text/html"),
+        Reason.PARSE,
+    ),
+    (
+        "cut-mid-line",
+        text_handler('vllm:kv_cache_usage_perc{engine="0"} 0.5\nvllm:kv_cache_usage_perc{engi'),
+        Reason.PARSE,
+    ),
     ("cut-body", _truncated, Reason.PARSE),
-    ("oversized", text_handler(v1_page([0.5]) + "# padding " + "x" * 5000 + "\n"), Reason.TOO_LARGE),
+    (
+        "oversized",
+        text_handler(v1_page([0.5]) + "# padding " + "x" * 5000 + "\n"),
+        Reason.TOO_LARGE,
+    ),
     ("refused", None, Reason.CONNECT),
 ]
 
@@ -236,7 +282,9 @@ async def test_failure_modes_become_pod_errors(
     assert metrics.kv_mean is None
 
 
-async def test_invalid_kv_values_are_counted_never_used(serve: Serve, session: aiohttp.ClientSession) -> None:
+async def test_invalid_kv_values_are_counted_never_used(
+    serve: Serve, session: aiohttp.ClientSession
+) -> None:
     server = await serve({"/p": text_handler(v1_page([float("nan"), -0.1, 1.5, 0.4]))})
     metrics = await source(session, vllm_urls=[server.url("/p")]).fetch()
     assert metrics.kv_mean == 0.4 and metrics.kv_max == 0.4
@@ -244,7 +292,9 @@ async def test_invalid_kv_values_are_counted_never_used(serve: Serve, session: a
 
 
 @pytest.mark.parametrize("page", ["vllm:kv_cache_usage_ratio 0.5\n", "# nothing here\n", ""])
-async def test_missing_or_renamed_metric_is_unknown_not_zero(serve: Serve, session: aiohttp.ClientSession, page: str) -> None:
+async def test_missing_or_renamed_metric_is_unknown_not_zero(
+    serve: Serve, session: aiohttp.ClientSession, page: str
+) -> None:
     server = await serve({"/p": text_handler(page)})
     metrics = await source(session, vllm_urls=[server.url("/p")]).fetch()
     assert metrics.pods_answering == 1 and metrics.errors == ()
@@ -252,7 +302,9 @@ async def test_missing_or_renamed_metric_is_unknown_not_zero(serve: Serve, sessi
 
 
 async def test_one_pod_down_keeps_the_others(serve: Serve, session: aiohttp.ClientSession) -> None:
-    server = await serve({"/ok": text_handler(v1_page([0.3])), "/bad": text_handler("x", status=503)})
+    server = await serve(
+        {"/ok": text_handler(v1_page([0.3])), "/bad": text_handler("x", status=503)}
+    )
     metrics = await source(session, vllm_urls=[server.url("/ok"), server.url("/bad")]).fetch()
     assert metrics.kv_mean == 0.3
     assert (metrics.pods_scraped, metrics.pods_answering) == (2, 1)

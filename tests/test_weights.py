@@ -62,7 +62,9 @@ def test_deadband_holds_still_for_noise() -> None:
 
 
 def test_unhealthy_gets_zero_at_once_and_survivors_take_its_share() -> None:
-    decision = decide({"a": None, "b": Signals(kv=0.3), "c": Signals(kv=0.3)}, {"a": 60, "b": 20, "c": 20}, P)
+    decision = decide(
+        {"a": None, "b": Signals(kv=0.3), "c": Signals(kv=0.3)}, {"a": 60, "b": 20, "c": 20}, P
+    )
     assert decision.weights == {"a": 0, "b": 50, "c": 50}
     assert decision.changed
 
@@ -76,7 +78,9 @@ def test_every_healthy_cluster_saturated_splits_evenly() -> None:
     decision = decide({"a": Signals(kv=0.97), "b": Signals(kv=0.95), "c": None}, None, P)
     assert decision.mode is Mode.INITIAL
     assert decision.weights == {"a": 50, "b": 50, "c": 0}
-    later = decide({"a": Signals(kv=0.97), "b": Signals(kv=0.95), "c": None}, {"a": 20, "b": 80, "c": 0}, P)
+    later = decide(
+        {"a": Signals(kv=0.97), "b": Signals(kv=0.95), "c": None}, {"a": 20, "b": 80, "c": 0}, P
+    )
     assert later.mode is Mode.SATURATED
 
 
@@ -114,14 +118,18 @@ def test_recovered_cluster_ramps_up_by_at_most_the_cap() -> None:
         (Signals(kv=0.3, queue_per_pod=6, latency=2.0), Signals(kv=0.3, queue_per_pod=12), "b"),
     ],
 )
-def test_queue_and_latency_lower_weight_relative_to_others(a: Signals, b: Signals, loser: str) -> None:
+def test_queue_and_latency_lower_weight_relative_to_others(
+    a: Signals, b: Signals, loser: str
+) -> None:
     goal, _ = targets({"a": a, "b": b}, P)
     winner = "b" if loser == "a" else "a"
     assert goal[loser] < goal[winner]
 
 
 def test_unknown_queue_and_latency_are_neutral_not_zero() -> None:
-    goal, _ = targets({"a": Signals(kv=0.3), "b": Signals(kv=0.3, queue_per_pod=0.0, latency=1.0)}, P)
+    goal, _ = targets(
+        {"a": Signals(kv=0.3), "b": Signals(kv=0.3, queue_per_pod=0.0, latency=1.0)}, P
+    )
     assert goal["a"] == pytest.approx(goal["b"])
 
 
@@ -153,7 +161,9 @@ def in_force_for(clusters: Mapping[str, object]) -> st.SearchStrategy[dict[str, 
         edges = [0, *sorted(cuts), 100]
         return {n: edges[i + 1] - edges[i] for i, n in enumerate(names)}
 
-    return st.none() | st.lists(st.integers(0, 100), min_size=len(names) - 1, max_size=len(names) - 1).map(split)
+    return st.none() | st.lists(
+        st.integers(0, 100), min_size=len(names) - 1, max_size=len(names) - 1
+    ).map(split)
 
 
 @settings(max_examples=300, deadline=None)
@@ -177,7 +187,9 @@ def test_sum_is_100_never_negative_and_unhealthy_gets_zero(
 
 @settings(max_examples=300, deadline=None)
 @given(data=st.data(), clusters=cluster_map, p=params)
-def test_deadband_respected(data: st.DataObject, clusters: dict[str, Signals | None], p: WeightSettings) -> None:
+def test_deadband_respected(
+    data: st.DataObject, clusters: dict[str, Signals | None], p: WeightSettings
+) -> None:
     in_force = data.draw(in_force_for(clusters))
     decision = decide(clusters, in_force, p)
     if in_force is None or decision.weights is None or not decision.changed:
@@ -190,7 +202,9 @@ def test_deadband_respected(data: st.DataObject, clusters: dict[str, Signals | N
 @settings(max_examples=300, deadline=None)
 @given(
     data=st.data(),
-    clusters=st.dictionaries(st.sampled_from(["a", "b", "c", "d"]), signals, min_size=2, max_size=4),
+    clusters=st.dictionaries(
+        st.sampled_from(["a", "b", "c", "d"]), signals, min_size=2, max_size=4
+    ),
     more=st.floats(min_value=0.0, max_value=1.0),
 )
 def test_more_kv_pressure_never_gains_weight(

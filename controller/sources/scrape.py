@@ -36,7 +36,8 @@ EPP_KV = ("llm_d_epp_average_kv_cache_utilization", "inference_pool_average_kv_c
 EPP_QUEUE = ("llm_d_epp_average_queue_size", "inference_pool_average_queue_size")
 EPP_READY = "inference_pool_ready_pods"
 
-VLLM_EXTRACTOR = Extractor(gauges=(*VLLM_KV, VLLM_WAITING, VLLM_RUNNING), histograms=(VLLM_E2E,))
+VLLM_GAUGES = (*VLLM_KV, VLLM_WAITING, VLLM_RUNNING)
+VLLM_EXTRACTOR = Extractor(gauges=VLLM_GAUGES, histograms=(VLLM_E2E,))
 EPP_EXTRACTOR = Extractor(gauges=(*EPP_KV, *EPP_QUEUE, EPP_READY), histograms=EPP_LATENCY)
 
 ByName = dict[str, list[Sample]]

@@ -1,0 +1,301 @@
+"""End to end: the real controller against simulated clusters on loopback, read over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from controller.app import Controller, report_json
+from controller.demo.sim import Fault, Fleet, SimCluster
+from controller.loop import TickReport
+from controller.settings import Settings, build_settings
+
+INTERVAL = 0.25
+
+
+def fleet() -> Fleet:
+    return Fleet(
+        [
+            SimCluster("cool", kv=0.20),
+            SimCluster("hot", kv=0.20, with_epp=True),
+            SimCluster("old", style="v0", pods=1, kv=0.30),
+        ]
+    )
+
+
+def settings_for(sims: Fleet, **extra: Any) -> Settings:
+    return build_settings(
+        {
+            "interval": INTERVAL,
+            "clusters": sims.settings_clusters(),
+            "scrape": {"timeout": 0.1, "min_latency_requests": 1},
+            "server": {"bind": "127.0.0.1:0"},
+            **extra,
+        }
+    )
+
+
+class Ticks:
+    """Lets a test wait for the running loop's next ticks without sleeping blindly."""
+
+    def __init__(self) -> None:
+        self.reports: list[TickReport] = []
+        self._event = asyncio.Event()
+
+    def __call__(self, report: TickReport) -> None:
+        self.reports.append(report)
+        self._event.set()
+
+    async def until(self, done: Callable[[TickReport], bool], max_ticks: int = 40) -> TickReport:
+        for _ in range(max_ticks):
+            self._event.clear()
+            await asyncio.wait_for(self._event.wait(), timeout=10 * INTERVAL + 5)
+            if done(self.reports[-1]):
+                return self.reports[-1]
+        raise AssertionError(f"not reached in {max_ticks} ticks: {self.reports[-1]}")
+
+
+async def scrape(
+    session: aiohttp.ClientSession, port: int
+) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    async with session.get(f"http://127.0.0.1:{port}/metrics") as response:
+        assert response.status == 200
+        text = await response.text()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def weight(metrics: dict[tuple[str, tuple[tuple[str, str], ...]], float], cluster: str) -> float:
+    return metrics[("weight_controller_cluster_weight", (("cluster", cluster),))]
+
+
+def w(report: TickReport, cluster: str) -> int:
+    return report.clusters[cluster].weight or 0
+
+
+@pytest.fixture
+async def running() -> AsyncIterator[tuple[Fleet, Controller, Ticks]]:
+    ticks = Ticks()
+    async with fleet() as sims, Controller(settings_for(sims), on_tick=ticks) as controller:
+        stop = asyncio.Event()
+        task = asyncio.create_task(controller.run(stop))
+        try:
+            yield sims, controller, ticks
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 5)
+
+
+async def test_weights_move_away_from_the_hot_cluster_and_back(
+    running: tuple[Fleet, Controller, Ticks],
+) -> None:
+    sims, controller, ticks = running
+    assert controller.port
+    await ticks.until(lambda r: r.tick >= 2)
+    async with aiohttp.ClientSession() as session:
+        before = await scrape(session, controller.port)
+        assert weight(before, "hot") >= 25
+        sims["hot"].kv = 0.95
+        await ticks.until(lambda r: w(r, "hot") <= 8)
+        hot = await scrape(session, controller.port)
+        assert weight(hot, "hot") <= 8
+        assert hot[("weight_controller_cluster_vram_utilization", (("cluster", "hot"),))] > 0.9
+        assert sum(weight(hot, c) for c in ("cool", "hot", "old")) == 100
+        sims["hot"].kv = 0.15
+        await ticks.until(lambda r: w(r, "hot") >= 30)
+        cooled = await scrape(session, controller.port)
+        assert weight(cooled, "hot") >= 30
+        for path, status in (("/healthz", 200), ("/readyz", 200)):
+            async with session.get(f"http://127.0.0.1:{controller.port}{path}") as response:
+                assert response.status == status
+    steps = [
+        abs(w(b, "hot") - w(a, "hot"))
+        for a, b in zip(ticks.reports[2:], ticks.reports[3:], strict=False)
+    ]
+    assert max(steps) <= controller.settings.weights.max_step
+
+
+async def test_a_failing_cluster_gets_zero_then_recovers(
+    running: tuple[Fleet, Controller, Ticks],
+) -> None:
+    sims, controller, ticks = running
+    await ticks.until(lambda r: r.tick >= 2)
+    sims["old"].fault = Fault.HTTP_500
+    down = await ticks.until(lambda r: w(r, "old") == 0)
+    health = down.clusters["old"].health
+    assert health is not None and not health.healthy and health.reason is not None
+    assert health.reason.value == "http_status"
+    assert controller.port
+    async with aiohttp.ClientSession() as session:
+        metrics = await scrape(session, controller.port)
+    assert metrics[("weight_controller_cluster_healthy", (("cluster", "old"),))] == 0
+    assert (
+        metrics[
+            (
+                "weight_controller_scrape_errors_total",
+                (("cluster", "old"), ("reason", "http_status")),
+            )
+        ]
+        >= 2
+    )
+    assert (
+        "weight_controller_cluster_vram_utilization",
+        (("cluster", "old"),),
+    ) not in metrics  # unknown, not 0
+    sims["old"].fault = Fault.NONE
+    back = await ticks.until(lambda r: w(r, "old") > 0)
+    assert back.clusters["old"].health is not None and back.clusters["old"].health.healthy
+    assert w(back, "old") <= controller.settings.weights.max_step
+
+
+async def test_our_metrics_page_has_every_documented_family(
+    running: tuple[Fleet, Controller, Ticks],
+) -> None:
+    _, controller, ticks = running
+    await ticks.until(lambda r: r.tick >= 3)
+    assert controller.port
+    async with aiohttp.ClientSession() as session:
+        metrics = await scrape(session, controller.port)
+    names = {name for name, _ in metrics}
+    for expected in (
+        "weight_controller_cluster_vram_utilization",
+        "weight_controller_cluster_queue_depth",
+        "weight_controller_cluster_latency_seconds",
+        "weight_controller_cluster_healthy",
+        "weight_controller_cluster_weight",
+        "weight_controller_scrape_duration_seconds_bucket",
+        "weight_controller_scrape_errors_total",
+        "weight_controller_reconcile_duration_seconds_count",
+        "weight_controller_last_reconcile_timestamp_seconds",
+        "weight_controller_weight_updates_total",
+        "weight_controller_build_info",
+    ):
+        assert expected in names, expected
+    assert (
+        metrics[
+            ("weight_controller_cluster_latency_seconds", (("cluster", "hot"), ("quantile", "0.9")))
+        ]
+        > 0
+    )
+
+
+async def test_readyz_waits_for_the_first_reconcile_and_healthz_for_a_live_loop() -> None:
+    async with fleet() as sims, Controller(settings_for(sims)) as controller:
+        assert controller.port
+        async with aiohttp.ClientSession() as session:
+            base = f"http://127.0.0.1:{controller.port}"
+            async with session.get(base + "/readyz") as response:
+                assert response.status == 503
+            await controller.once()
+            async with session.get(base + "/readyz") as response:
+                assert response.status == 200
+            controller.snapshot.last_tick_monotonic = time.monotonic() - 10 * INTERVAL
+            async with session.get(base + "/healthz") as response:
+                assert response.status == 503
+
+
+async def test_once_reports_every_cluster_as_json() -> None:
+    async with fleet() as sims:
+        sims["old"].fault = Fault.GARBAGE
+        async with Controller(settings_for(sims), serve=False) as controller:
+            report = report_json(await controller.once())
+    clusters = report["clusters"]
+    assert set(clusters) == {"cool", "hot", "old"}
+    assert clusters["cool"]["vram_utilization"] == pytest.approx(0.2, abs=0.03)
+    assert clusters["cool"]["healthy"] is True
+    assert clusters["old"] | {"errors": None} == clusters["old"] | {"errors": None}
+    assert clusters["old"]["healthy"] is False and clusters["old"]["reason"] == "parse"
+    assert clusters["old"]["vram_utilization"] is None and clusters["old"]["weight"] == 0
+    assert sum(c["weight"] for c in clusters.values()) == 100
+    json.dumps(report)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _process(
+    tmp_path: Path, sims: Fleet, *args: str
+) -> tuple[asyncio.subprocess.Process, int]:
+    port = _free_port()
+    config = {
+        "interval": "300ms",
+        "clusters": sims.settings_clusters(),
+        "scrape": {"timeout": "100ms"},
+        "server": {"bind": f"127.0.0.1:{port}"},
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "controller",
+        *args,
+        "--config",
+        str(path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    return process, port
+
+
+async def test_once_cli_prints_json(tmp_path: Path) -> None:
+    async with fleet() as sims:
+        process, _ = await _process(tmp_path, sims, "once")
+        stdout, stderr = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 0, stderr
+    clusters = json.loads(stdout)["clusters"]
+    assert clusters["cool"]["healthy"] is True and isinstance(clusters["cool"]["weight"], int)
+
+
+async def test_sigterm_stops_the_real_process_cleanly_within_5s(tmp_path: Path) -> None:
+    async with fleet() as sims:
+        sims["hot"].fault = Fault.HANG  # a tick in flight when SIGTERM lands
+        process, port = await _process(tmp_path, sims, "run")
+        async with aiohttp.ClientSession() as session:
+            for _ in range(200):
+                try:
+                    async with session.get(f"http://127.0.0.1:{port}/readyz") as response:
+                        if response.status == 200:
+                            break
+                except aiohttp.ClientConnectionError:
+                    pass
+                await asyncio.sleep(0.1)
+            else:
+                raise AssertionError("controller never became ready")
+        await asyncio.sleep(0.4)
+        began = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        stdout, stderr = await asyncio.wait_for(process.communicate(), 10)
+        took = time.monotonic() - began
+    assert process.returncode == 0, stderr.decode()
+    assert took < 5
+    events = [json.loads(line) for line in stdout.decode().splitlines() if line.startswith("{")]
+    status = [e for e in events if e["event"] == "cluster status" and e["cluster"] == "cool"]
+    assert status and {"vram_util", "queue", "p50_ms", "healthy", "weight", "tick"} <= set(
+        status[-1]
+    )
+    assert any(e["event"] == "cluster unhealthy" and e["reason"] == "timeout" for e in events)
+    assert events[-1]["event"] == "stopped"

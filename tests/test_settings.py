@@ -1,0 +1,130 @@
+"""Settings: the documented example, environment overrides, and clear errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from controller.errors import ConfigError
+from controller.settings import Settings, load_settings
+
+ROOT = Path(__file__).resolve().parents[1]
+MINIMAL = """\
+interval: 10s
+clusters:
+  - name: cluster-b
+    vllm_urls: ["http://127.0.0.1:18001/metrics", "http://127.0.0.1:18002/metrics"]
+  - name: cluster-c
+    vllm_urls: ["http://127.0.0.1:18003/metrics"]
+    epp_url: "http://127.0.0.1:19003/metrics"
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_minimal_shape_from_the_issue_works(tmp_path: Path) -> None:
+    settings = load_settings(write(tmp_path, MINIMAL))
+    assert settings.interval == 10.0
+    assert [c.name for c in settings.clusters] == ["cluster-b", "cluster-c"]
+    assert str(settings.clusters[1].epp_url) == "http://127.0.0.1:19003/metrics"
+    assert settings.server.bind == "0.0.0.0:8080"
+
+
+def test_example_documents_every_field_with_its_default() -> None:
+    example = yaml.safe_load((ROOT / "config" / "example.yaml").read_text())
+    settings = load_settings(ROOT / "config" / "example.yaml")
+    defaults = Settings(clusters=[{"name": "x", "vllm_urls": ["http://127.0.0.1/"]}])
+    for group in ("scrape", "health", "weights", "server", "log"):
+        documented = example[group]
+        assert set(documented) == set(type(getattr(defaults, group)).model_fields), group
+        assert getattr(settings, group) == getattr(defaults, group), group
+    assert set(example["clusters"][1]) == set(type(settings.clusters[0]).model_fields)
+
+
+def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WEIGHT_CONTROLLER_CONFIG", str(write(tmp_path, MINIMAL)))
+    monkeypatch.setenv("WEIGHT_CONTROLLER_INTERVAL", "20s")
+    monkeypatch.setenv("WEIGHT_CONTROLLER_WEIGHTS__FLOOR", "5")
+    monkeypatch.setenv("WEIGHT_CONTROLLER_SCRAPE__TIMEOUT", "500ms")
+    settings = load_settings()
+    assert (settings.interval, settings.weights.floor, settings.scrape.timeout) == (20.0, 5, 0.5)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("interval: 10s\nclusters: []\n", "clusters: List should have at least 1 item"),
+        ("interval: soon\n" + MINIMAL.split("\n", 1)[1], "interval: not a duration: 'soon'"),
+        (
+            "interval: 2s\nscrape: {timeout: 5s}\n" + MINIMAL.split("\n", 1)[1],
+            "scrape.timeout must be shorter than interval",
+        ),
+        (
+            "clusters:\n  - name: Bad_Name\n    vllm_urls: [x]\n",
+            "clusters[0].name: String should match pattern",
+        ),
+        (
+            "clusters:\n  - name: a\n    vllm_urls: [nope]\n",
+            "clusters[0].vllm_urls[0]: Input should be a valid URL",
+        ),
+        ("clusters:\n  - name: a\n", "clusters[0]: needs at least one of vllm_urls or epp_url"),
+        (
+            MINIMAL + "weights: {floor: -1}\n",
+            "weights.floor: Input should be greater than or equal to 0",
+        ),
+        (MINIMAL + "weights: {flor: 3}\n", "weights.flor: Extra inputs are not permitted"),
+        (MINIMAL + "weights: {deadband: 30}\n", "deadband must be smaller than max_step"),
+        (MINIMAL + "server: {bind: 'localhost'}\n", "server.bind: expected host:port"),
+        (MINIMAL.replace("cluster-c", "cluster-b"), "cluster names must be unique: cluster-b"),
+        ("- just\n- a list\n", "the top level must be a mapping"),
+        ("clusters: [\n", "not valid YAML"),
+    ],
+)
+def test_bad_config_names_field_and_reason(tmp_path: Path, text: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        load_settings(write(tmp_path, text))
+    assert any(expected in line for line in raised.value.lines), raised.value.lines
+
+
+def test_cli_exits_2_with_one_line_per_error_and_no_traceback(tmp_path: Path) -> None:
+    path = write(tmp_path, "interval: nope\nweights: {floor: -1}\nclusters:\n  - name: a\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "controller", "check-config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 3 and all(line.startswith("config error: ") for line in lines)
+    assert "Traceback" not in done.stderr
+    missing = subprocess.run(
+        [sys.executable, "-m", "controller", "once", "--config", str(tmp_path / "absent.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert missing.returncode == 2 and "cannot read" in missing.stderr
+
+
+def test_check_config_prints_normalised_settings(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "controller", "check-config", str(write(tmp_path, MINIMAL))],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    printed = yaml.safe_load(done.stdout)
+    assert printed["interval"] == 10.0 and printed["scrape"]["timeout"] == 3.0
+    assert printed["weights"]["floor"] == 2
