@@ -218,3 +218,25 @@ def test_generated_pages_match_the_reference(page: str) -> None:
     found = extractor.extract(page)
     assert found.invalid_lines == 0
     assert ours(found.samples) == reference(page, wanted_names(extractor))
+
+
+def test_wanted_name_inside_comments_or_label_values_is_not_a_sample() -> None:
+    page = (
+        "# HELP vllm:kv_cache_usage_perc KV-cache usage.\n"
+        "# TYPE vllm:kv_cache_usage_perc gauge\n"
+        'other{note="vllm:kv_cache_usage_perc 0.9"} 1\n'
+        "   vllm:kv_cache_usage_perc 0.6\n"
+    )
+    found = KV.extract(page)
+    assert [s.value for s in found.samples] == [0.6]
+    assert found.invalid_lines == 0
+    assert ours(found.samples) == reference(page, KV.sample_names)
+
+
+def test_label_cache_does_not_leak_between_different_bodies() -> None:
+    page = 'vllm:kv_cache_usage_perc{engine="0"} 0.1\nvllm:kv_cache_usage_perc{engine="1"} 0.2\n'
+    first = KV.extract(page).samples
+    again = KV.extract(page).samples
+    assert (
+        [s.labels for s in first] == [s.labels for s in again] == [{"engine": "0"}, {"engine": "1"}]
+    )

@@ -1,0 +1,189 @@
+"""The reconcile loop: grid-aligned ticks that never overlap, isolation of failures, logs."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+
+import pytest
+import structlog
+from prometheus_client import CollectorRegistry
+from structlog.testing import capture_logs
+
+from controller.exporter import Snapshot, make_registry
+from controller.logs import redact
+from controller.loop import Reconciler
+from controller.model import ClusterMetrics, Decision, Reason
+from controller.publish import Publisher
+from controller.publish.dryrun import DryRunPublisher
+from controller.settings import Settings, build_settings
+
+
+class ScriptedSource:
+    """A ClusterMetricsSource whose answers (and delays) a test sets; counts overlap."""
+
+    def __init__(self, name: str, kv: float = 0.3, delay: float = 0.0) -> None:
+        self.name, self.kv, self.delay = name, kv, delay
+        self.raise_next = False
+        self.active = 0
+        self.max_active = 0
+        self.starts: list[float] = []
+
+    @property
+    def cluster(self) -> str:
+        return self.name
+
+    async def fetch(self) -> ClusterMetrics:
+        self.starts.append(asyncio.get_running_loop().time())
+        self.active += 1
+        self.max_active = max(self.max_active, self.active)
+        try:
+            if self.raise_next:
+                self.raise_next = False
+                raise RuntimeError("bug in a source")
+            await asyncio.sleep(self.delay)
+            return ClusterMetrics(
+                self.name, time.time(), self.delay, 1, 1, kv_mean=self.kv, kv_max=self.kv
+            )
+        finally:
+            self.active -= 1
+
+
+class FailingPublisher:
+    async def publish(self, decision: Decision) -> None:
+        raise ConnectionError("API server unreachable")
+
+
+def make(
+    settings: Settings, *sources: ScriptedSource, publisher: Publisher | None = None
+) -> tuple[Reconciler, Snapshot, CollectorRegistry]:
+    snapshot = Snapshot()
+    registry, metrics = make_registry(snapshot)
+    reconciler = Reconciler(
+        settings, list(sources), publisher or DryRunPublisher(), metrics, snapshot
+    )
+    return reconciler, snapshot, registry
+
+
+def settings(interval: float = 0.1) -> Settings:
+    return build_settings(
+        {
+            "interval": interval,
+            "scrape": {"timeout": interval / 2},
+            "clusters": [
+                {"name": "a", "vllm_urls": ["http://127.0.0.1:1/"]},
+                {"name": "b", "vllm_urls": ["http://127.0.0.1:1/"]},
+            ],
+        }
+    )
+
+
+class SlowPublisher:
+    """The first publish takes longer than an interval (a slow API server)."""
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+
+    async def publish(self, decision: Decision) -> None:
+        await asyncio.sleep(self.delay)
+        self.delay = 0.0
+
+
+async def test_ticks_stay_on_the_grid_skip_missed_slots_and_never_overlap() -> None:
+    a, b = ScriptedSource("a", delay=0.02), ScriptedSource("b")
+    reconciler, snapshot, _ = make(settings(0.2), a, b, publisher=SlowPublisher(0.5))
+    stop = asyncio.Event()
+    task = asyncio.create_task(reconciler.run(stop))
+    for _ in range(500):  # bounded: at most 5 s
+        if len(a.starts) >= 6:
+            break
+        await asyncio.sleep(0.01)
+    stop.set()
+    await asyncio.wait_for(task, 2)
+    assert a.max_active == 1
+    origin = a.starts[0]
+    offsets = [(t - origin) / 0.2 for t in a.starts]
+    # every tick starts on a multiple of the interval (no drift), within scheduling jitter
+    assert all(abs(o - round(o)) < 0.3 for o in offsets), offsets
+    gaps = [round(y - x) for x, y in itertools.pairwise(offsets)]
+    assert max(gaps) >= 2  # the slow tick's missed slots were skipped, not bunched up
+    assert snapshot.ticks == len(a.starts)
+
+
+async def test_the_tick_deadline_fails_only_the_slow_cluster() -> None:
+    a, b = ScriptedSource("a", delay=5), ScriptedSource("b")
+    reconciler, _, _ = make(settings(0.1), a, b)
+    report = await asyncio.wait_for(reconciler.tick(), 1)
+    assert report.clusters["a"].metrics is not None
+    assert [e.reason for e in report.clusters["a"].metrics.errors] == [Reason.TIMEOUT]
+    assert report.clusters["b"].health is not None and report.clusters["b"].health.healthy
+    assert report.decision.weights == {"a": 0, "b": 100}
+
+
+async def test_a_raising_source_is_counted_and_the_loop_goes_on() -> None:
+    a, b = ScriptedSource("a"), ScriptedSource("b")
+    reconciler, _, registry = make(settings(), a, b)
+    a.raise_next = True
+    report = await reconciler.tick()
+    assert report.clusters["a"].health is not None
+    assert report.clusters["a"].health.reason is Reason.INTERNAL
+    assert (
+        registry.get_sample_value("weight_controller_reconcile_errors_total", {"stage": "fetch"})
+        == 1
+    )
+    again = await reconciler.tick()
+    assert again.clusters["a"].metrics is not None and again.clusters["a"].metrics.errors == ()
+
+
+async def test_a_failed_publish_keeps_the_old_weights_in_force() -> None:
+    a, b = ScriptedSource("a", kv=0.9), ScriptedSource("b", kv=0.1)
+    reconciler, snapshot, registry = make(settings(), a, b, publisher=FailingPublisher())
+    with capture_logs() as logs:
+        await reconciler.tick()
+    assert reconciler.in_force is None
+    assert snapshot.clusters["a"].weight is None
+    assert (
+        registry.get_sample_value("weight_controller_reconcile_errors_total", {"stage": "publish"})
+        == 1
+    )
+    assert any(e["event"] == "publish failed" for e in logs)
+
+
+async def test_logs_one_greppable_line_per_cluster_and_state_changes() -> None:
+    a, b = ScriptedSource("a", kv=0.95), ScriptedSource("b", kv=0.2)
+    reconciler, _, _ = make(settings(), a, b)
+    with capture_logs() as logs:
+        await reconciler.tick()
+        a.raise_next = True
+        await reconciler.tick()
+    status = [e for e in logs if e["event"] == "cluster status" and e["cluster"] == "b"]
+    assert status[0]["vram_util"] == 0.2 and status[0]["healthy"] is True
+    assert status[0]["weight"] >= 80
+    assert any(e["event"] == "weights changed" and e["log_level"] == "info" for e in logs)
+    assert any(e["event"] == "cluster healthy" for e in logs)
+    a.raise_next = True
+    with capture_logs() as later:
+        await reconciler.tick()
+    unhealthy = [e for e in later if e["event"] == "cluster unhealthy"]
+    assert unhealthy and unhealthy[0]["reason"] == "internal" and unhealthy[0]["cluster"] == "a"
+
+
+@pytest.mark.parametrize(
+    ("event", "expected"),
+    [
+        ({"token": "s3cr3t"}, {"token": "***"}),
+        ({"Authorization": "Bearer s3cr3t"}, {"Authorization": "***"}),
+        (
+            {"url": "https://user:pw@example.test/metrics"},
+            {"url": "https://***@example.test/metrics"},
+        ),
+        ({"url": "http://127.0.0.1:8000/metrics"}, {"url": "http://127.0.0.1:8000/metrics"}),
+    ],
+)
+def test_secrets_are_never_rendered(event: dict[str, str], expected: dict[str, str]) -> None:
+    assert redact(None, "info", dict(event)) == expected
+
+
+def test_structlog_is_usable_without_configure() -> None:
+    structlog.get_logger("x").info("fine")  # a library import must not require set-up
