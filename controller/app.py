@@ -90,7 +90,11 @@ class Controller:
         if self._serve:
             app = server.make_app(self.registry, self.snapshot, self.settings.interval)
             bind = self.settings.server
-            self._runner, self.port = await server.start(app, bind.host, bind.port)
+            try:
+                self._runner, self.port = await server.start(app, bind.host, bind.port)
+            except BaseException:
+                await self._session.close()  # __aexit__ does not run when __aenter__ fails
+                raise
             log.info("serving", address=f"{bind.host}:{self.port}")
         return self
 

@@ -46,8 +46,19 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+EXIT_RUNTIME = 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except OSError as exc:  # e.g. the metrics port is taken: say so, no traceback
+        print(f"error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
+        return EXIT_RUNTIME
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     try:
         if args.command == "check-config":
             return _check_config(args.path)

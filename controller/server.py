@@ -42,7 +42,11 @@ async def start(app: web.Application, host: str, port: int) -> tuple[web.AppRunn
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
-    await site.start()
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
     sockets = runner.addresses
     bound = int(sockets[0][1]) if sockets else port
     return runner, bound

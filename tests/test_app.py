@@ -299,3 +299,34 @@ async def test_sigterm_stops_the_real_process_cleanly_within_5s(tmp_path: Path) 
     )
     assert any(e["event"] == "cluster unhealthy" and e["reason"] == "timeout" for e in events)
     assert events[-1]["event"] == "stopped"
+
+
+async def test_a_taken_metrics_port_is_a_clear_error(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        async with fleet() as sims:
+            config = {
+                "clusters": sims.settings_clusters(),
+                "server": {"bind": f"127.0.0.1:{taken}"},
+            }
+            path = tmp_path / "config.yaml"
+            path.write_text(yaml.safe_dump(config))
+            done = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "controller",
+                "run",
+                "--config",
+                str(path),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            _, stderr = await asyncio.wait_for(done.communicate(), 30)
+    assert done.returncode == 1
+    assert "address already in use" in stderr.decode()
+    assert "Traceback" not in stderr.decode()
+    assert "Unclosed" not in stderr.decode()
