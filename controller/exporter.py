@@ -20,9 +20,11 @@ from controller.model import ClusterHealth, ClusterMetrics, Decision, Mode, Reas
 PREFIX = "weight_controller"
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class ClusterView:
-    """The latest of one cluster: last fetch, health after it, weight in force."""
+    """The latest of one cluster: last fetch, health after it, weight in force.
+
+    Frozen: a tick replaces views, so a TickReport kept by a caller never changes under it."""
 
     metrics: ClusterMetrics | None = None
     health: ClusterHealth | None = None

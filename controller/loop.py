@@ -11,7 +11,7 @@ import asyncio
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import structlog
 
@@ -124,8 +124,8 @@ class Reconciler:
             before, metrics, self._settings.health, self._settings.scrape.min_pod_fraction, now
         )
         self._health[name] = after
-        view = self._snapshot.clusters[name]
-        view.metrics, view.health = metrics, after
+        clusters = self._snapshot.clusters
+        clusters[name] = replace(clusters[name], metrics=metrics, health=after)
         if after.changed:
             self._metrics.health_transitions.labels(name, _word(after.healthy)).inc()
             self._log_transition(name, before, after, metrics)
@@ -172,9 +172,10 @@ class Reconciler:
         log.info("weights changed", mode=decision.mode.value, weights=_format(decision.weights))
 
     def _record(self, decision: Decision, began: float) -> None:
-        for name, view in self._snapshot.clusters.items():
-            view.weight = self._in_force.get(name) if self._in_force else None
-            view.target = decision.targets.get(name)
+        clusters = self._snapshot.clusters
+        for name, view in clusters.items():
+            weight = self._in_force.get(name) if self._in_force else None
+            clusters[name] = replace(view, weight=weight, target=decision.targets.get(name))
         self._snapshot.decision = decision
         self._snapshot.ticks = self._tick
         self._snapshot.last_tick_monotonic = time.monotonic()
