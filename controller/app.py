@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -17,10 +17,13 @@ from aiohttp import web
 
 from controller import server
 from controller.exporter import Snapshot, make_registry
+from controller.kube import client as kube_client
+from controller.kube.leader import LeaderElector
 from controller.loop import Reconciler, TickReport
 from controller.publish import Publisher
 from controller.publish.dryrun import DryRunPublisher
-from controller.settings import Settings
+from controller.publish.kubernetes import KubernetesPublisher
+from controller.settings import ClusterSettings, Settings
 from controller.sources import ClusterMetricsSource
 from controller.sources.scrape import ScrapeSource
 
@@ -31,13 +34,14 @@ log = structlog.get_logger("controller.app")
 SHUTDOWN_GRACE = 2.0
 
 
-def build_sources(
+def source_factory(
     settings: Settings, session: aiohttp.ClientSession, clock: Callable[[], float]
-) -> list[ClusterMetricsSource]:
-    return [
-        ScrapeSource(cluster, settings.scrape, settings.cluster_timeout(cluster), session, clock)
-        for cluster in settings.clusters
-    ]
+) -> Callable[[ClusterSettings], ClusterMetricsSource]:
+    def make(cluster: ClusterSettings) -> ClusterMetricsSource:
+        timeout = settings.cluster_timeout(cluster)
+        return ScrapeSource(cluster, settings.scrape, timeout, session, clock)
+
+    return make
 
 
 def _connector(settings: Settings) -> aiohttp.TCPConnector:
@@ -57,9 +61,17 @@ class Controller:
         clock: Callable[[], float] = time.time,
         serve: bool = True,
         on_tick: Callable[[TickReport], None] | None = None,
+        dry_run: bool = False,
+        api: kube_client.ApiClient | None = None,
     ) -> None:
+        """``api`` replaces the in-cluster/kubeconfig client (tests point it at loopback)."""
         self._on_tick = on_tick
         self.settings = settings
+        self._publisher_override = publisher
+        self._dry_run = dry_run
+        self._api = api
+        self._owns_api = api is None
+        self.leader: LeaderElector | None = None
         self.publisher: Publisher = publisher or DryRunPublisher()
         self.snapshot = Snapshot()
         self.registry, self.metrics = make_registry(self.snapshot)
@@ -75,17 +87,21 @@ class Controller:
             connector=_connector(self.settings),
             headers={"User-Agent": "weight-controller"},
         )
-        sources: Sequence[ClusterMetricsSource] = build_sources(
-            self.settings, self._session, self._clock
-        )
+        try:
+            await self._connect_kubernetes()
+        except BaseException:
+            await self._session.close()
+            raise
+        make_source = source_factory(self.settings, self._session, self._clock)
         self.reconciler = Reconciler(
             self.settings,
-            sources,
+            [make_source(cluster) for cluster in self.settings.clusters],
             self.publisher,
             self.metrics,
             self.snapshot,
             self._clock,
             self._on_tick,
+            make_source,
         )
         if self._serve:
             app = server.make_app(self.registry, self.snapshot, self.settings.interval)
@@ -93,7 +109,7 @@ class Controller:
             try:
                 self._runner, self.port = await server.start(app, bind.host, bind.port)
             except BaseException:
-                await self._session.close()  # __aexit__ does not run when __aenter__ fails
+                await self._close_clients()  # __aexit__ does not run when __aenter__ fails
                 raise
             log.info("serving", address=f"{bind.host}:{self.port}")
         return self
@@ -106,6 +122,30 @@ class Controller:
     ) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+        await self._close_clients()
+
+    async def _connect_kubernetes(self) -> None:
+        """The API client, the leader elector and the Kubernetes publisher, when configured."""
+        kube, election = self.settings.kubernetes, self.settings.leader_election
+        if not (kube.enabled or election.enabled) or self._publisher_override is not None:
+            self.metrics.leader.set(1)
+            return
+        if self._api is None:
+            self._api = await kube_client.api_client(kube)
+        if election.enabled:
+            self.leader = LeaderElector(self._api, election, self.metrics.leader)
+            is_leader = self.leader.is_leader
+        else:
+            self.metrics.leader.set(1)  # a single replica is its own leader
+            is_leader = _always
+        if kube.enabled:
+            self.publisher = KubernetesPublisher(
+                self.settings, self._api, self.metrics, self.snapshot, is_leader, self._dry_run
+            )
+
+    async def _close_clients(self) -> None:
+        if self._api is not None and self._owns_api:
+            await self._api.close()
         if self._session is not None:
             await self._session.close()
 
@@ -116,6 +156,20 @@ class Controller:
     async def run(self, stop: asyncio.Event) -> None:
         """Reconcile until ``stop`` is set, then give the tick in flight a short grace."""
         assert self.reconciler is not None, "use inside 'async with'"
+        # The elector stops only after the loop: no write can follow the Lease's release.
+        elector_stop = asyncio.Event()
+        elector = None
+        if self.leader is not None:
+            elector = asyncio.create_task(self.leader.run(elector_stop), name="leader-election")
+        try:
+            await self._run_loop(stop)
+        finally:
+            elector_stop.set()
+            if elector is not None:
+                await asyncio.wait_for(elector, SHUTDOWN_GRACE)
+
+    async def _run_loop(self, stop: asyncio.Event) -> None:
+        assert self.reconciler is not None
         task = asyncio.create_task(self.reconciler.run(stop), name="reconcile-loop")
         stopper = asyncio.create_task(stop.wait(), name="stop-wait")
         await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -137,10 +191,14 @@ def install_signal_handlers(stop: asyncio.Event) -> None:
         loop.add_signal_handler(signum, stop.set)
 
 
-async def serve_forever(settings: Settings, publisher: Publisher | None = None) -> None:
+def _always() -> bool:
+    return True
+
+
+async def serve_forever(settings: Settings, dry_run: bool = False) -> None:
     stop = asyncio.Event()
     install_signal_handlers(stop)
-    async with Controller(settings, publisher) as controller:
+    async with Controller(settings, dry_run=dry_run) as controller:
         await controller.run(stop)
     log.info("stopped")
 

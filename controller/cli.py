@@ -32,9 +32,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=__version__)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", parents=[common], help="the daemon: reconcile every interval")
+    run.add_argument("--dry-run", action="store_true", help="compute and export, write nothing")
     run.add_argument(
-        "--dry-run", action="store_true", help="compute and export, write nothing (default now)"
+        "--leader-elect", action="store_true", help="take a Lease; only the leader writes"
     )
+    run.add_argument("--kubeconfig", type=Path, help="outside a pod: this kubeconfig")
+    run.add_argument("--context", help="kubeconfig context")
     sub.add_parser("once", parents=[common], help="one reconcile, printed as JSON")
     check = sub.add_parser("check-config", help="validate a config file, print it normalised")
     check.add_argument("path", type=Path)
@@ -75,8 +78,23 @@ def _dispatch(args: argparse.Namespace) -> int:
         logs.configure(settings.log.level, settings.log.format, sys.stderr)
         return asyncio.run(_once(settings))
     logs.configure(settings.log.level, settings.log.format)
-    asyncio.run(serve_forever(settings))
+    asyncio.run(serve_forever(with_flags(settings, args), dry_run=args.dry_run))
     return 0
+
+
+def with_flags(settings: Settings, args: argparse.Namespace) -> Settings:
+    """Command-line flags override the file and the environment."""
+    kube, election = settings.kubernetes, settings.leader_election
+    if args.kubeconfig is not None or args.context is not None:
+        kube = kube.model_copy(
+            update={
+                "kubeconfig": args.kubeconfig or kube.kubeconfig,
+                "context": args.context or kube.context,
+            }
+        )
+    if args.leader_elect:
+        election = election.model_copy(update={"enabled": True})
+    return settings.model_copy(update={"kubernetes": kube, "leader_election": election})
 
 
 def _check_config(path: Path) -> int:

@@ -7,7 +7,7 @@ Every app instance gets its own CollectorRegistry: tests and the demo never shar
 from __future__ import annotations
 
 import platform
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -32,12 +32,27 @@ class ClusterView:
     target: float | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class TargetView:
+    """One published-to object: what each ref should hold and what it holds."""
+
+    kind: str
+    namespace: str
+    name: str
+    desired: Mapping[str, int]
+    applied: Mapping[str, int]
+    clusters: Mapping[str, str | None]
+    mode: Mode
+
+
 @dataclass(slots=True)
 class Snapshot:
     """Written by the reconcile loop once per tick, read by /metrics, /healthz and /readyz."""
 
     clusters: dict[str, ClusterView] = field(default_factory=dict)
     decision: Decision | None = None
+    targets: dict[str, TargetView] = field(default_factory=dict)
+    leader: bool | None = None
     ticks: int = 0
     last_tick_monotonic: float | None = None
     last_tick_wall: float | None = None
@@ -88,6 +103,35 @@ class ControllerMetrics:
             "Times new weights were published.",
             registry=registry,
         )
+        self.target_writes = Counter(
+            f"{PREFIX}_target_writes_total",
+            "Patches that changed the weights of a Kubernetes object.",
+            ["kind"],
+            registry=registry,
+        )
+        for kind in ("ExternalModel", "HTTPRoute"):
+            self.target_writes.labels(kind)
+        self.api_errors = Counter(
+            f"{PREFIX}_api_errors_total",
+            "Kubernetes API calls that failed, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in (
+            "not_found",
+            "conflict",
+            "invalid",
+            "forbidden",
+            "server_error",
+            "unavailable",
+            "error",
+        ):
+            self.api_errors.labels(reason)
+        self.leader = Gauge(
+            f"{PREFIX}_leader",
+            "1 while this replica holds the Lease and may write.",
+            registry=registry,
+        )
         self.health_transitions = Counter(
             f"{PREFIX}_health_transitions_total",
             "Clusters turning healthy or unhealthy.",
@@ -134,6 +178,25 @@ class SnapshotCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         yield from self._signals()
         yield from self._decisions()
+        yield from self._targets()
+
+    def _targets(self) -> Iterator[Metric]:
+        labels = ("kind", "namespace", "target", "ref", "cluster")
+        desired = _family("desired_weight", "Weight a target's ref should hold.", labels)
+        applied = _family("applied_weight", "Weight a target's ref holds (last read).", labels)
+        unmapped = _family(
+            "target_unmapped_refs",
+            "Refs of a target that map to no known cluster (they keep their weight).",
+            ("kind", "namespace", "target"),
+        )
+        for view in self._snapshot.targets.values():
+            for ref, cluster in view.clusters.items():
+                row = [view.kind, view.namespace, view.name, ref, cluster or ""]
+                _add(desired, row, view.desired.get(ref))
+                _add(applied, row, view.applied.get(ref))
+            missing = sum(1 for c in view.clusters.values() if c is None)
+            unmapped.add_metric([view.kind, view.namespace, view.name], missing)
+        yield from (desired, applied, unmapped)
 
     def _signals(self) -> Iterator[Metric]:
         kv = _family("cluster_vram_utilization", "Mean KV-cache use over pods/engines, 0..1.")

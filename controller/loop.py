@@ -19,7 +19,7 @@ from controller import health, weights
 from controller.exporter import ClusterView, ControllerMetrics, Snapshot
 from controller.model import ClusterHealth, ClusterMetrics, Decision, Mode, Reason, Signals
 from controller.publish import Publisher
-from controller.settings import Settings
+from controller.settings import ClusterSettings, Settings
 from controller.sources import ClusterMetricsSource
 
 log = structlog.get_logger("controller.loop")
@@ -59,10 +59,14 @@ class Reconciler:
         snapshot: Snapshot,
         clock: Callable[[], float] = time.time,
         on_tick: Callable[[TickReport], None] | None = None,
+        source_factory: Callable[[ClusterSettings], ClusterMetricsSource] | None = None,
     ) -> None:
         self._settings = settings
         self._on_tick = on_tick
-        self._sources = list(sources)
+        self._sources = {source.cluster: source for source in sources}
+        self._static = set(self._sources)
+        self._dynamic: dict[str, ClusterSettings] = {}
+        self._source_factory = source_factory
         self._publisher = publisher
         self._metrics = metrics
         self._snapshot = snapshot
@@ -70,10 +74,10 @@ class Reconciler:
         self._health: dict[str, ClusterHealth] = {}
         self._in_force: dict[str, int] | None = None
         self._tick = 0
-        for source in self._sources:
-            snapshot.clusters.setdefault(source.cluster, ClusterView())
-            metrics.add_cluster(source.cluster)
-        for stage in ("fetch", "publish", "tick"):
+        for name in self._sources:
+            snapshot.clusters.setdefault(name, ClusterView())
+            metrics.add_cluster(name)
+        for stage in ("discover", "fetch", "publish", "tick"):
             metrics.reconcile_errors.labels(stage)
 
     @property
@@ -84,12 +88,14 @@ class Reconciler:
         self._tick += 1
         began = time.perf_counter()
         with structlog.contextvars.bound_contextvars(tick=self._tick):
-            fetched = await asyncio.gather(*(self._fetch(s) for s in self._sources))
+            await self._discover()
+            fetched = await asyncio.gather(*(self._fetch(s) for s in self._sources.values()))
             now = self._clock()
             for metrics in fetched:
                 self._judge(metrics, now)
-            decision = self._decide()
-            await self._publish(decision)
+            inputs = self._inputs()
+            decision = self._decide(inputs)
+            await self._publish(inputs, decision)
             self._record(decision, began)
             self._log_tick(decision)
         report = TickReport(
@@ -150,22 +156,54 @@ class Reconciler:
             detail=detail,
         )
 
-    def _decide(self) -> Decision:
+    async def _discover(self) -> None:
+        """Let the publisher name clusters beyond the configured ones; keep them in sync."""
+        try:
+            async with asyncio.timeout(self._settings.interval * DEADLINE_SHARE):
+                defined = {c.name: c for c in await self._publisher.discover()}
+        except Exception:  # discovery failing must not stop scraping what we know
+            self._metrics.reconcile_errors.labels("discover").inc()
+            log.exception("discovery failed")
+            return
+        defined = {n: c for n, c in defined.items() if n not in self._static}
+        if defined == self._dynamic or self._source_factory is None:
+            return
+        for name in self._dynamic.keys() - defined.keys():
+            log.info("cluster no longer referenced", cluster=name)
+            self._drop(name)
+        for name, cluster in defined.items():
+            if self._dynamic.get(name) != cluster:
+                log.info("watching cluster defined by annotations", cluster=name)
+                self._sources[name] = self._source_factory(cluster)
+                self._snapshot.clusters.setdefault(name, ClusterView())
+                self._metrics.add_cluster(name)
+        self._dynamic = defined
+
+    def _drop(self, name: str) -> None:
+        self._sources.pop(name, None)
+        self._health.pop(name, None)
+        self._snapshot.clusters.pop(name, None)
+        if self._in_force is not None:
+            self._in_force.pop(name, None)
+
+    def _inputs(self) -> dict[str, Signals | None]:
         quantile = self._settings.weights.latency_quantile
-        inputs = {name: signals_of(state, quantile) for name, state in self._health.items()}
+        return {name: signals_of(state, quantile) for name, state in self._health.items()}
+
+    def _decide(self, inputs: Mapping[str, Signals | None]) -> Decision:
         decision = weights.decide(inputs, self._in_force, self._settings.weights)
         if decision.mode is Mode.FAIL_STATIC:
             log.error("fail static", note=decision.notes[0], weights=_format(decision.weights))
         return decision
 
-    async def _publish(self, decision: Decision) -> None:
-        if not decision.changed or decision.weights is None:
-            return
+    async def _publish(self, inputs: Mapping[str, Signals | None], decision: Decision) -> None:
         try:
-            await self._publisher.publish(decision)
+            await self._publisher.publish(inputs, decision)
         except Exception:  # the weights in force stay the old ones; next tick tries again
             self._metrics.reconcile_errors.labels("publish").inc()
             log.exception("publish failed", weights=_format(decision.weights))
+            return
+        if not decision.changed or decision.weights is None:
             return
         self._in_force = dict(decision.weights)
         self._metrics.weight_updates.inc()

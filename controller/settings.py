@@ -226,6 +226,86 @@ class ServerSettings(_Group):
         return int(self.bind.rpartition(":")[2])
 
 
+class HTTPRouteTarget(_Group):
+    """An HTTPRoute whose backendRef weights follow the clusters they point at."""
+
+    namespace: str = Field(description="Namespace of the HTTPRoute.")
+    name: str = Field(description="Name of the HTTPRoute.")
+    backends: dict[str, str] = Field(
+        min_length=1,
+        description="backendRef name → cluster name; refs not listed keep their weight.",
+    )
+
+
+class KubernetesSettings(_Group):
+    enabled: bool = Field(
+        default=False,
+        description="Off: weights reach logs and gauges only. On: ExternalModels (and the "
+        "HTTPRoutes below) are patched.",
+    )
+    namespaces: list[str] = Field(
+        default_factory=lambda: ["maas-system"],
+        min_length=1,
+        description="Where opted-in ExternalModels are looked for.",
+    )
+    label_selector: str = Field(
+        default="weight-controller.opendatahub.io/managed=true",
+        description="ExternalModels opt in with this label; nothing else is touched.",
+    )
+    httproutes: list[HTTPRouteTarget] = Field(
+        default_factory=list, description="HTTPRoutes to steer, for Gateway API users."
+    )
+    kubeconfig: Path | None = Field(
+        default=None,
+        description="Outside a pod: this kubeconfig (else $KUBECONFIG or ~/.kube/config).",
+    )
+    context: str | None = Field(default=None, description="kubeconfig context to use.")
+    api_timeout: Duration = Field(
+        default=5.0, description="Per API call; an API server slower than this counts as down."
+    )
+    write_retries: int = Field(
+        default=3,
+        ge=1,
+        le=10,
+        description="Re-read and retry a guarded write this often on conflict (409/422).",
+    )
+    field_manager: str = Field(
+        default="weight-controller",
+        description="Our name in managedFields, so humans see who wrote the weights.",
+    )
+
+
+class LeaderSettings(_Group):
+    enabled: bool = Field(
+        default=False,
+        description="Off for one replica; on (--leader-elect) so only one of several writes.",
+    )
+    namespace: str = Field(
+        default="maas-system", description="Namespace of the Lease: the controller's own."
+    )
+    lease_name: str = Field(default="weight-controller", description="Name of the Lease.")
+    identity: str | None = Field(
+        default=None,
+        description="This replica's name in the Lease; the hostname (the pod name) if unset.",
+    )
+    lease_duration: Duration = Field(
+        default=15.0,
+        description="How long followers wait after the last renewal before taking over.",
+    )
+    renew_deadline: Duration = Field(
+        default=10.0,
+        description="The leader stops writing if it could not renew for this long; shorter "
+        "than lease_duration, so it stops before anyone else can start.",
+    )
+    retry_period: Duration = Field(default=2.0, description="How often to renew or try.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if not self.retry_period < self.renew_deadline < self.lease_duration:
+            raise ValueError("need retry_period < renew_deadline < lease_duration")
+        return self
+
+
 class LogSettings(_Group):
     level: Literal["debug", "info", "warning", "error"] = Field(
         default="info", description="One line per cluster per tick at info."
@@ -256,6 +336,8 @@ class Settings(BaseSettings):
     weights: WeightSettings = Field(default_factory=WeightSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
     log: LogSettings = Field(default_factory=LogSettings)
+    kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
+    leader_election: LeaderSettings = Field(default_factory=LeaderSettings)
 
     @classmethod
     def settings_customise_sources(

@@ -138,6 +138,21 @@ def _with_floor(values: Mapping[str, float], healthy: list[str], floor: int) -> 
     return result
 
 
+def proportional(values: Mapping[str, float], total: int) -> dict[str, int]:
+    """Integers in the same proportions as ``values`` that sum to exactly ``total``
+    (largest remainder; ties by name). All-zero input stays all zero."""
+    mass = sum(values.values())
+    if mass <= 0:
+        return dict.fromkeys(values, 0)
+    exact = {n: v * total / mass for n, v in values.items()}
+    ints = {n: int(v) for n, v in exact.items()}
+    for name in sorted(exact, key=lambda n: (-(exact[n] - ints[n]), n))[
+        : total - sum(ints.values())
+    ]:
+        ints[name] += 1
+    return ints
+
+
 def round_to_total(values: Mapping[str, float], floor: int, healthy: list[str]) -> dict[str, int]:
     """Integers summing to exactly 100 (largest remainder; ties by name, so deterministic).
 

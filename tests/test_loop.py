@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections.abc import Mapping
 
 import pytest
 import structlog
@@ -14,7 +15,7 @@ from structlog.testing import capture_logs
 from controller.exporter import Snapshot, make_registry
 from controller.logs import redact
 from controller.loop import Reconciler
-from controller.model import ClusterMetrics, Decision, Reason
+from controller.model import ClusterMetrics, Decision, Reason, Signals
 from controller.publish import Publisher
 from controller.publish.dryrun import DryRunPublisher
 from controller.settings import Settings, build_settings
@@ -50,8 +51,8 @@ class ScriptedSource:
             self.active -= 1
 
 
-class FailingPublisher:
-    async def publish(self, decision: Decision) -> None:
+class FailingPublisher(DryRunPublisher):
+    async def publish(self, signals: Mapping[str, Signals | None], fleet: Decision) -> None:
         raise ConnectionError("API server unreachable")
 
 
@@ -79,13 +80,14 @@ def settings(interval: float = 0.1) -> Settings:
     )
 
 
-class SlowPublisher:
+class SlowPublisher(DryRunPublisher):
     """The first publish takes longer than an interval (a slow API server)."""
 
     def __init__(self, delay: float) -> None:
+        super().__init__()
         self.delay = delay
 
-    async def publish(self, decision: Decision) -> None:
+    async def publish(self, signals: Mapping[str, Signals | None], fleet: Decision) -> None:
         await asyncio.sleep(self.delay)
         self.delay = 0.0
 

@@ -1,10 +1,13 @@
-"""The publisher that writes nothing: logs and gauges only (``--dry-run``, the demo, tests)."""
+"""The publisher that writes nothing: logs and gauges only (no Kubernetes, the demo, tests)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import structlog
 
-from controller.model import Decision
+from controller.model import Decision, Signals
+from controller.settings import ClusterSettings
 
 log = structlog.get_logger("controller.publish")
 
@@ -13,8 +16,13 @@ class DryRunPublisher:
     def __init__(self) -> None:
         self.published: list[Decision] = []
 
-    async def publish(self, decision: Decision) -> None:
-        self.published.append(decision)
+    async def discover(self) -> Sequence[ClusterSettings]:
+        return ()
+
+    async def publish(self, signals: Mapping[str, Signals | None], fleet: Decision) -> None:
+        if not fleet.changed or fleet.weights is None:
+            return
+        self.published.append(fleet)
         del self.published[:-100]  # bounded: a long-running dry run must not grow
-        weights = " ".join(f"{n}={w}" for n, w in sorted((decision.weights or {}).items()))
-        log.info("weights published", dry_run=True, mode=decision.mode.value, weights=weights)
+        weights = " ".join(f"{n}={w}" for n, w in sorted(fleet.weights.items()))
+        log.info("weights published", dry_run=True, mode=fleet.mode.value, weights=weights)

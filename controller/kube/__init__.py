@@ -1,0 +1,1 @@
+"""Kubernetes plumbing: client construction, API errors, object shapes, leader election."""

@@ -1,0 +1,34 @@
+"""An ApiClient: in-cluster service account in a pod, a kubeconfig otherwise."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from kubernetes_asyncio import client, config
+
+from controller.settings import KubernetesSettings
+
+SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+
+
+ApiClient = client.ApiClient
+
+
+async def api_client(settings: KubernetesSettings) -> client.ApiClient:
+    """In a pod (the service-account token and ``KUBERNETES_SERVICE_HOST`` are there) use the
+    projected token — the client re-reads it as it rotates; elsewhere the kubeconfig."""
+    configuration = client.Configuration()
+    if settings.kubeconfig is None and _in_cluster():
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    else:
+        await config.load_kube_config(
+            config_file=str(settings.kubeconfig) if settings.kubeconfig else None,
+            context=settings.context,
+            client_configuration=configuration,
+        )
+    return client.ApiClient(configuration)
+
+
+def _in_cluster() -> bool:
+    return "KUBERNETES_SERVICE_HOST" in os.environ and SERVICE_ACCOUNT_TOKEN.exists()

@@ -1,0 +1,221 @@
+"""Pure: the Kubernetes objects we steer, read from their JSON, and the guarded patches we send.
+
+ExternalModel (``inference.opendatahub.io/v1alpha1``): ``spec.externalProviderRefs[i]`` is
+``{ref: {name}, targetModel, apiFormat, path, weight (0..100, default 1), ...}``; each ``ref.name``
+names an ExternalProvider in the same namespace — one cluster. HTTPRoute
+(``gateway.networking.k8s.io/v1``): ``spec.rules[r].backendRefs[b].{name, weight}``.
+
+How a ref finds its cluster (first match wins), via annotations on the ExternalProvider:
+- ``weight-controller.opendatahub.io/cluster: <name>`` — a cluster from the config;
+- ``weight-controller.opendatahub.io/vllm-metrics-urls: "<url>,<url>"`` and/or
+  ``weight-controller.opendatahub.io/epp-metrics-url: <url>`` (optionally
+  ``weight-controller.opendatahub.io/model-name``) — a cluster defined right there, named after
+  the provider;
+- else a configured cluster with the provider's own name; else the ref is *unmapped* and keeps
+  its weight.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from controller.settings import ClusterSettings, HTTPRouteTarget
+
+DOMAIN = "weight-controller.opendatahub.io"
+MANAGED_LABEL = f"{DOMAIN}/managed"
+LAST_APPLIED = f"{DOMAIN}/last-applied"
+CLUSTER_ANNOTATION = f"{DOMAIN}/cluster"
+VLLM_URLS_ANNOTATION = f"{DOMAIN}/vllm-metrics-urls"
+EPP_URL_ANNOTATION = f"{DOMAIN}/epp-metrics-url"
+MODEL_NAME_ANNOTATION = f"{DOMAIN}/model-name"
+
+EXTERNAL_MODEL = ("inference.opendatahub.io", "v1alpha1", "externalmodels")
+EXTERNAL_PROVIDER = ("inference.opendatahub.io", "v1alpha1", "externalproviders")
+HTTPROUTE = ("gateway.networking.k8s.io", "v1", "httproutes")
+DEFAULT_WEIGHT = 1  # the ExternalModel CRD's default for an absent weight
+
+Kind = Literal["ExternalModel", "HTTPRoute"]
+Json = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Ref:
+    """One weighted entry: where it sits in the object, whose it is, what it holds now."""
+
+    path: str  # JSON pointer of the entry, e.g. /spec/externalProviderRefs/2
+    name_path: str  # pointer of its name, relative to ``path``
+    name: str
+    weight: int
+    cluster: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    kind: Kind
+    namespace: str
+    name: str
+    uid: str
+    resource_version: str
+    refs: tuple[Ref, ...]
+    has_annotations: bool
+    last_applied: Mapping[str, int] | None
+    last_writer: str | None  # the manager of the most recent update, from managedFields
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}/{self.namespace}/{self.name}"
+
+    @property
+    def weights(self) -> dict[str, int]:
+        """Weights now on the object, by ref name."""
+        return {ref.name: ref.weight for ref in self.refs}
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderMapping:
+    """ExternalProvider name → cluster name, plus clusters the providers define themselves."""
+
+    clusters: Mapping[str, str]
+    defined: tuple[ClusterSettings, ...]
+    problems: tuple[str, ...]
+
+
+def _weight(entry: Mapping[str, Any]) -> int:
+    value = entry.get("weight", DEFAULT_WEIGHT)
+    return int(value) if isinstance(value, int | float) else DEFAULT_WEIGHT
+
+
+def _annotations(obj: Mapping[str, Any]) -> dict[str, str]:
+    return dict(obj.get("metadata", {}).get("annotations") or {})
+
+
+def _last_applied(annotations: Mapping[str, str]) -> dict[str, int] | None:
+    try:
+        recorded = json.loads(annotations[LAST_APPLIED])["weights"]
+        return {str(k): int(v) for k, v in recorded.items()}
+    except (KeyError, ValueError, TypeError, AttributeError):
+        return None
+
+
+def _last_writer(obj: Mapping[str, Any]) -> str | None:
+    entries = obj.get("metadata", {}).get("managedFields") or []
+    timed = [e for e in entries if isinstance(e, dict) and e.get("manager")]
+    if not timed:
+        return None
+    latest = max(timed, key=lambda e: str(e.get("time") or ""))
+    return str(latest["manager"])
+
+
+def _target(kind: Kind, obj: Mapping[str, Any], refs: Sequence[Ref]) -> Target:
+    meta = obj.get("metadata", {})
+    annotations = _annotations(obj)
+    return Target(
+        kind=kind,
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        uid=str(meta.get("uid", "")),
+        resource_version=str(meta.get("resourceVersion", "")),
+        refs=tuple(refs),
+        has_annotations=meta.get("annotations") is not None,
+        last_applied=_last_applied(annotations),
+        last_writer=_last_writer(obj),
+    )
+
+
+def external_model(obj: Mapping[str, Any], providers: ProviderMapping) -> Target:
+    entries = obj.get("spec", {}).get("externalProviderRefs") or []
+    refs = []
+    for index, entry in enumerate(entries):
+        name = str((entry.get("ref") or {}).get("name", ""))
+        refs.append(
+            Ref(
+                path=f"/spec/externalProviderRefs/{index}",
+                name_path="/ref/name",
+                name=name,
+                weight=_weight(entry),
+                cluster=providers.clusters.get(name),
+            )
+        )
+    return _target("ExternalModel", obj, refs)
+
+
+def httproute(obj: Mapping[str, Any], config: HTTPRouteTarget) -> Target:
+    refs = []
+    for r, rule in enumerate(obj.get("spec", {}).get("rules") or []):
+        for b, backend in enumerate(rule.get("backendRefs") or []):
+            name = str(backend.get("name", ""))
+            refs.append(
+                Ref(
+                    path=f"/spec/rules/{r}/backendRefs/{b}",
+                    name_path="/name",
+                    name=name,
+                    weight=_weight(backend),
+                    cluster=config.backends.get(name),
+                )
+            )
+    return _target("HTTPRoute", obj, refs)
+
+
+def map_providers(providers: Sequence[Mapping[str, Any]], configured: set[str]) -> ProviderMapping:
+    clusters: dict[str, str] = {}
+    defined: list[ClusterSettings] = []
+    problems: list[str] = []
+    for provider in providers:
+        name = str(provider.get("metadata", {}).get("name", ""))
+        annotations = _annotations(provider)
+        if CLUSTER_ANNOTATION in annotations:
+            clusters[name] = annotations[CLUSTER_ANNOTATION]
+        elif VLLM_URLS_ANNOTATION in annotations or EPP_URL_ANNOTATION in annotations:
+            try:
+                defined.append(cluster_from_annotations(name, annotations))
+                clusters[name] = name
+            except ValidationError as exc:
+                reason = "; ".join(e["msg"] for e in exc.errors(include_url=False))
+                problems.append(f"ExternalProvider {name}: bad metrics annotations: {reason}")
+        elif name in configured:
+            clusters[name] = name
+    return ProviderMapping(clusters, tuple(defined), tuple(problems))
+
+
+def cluster_from_annotations(name: str, annotations: Mapping[str, str]) -> ClusterSettings:
+    urls = annotations.get(VLLM_URLS_ANNOTATION, "").replace(",", " ").split()
+    return ClusterSettings.model_validate(
+        {
+            "name": name,
+            "vllm_urls": urls,
+            "epp_url": annotations.get(EPP_URL_ANNOTATION) or None,
+            "model_name": annotations.get(MODEL_NAME_ANNOTATION) or None,
+        }
+    )
+
+
+def _escape(key: str) -> str:
+    """A map key as one JSON-pointer segment (RFC 6901)."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def weight_patch(target: Target, desired: Mapping[str, int], stamp: str) -> list[Json]:
+    """A JSON Patch that ``test``s each changed ref's name at its index before setting its
+    weight — if the list was reordered meanwhile the API server rejects the whole patch (422)
+    instead of giving a weight to the wrong provider — and records what we applied."""
+    ops: list[Json] = []
+    for ref in target.refs:
+        if ref.name in desired and desired[ref.name] != ref.weight:
+            ops.append({"op": "test", "path": ref.path + ref.name_path, "value": ref.name})
+            ops.append({"op": "add", "path": ref.path + "/weight", "value": desired[ref.name]})
+    record = json.dumps({"weights": dict(sorted(desired.items())), "time": stamp})
+    if target.has_annotations:
+        ops.append(
+            {"op": "add", "path": f"/metadata/annotations/{_escape(LAST_APPLIED)}", "value": record}
+        )
+    else:
+        # Creating the map would replace one written meanwhile: only if nothing changed.
+        rv = target.resource_version
+        ops.append({"op": "test", "path": "/metadata/resourceVersion", "value": rv})
+        ops.append({"op": "add", "path": "/metadata/annotations", "value": {LAST_APPLIED: record}})
+    return ops
