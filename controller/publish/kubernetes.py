@@ -208,7 +208,9 @@ class KubernetesPublisher:
     async def publish(self, signals: Mapping[str, Signals | None], fleet: Decision) -> None:
         views: dict[str, TargetView] = {}
         for key, target in list(self._targets.items()):
-            views[key] = await self._reconcile(target, signals)
+            view = await self._reconcile(target, signals)
+            if key in self._targets:  # not forgotten (deleted) meanwhile
+                views[key] = view
         self._snapshot.targets = views
 
     async def _reconcile(self, target: Target, signals: Mapping[str, Signals | None]) -> TargetView:

@@ -1,0 +1,469 @@
+"""Publishing to Kubernetes with the real kubernetes-asyncio client over HTTP, against the
+API-server double in tests/apiserver.py (its docstring lists the behaviours it implements)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+from structlog.testing import capture_logs
+
+from controller.app import Controller
+from controller.demo.sim import Fleet, SimCluster
+from controller.kube.objects import LAST_APPLIED, MANAGED_LABEL, VLLM_URLS_ANNOTATION
+from controller.model import Decision, Mode, Signals
+from controller.publish.kubernetes import target_weights
+from controller.settings import Settings, build_settings
+from tests.apiserver import FakeAPIServer
+
+CRD = "inference.opendatahub.io/v1alpha1"
+NS = "maas-system"
+
+
+@pytest.fixture
+async def apiserver() -> AsyncIterator[FakeAPIServer]:
+    server = FakeAPIServer()
+    await server.start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
+async def api(apiserver: FakeAPIServer) -> AsyncIterator[client.ApiClient]:
+    async with client.ApiClient(client.Configuration(host=apiserver.url)) as api_client:
+        yield api_client
+
+
+@pytest.fixture
+async def sims() -> AsyncIterator[Fleet]:
+    async with Fleet([SimCluster("east", kv=0.2), SimCluster("west", kv=0.2)]) as fleet:
+        yield fleet
+
+
+def provider(name: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": NS}
+    if annotations:
+        meta["annotations"] = annotations
+    return {"metadata": meta, "spec": {"provider": "openai", "endpoint": f"{name}.example.com"}}
+
+
+def model(name: str, refs: list[tuple[str, int]], managed: bool = True) -> dict[str, Any]:
+    labels = {MANAGED_LABEL: "true"} if managed else {}
+    return {
+        "metadata": {"name": name, "namespace": NS, "labels": labels},
+        "spec": {
+            "externalProviderRefs": [
+                {
+                    "ref": {"name": ref},
+                    "targetModel": "llama",
+                    "apiFormat": "openai",
+                    "path": "/v1/chat/completions",
+                    "weight": weight,
+                }
+                for ref, weight in refs
+            ]
+        },
+    }
+
+
+def seed(apiserver: FakeAPIServer, refs: list[tuple[str, int]], name: str = "llama") -> None:
+    for ref, _ in refs:
+        if apiserver.get(CRD, "externalproviders", NS, ref) is None:
+            apiserver.put_object(CRD, "externalproviders", provider(ref))
+    apiserver.put_object(CRD, "externalmodels", model(name, refs))
+
+
+def weights_of(apiserver: FakeAPIServer, name: str = "llama") -> dict[str, int]:
+    obj = apiserver.get(CRD, "externalmodels", NS, name)
+    assert obj is not None
+    return {r["ref"]["name"]: r["weight"] for r in obj["spec"]["externalProviderRefs"]}
+
+
+def settings_for(sims: Fleet, **extra: Any) -> Settings:
+    return build_settings(
+        {
+            "interval": 1,
+            "clusters": sims.settings_clusters(),
+            "scrape": {"timeout": 0.5},
+            "kubernetes": {"enabled": True, "api_timeout": 1, **extra.pop("kubernetes", {})},
+            **extra,
+        }
+    )
+
+
+async def ticks(controller: Controller, n: int) -> None:
+    for _ in range(n):
+        await controller.once()
+
+
+# ---- the pure part ---------------------------------------------------------------------------
+
+
+def test_target_weights_keep_unmapped_refs_and_share_the_rest() -> None:
+    from controller.kube.objects import Ref, Target
+
+    refs = (
+        Ref("/spec/externalProviderRefs/0", "/ref/name", "east", 40, "east"),
+        Ref("/spec/externalProviderRefs/1", "/ref/name", "west", 40, "west"),
+        Ref("/spec/externalProviderRefs/2", "/ref/name", "saas", 20, None),
+    )
+    target = Target("ExternalModel", NS, "m", "uid", "1", refs, True, None, None)
+    signals: dict[str, Signals | None] = {"east": Signals(kv=0.95), "west": Signals(kv=0.1)}
+    desired, decision = target_weights(
+        target,
+        signals,
+        build_settings({"clusters": [{"name": "x", "epp_url": "http://127.0.0.1/"}]}).weights,
+    )
+    assert desired is not None and decision.changed
+    assert "saas" not in desired
+    assert sum(desired.values()) == 80
+    assert desired["west"] > desired["east"]
+
+
+# ---- publishing ------------------------------------------------------------------------------
+
+
+async def test_moves_weights_away_from_the_hot_cluster_with_guarded_patches(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
+) -> None:
+    seed(apiserver, [("east", 50), ("west", 50)])
+    apiserver.put_object(
+        CRD, "externalmodels", model("unmanaged", [("east", 50), ("west", 50)], managed=False)
+    )
+    async with Controller(settings_for(sims), serve=False, api=api) as controller:
+        await ticks(controller, 2)
+        assert apiserver.writes("PATCH") == []  # balanced already: nothing to write
+        sims["east"].kv = 0.95
+        await ticks(controller, 6)
+    final = weights_of(apiserver)
+    assert final["west"] >= 80 and sum(final.values()) == 100
+    assert weights_of(apiserver, "unmanaged") == {"east": 50, "west": 50}
+    patches = apiserver.writes("PATCH", "externalmodels")
+    assert patches
+    for _, _, content_type, ops in patches:
+        assert content_type == "application/json-patch+json"
+        tests = {op["path"]: op["value"] for op in ops if op["op"] == "test"}
+        for op in ops:
+            if op["path"].endswith("/weight"):
+                index = op["path"].split("/")[3]
+                assert tests[f"/spec/externalProviderRefs/{index}/ref/name"] in ("east", "west")
+    obj = apiserver.get(CRD, "externalmodels", NS, "llama")
+    assert obj is not None
+    recorded = json.loads(obj["metadata"]["annotations"][LAST_APPLIED])
+    assert recorded["weights"] == final and recorded["time"].endswith("Z")
+    assert obj["metadata"]["managedFields"][-1]["manager"] == "weight-controller"
+    events = apiserver.writes("POST", "events")
+    assert len(events) == len(patches)
+    assert events[0][3]["involvedObject"]["name"] == "llama"
+    assert events[0][3]["reason"] == "WeightsChanged"
+
+
+async def test_writes_only_on_change(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
+) -> None:
+    seed(apiserver, [("east", 90), ("west", 10)])
+    async with Controller(settings_for(sims), serve=False, api=api) as controller:
+        await ticks(controller, 8)
+        settled = len(apiserver.writes("PATCH"))
+        await ticks(controller, 4)
+    assert settled >= 1
+    assert len(apiserver.writes("PATCH")) == settled
+
+
+async def test_a_human_edit_is_replaced_from_a_fresh_read_and_logged(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
+) -> None:
+    seed(apiserver, [("east", 50), ("west", 50)])
+    sims["east"].kv = 0.95
+    async with Controller(settings_for(sims), serve=False, api=api) as controller:
+        await ticks(controller, 6)
+
+        def edit(obj: dict[str, Any]) -> None:
+            obj["spec"]["externalProviderRefs"][0]["weight"] = 70
+            obj["spec"]["externalProviderRefs"][1]["weight"] = 30
+
+        apiserver.edit(CRD, "externalmodels", NS, "llama", "kubectl-edit", edit)
+        with capture_logs() as logs:
+            await controller.once()
+    replaced = [e for e in logs if e["event"] == "replacing weights changed outside the controller"]
+    assert replaced and replaced[0]["changed_by"] == "kubectl-edit"
+    assert replaced[0]["found"] == "east=70 west=30"
+    after = weights_of(apiserver)
+    assert after["east"] == 70 - 25  # one capped step from the human's value, not a jump back
+
+
+async def test_reordered_refs_never_get_the_wrong_weights(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
+) -> None:
+    seed(apiserver, [("east", 50), ("west", 50)])
+    sims["east"].kv = 0.95
+    async with Controller(settings_for(sims), serve=False, api=api) as controller:
+        assert controller.reconciler is not None
+        publisher = controller.publisher
+        await publisher.discover()
+
+        def reorder(obj: dict[str, Any]) -> None:
+            refs = obj["spec"]["externalProviderRefs"]
+            refs.reverse()
+            refs[0]["weight"], refs[1]["weight"] = 60, 40  # west=60, east=40 now
+
+        apiserver.edit(CRD, "externalmodels", NS, "llama", "someone", reorder)
+        signals: dict[str, Signals | None] = {"east": Signals(kv=0.95), "west": Signals(kv=0.1)}
+        await publisher.publish(signals, Decision(None, {}, Mode.NO_DATA, False))
+    patches = apiserver.writes("PATCH")
+    assert len(patches) == 2  # the first was refused (422) by its test op, the second landed
+    final = weights_of(apiserver)
+    assert final["west"] > 60 and final["east"] < 40  # moved from the reordered values, by name
+    obj = apiserver.get(CRD, "externalmodels", NS, "llama")
+    assert obj is not None
+    assert [r["ref"]["name"] for r in obj["spec"]["externalProviderRefs"]] == ["west", "east"]
+
+
+async def test_a_target_deleted_mid_tick_is_forgotten(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
+) -> None:
+    seed(apiserver, [("east", 50), ("west", 50)])
+    async with Controller(settings_for(sims), serve=False, api=api) as controller:
+        publisher = controller.publisher
+        await publisher.discover()
+        del apiserver.objects[(CRD, "externalmodels", NS, "llama")]
+        signals: dict[str, Signals | None] = {"east": Signals(kv=0.95), "west": Signals(kv=0.1)}
+        with capture_logs() as logs:
+            await publisher.publish(signals, Decision(None, {}, Mode.NO_DATA, False))
+        assert any(e["event"] == "target deleted; forgetting it" for e in logs)
+        assert controller.snapshot.targets == {}
+        await controller.once()  # and the next tick goes on without it
+
+
+async def test_api_down_keeps_deciding_and_applies_the_latest_once_back(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
+) -> None:
+    seed(apiserver, [("east", 50), ("west", 50)])
+    async with Controller(settings_for(sims), serve=False, api=api) as controller:
+        await ticks(controller, 2)
+        await apiserver.stop()
+        sims["east"].kv = 0.95
+        with capture_logs() as logs:
+            await ticks(controller, 3)
+        assert any(e["event"] == "cannot read targets; keeping the last known" for e in logs)
+        view = controller.snapshot.targets["ExternalModel/maas-system/llama"]
+        assert view.desired["west"] > view.applied["west"] == 50
+        api_errors = controller.registry.get_sample_value(
+            "weight_controller_api_errors_total", {"reason": "unavailable"}
+        )
+        assert api_errors is not None and api_errors >= 3
+        await apiserver.start()
+        before = len(apiserver.writes("PATCH"))
+        await controller.once()
+        assert len(apiserver.writes("PATCH")) == before + 1
+        assert weights_of(apiserver)["west"] > 50
+
+
+async def test_dry_run_writes_nothing_but_exports_desired(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
+) -> None:
+    seed(apiserver, [("east", 50), ("west", 50)])
+    sims["east"].kv = 0.95
+    async with Controller(settings_for(sims), serve=False, api=api, dry_run=True) as controller:
+        await ticks(controller, 3)
+        desired = controller.registry.get_sample_value(
+            "weight_controller_desired_weight",
+            {
+                "kind": "ExternalModel",
+                "namespace": NS,
+                "target": "llama",
+                "ref": "west",
+                "cluster": "west",
+            },
+        )
+        applied = controller.registry.get_sample_value(
+            "weight_controller_applied_weight",
+            {
+                "kind": "ExternalModel",
+                "namespace": NS,
+                "target": "llama",
+                "ref": "west",
+                "cluster": "west",
+            },
+        )
+    assert apiserver.writes() == []
+    assert desired is not None and applied == 50 and desired > 50
+
+
+async def test_forbidden_names_the_missing_verb(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
+) -> None:
+    seed(apiserver, [("east", 50), ("west", 50)])
+    sims["east"].kv = 0.95
+    apiserver.fail("PATCH", "externalmodels", 403)
+    async with Controller(settings_for(sims), serve=False, api=api) as controller:
+        with capture_logs() as logs:
+            await controller.once()
+    denied = [e for e in logs if e["event"] == "not allowed to write weights"]
+    assert (
+        denied
+        and "grant verb 'patch' on externalmodels.inference.opendatahub.io" in denied[0]["fix"]
+    )
+
+
+async def test_unmapped_ref_keeps_its_weight_and_is_counted(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
+) -> None:
+    seed(apiserver, [("east", 40), ("west", 40), ("saas", 20)])
+    sims["east"].kv = 0.95
+    async with Controller(settings_for(sims), serve=False, api=api) as controller:
+        with capture_logs() as logs:
+            await ticks(controller, 4)
+        unmapped = controller.registry.get_sample_value(
+            "weight_controller_target_unmapped_refs",
+            {"kind": "ExternalModel", "namespace": NS, "target": "llama"},
+        )
+    final = weights_of(apiserver)
+    assert final["saas"] == 20 and final["east"] + final["west"] == 80
+    assert unmapped == 1
+    assert any(e["event"] == "ref maps to no known cluster; keeping its weight" for e in logs)
+
+
+async def test_providers_can_define_clusters_by_annotation(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
+) -> None:
+    async with Fleet([SimCluster("remote", kv=0.9)]) as extra:
+        apiserver.put_object(CRD, "externalproviders", provider("east"))
+        apiserver.put_object(
+            CRD,
+            "externalproviders",
+            provider("remote-llm", {VLLM_URLS_ANNOTATION: ",".join(extra["remote"].vllm_urls())}),
+        )
+        apiserver.put_object(
+            CRD, "externalmodels", model("llama", [("east", 50), ("remote-llm", 50)])
+        )
+        async with Controller(settings_for(sims), serve=False, api=api) as controller:
+            await ticks(controller, 4)
+            assert "remote-llm" in controller.snapshot.clusters
+    final = weights_of(apiserver)
+    assert final["east"] > final["remote-llm"]
+
+
+async def test_httproute_backend_weights(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
+) -> None:
+    route = {
+        "metadata": {"name": "llama", "namespace": "apps"},
+        "spec": {
+            "rules": [
+                {
+                    "backendRefs": [
+                        {"name": "svc-east", "port": 8000, "weight": 500},
+                        {"name": "svc-west", "port": 8000, "weight": 500},
+                    ]
+                }
+            ]
+        },
+    }
+    apiserver.put_object("gateway.networking.k8s.io/v1", "httproutes", route)
+    sims["west"].kv = 0.95
+    httproutes = [
+        {"namespace": "apps", "name": "llama", "backends": {"svc-east": "east", "svc-west": "west"}}
+    ]
+    async with Controller(
+        settings_for(sims, kubernetes={"httproutes": httproutes}), serve=False, api=api
+    ) as controller:
+        await ticks(controller, 4)
+    obj = apiserver.get("gateway.networking.k8s.io/v1", "httproutes", "apps", "llama")
+    assert obj is not None
+    backends = {b["name"]: b["weight"] for b in obj["spec"]["rules"][0]["backendRefs"]}
+    assert backends["svc-east"] > backends["svc-west"] and sum(backends.values()) == 100
+
+
+# ---- leader election -------------------------------------------------------------------------
+
+LEASE = {"enabled": True, "lease_duration": 1.5, "renew_deadline": 1.0, "retry_period": 0.2}
+
+
+def elector_settings(identity: str) -> Any:
+    from controller.settings import LeaderSettings
+
+    return LeaderSettings(identity=identity, **LEASE)
+
+
+async def wait_until(check: Callable[[], bool], seconds: float) -> float:
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    while loop.time() - began < seconds:
+        if check():
+            return loop.time() - began
+        await asyncio.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+async def test_two_electors_race_and_exactly_one_leads(
+    apiserver: FakeAPIServer, api: client.ApiClient
+) -> None:
+    from controller.kube.leader import LeaderElector
+
+    a = LeaderElector(api, elector_settings("a"))
+    b = LeaderElector(api, elector_settings("b"))
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(e.run(stop)) for e in (a, b)]
+    await wait_until(lambda: a.is_leader() or b.is_leader(), 3)
+    for _ in range(20):  # never both, for a few renew cycles
+        assert not (a.is_leader() and b.is_leader())
+        await asyncio.sleep(0.1)
+    assert a.is_leader() != b.is_leader()
+    stop.set()
+    await asyncio.gather(*tasks)
+
+
+async def test_lease_expiry_takeover_and_release(
+    apiserver: FakeAPIServer, api: client.ApiClient
+) -> None:
+    from controller.kube.leader import LeaderElector
+
+    a = LeaderElector(api, elector_settings("a"))
+    b = LeaderElector(api, elector_settings("b"))
+    stop_a, stop_b = asyncio.Event(), asyncio.Event()
+    task_a = asyncio.create_task(a.run(stop_a))
+    await wait_until(a.is_leader, 3)
+    task_b = asyncio.create_task(b.run(stop_b))
+    await asyncio.sleep(0.5)
+    assert not b.is_leader()
+    task_a.cancel()  # a crash: no release; b must wait out the lease
+    killed = asyncio.get_running_loop().time()
+    took = await wait_until(b.is_leader, 5)
+    assert not a.is_leader()  # a's fence expired before b could take over
+    assert took <= LEASE["lease_duration"] + 2 * LEASE["retry_period"] + 0.3, took
+    lease = await client.CoordinationV1Api(api).read_namespaced_lease("weight-controller", NS)
+    assert lease.spec.holder_identity == "b" and lease.spec.lease_transitions == 1
+    # a graceful stop releases the lease: a new candidate gets it at once
+    c = LeaderElector(api, elector_settings("c"))
+    stop_c = asyncio.Event()
+    task_c = asyncio.create_task(c.run(stop_c))
+    stop_b.set()
+    await task_b
+    took_c = await wait_until(c.is_leader, 3)
+    assert took_c < LEASE["lease_duration"]
+    stop_c.set()
+    await task_c
+    del killed
+
+
+async def test_leader_stops_writing_when_it_cannot_renew(
+    apiserver: FakeAPIServer, api: client.ApiClient
+) -> None:
+    from controller.kube.leader import LeaderElector
+
+    a = LeaderElector(api, elector_settings("a"))
+    stop = asyncio.Event()
+    task = asyncio.create_task(a.run(stop))
+    await wait_until(a.is_leader, 3)
+    await apiserver.stop()  # the API server goes away: renewals fail
+    took = await wait_until(lambda: not a.is_leader(), 3)
+    assert took <= LEASE["renew_deadline"] + 0.3
+    await apiserver.start()
+    await wait_until(a.is_leader, 3)
+    stop.set()
+    await task
