@@ -42,7 +42,7 @@ def test_example_documents_every_field_with_its_default() -> None:
     example = yaml.safe_load((ROOT / "config" / "example.yaml").read_text())
     settings = load_settings(ROOT / "config" / "example.yaml")
     defaults = Settings(clusters=[{"name": "x", "vllm_urls": ["http://127.0.0.1/"]}])
-    for group in ("scrape", "health", "weights", "server", "log"):
+    for group in ("scrape", "health", "weights", "server", "log", "kubernetes", "leader_election"):
         documented = example[group]
         assert set(documented) == set(type(getattr(defaults, group)).model_fields), group
         assert getattr(settings, group) == getattr(defaults, group), group
