@@ -25,6 +25,7 @@ from controller.publish.dryrun import DryRunPublisher
 from controller.publish.kubernetes import KubernetesPublisher
 from controller.settings import ClusterSettings, Settings
 from controller.sources import ClusterMetricsSource
+from controller.sources.prometheus import PrometheusQuerySource
 from controller.sources.scrape import ScrapeSource
 
 log = structlog.get_logger("controller.app")
@@ -38,6 +39,15 @@ def source_factory(
     settings: Settings, session: aiohttp.ClientSession, clock: Callable[[], float]
 ) -> Callable[[ClusterSettings], ClusterMetricsSource]:
     def make(cluster: ClusterSettings) -> ClusterMetricsSource:
+        if cluster.prometheus is not None:
+            return PrometheusQuerySource(
+                cluster,
+                cluster.prometheus,
+                settings.prometheus_queries,
+                settings.scrape,
+                session,
+                clock,
+            )
         timeout = settings.cluster_timeout(cluster)
         return ScrapeSource(cluster, settings.scrape, timeout, session, clock)
 

@@ -53,6 +53,33 @@ class _Group(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class PrometheusSource(_Group):
+    """Read a cluster through a Prometheus (or Thanos Querier) instead of scraping its pods."""
+
+    url: HttpUrl = Field(description="Base URL of the Prometheus HTTP API (…/api/v1 is added).")
+    matchers: dict[str, str] = Field(
+        default_factory=dict,
+        description='Label matchers that select this cluster\'s series, e.g. {cluster: "b"} on '
+        "a Thanos Querier that holds many clusters.",
+    )
+    bearer_token_file: Path | None = Field(
+        default=None, description="Sent as 'Authorization: Bearer'; re-read when it changes."
+    )
+    ca_file: Path | None = Field(default=None, description="CA bundle for an https URL.")
+    tls_insecure_skip_verify: bool = Field(default=False, description="Off: TLS is verified.")
+    timeout: Duration | None = Field(
+        default=None, description="Per-query timeout; scrape.timeout if unset."
+    )
+
+    @field_validator("matchers")
+    @classmethod
+    def _label_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", name):
+                raise ValueError(f"not a label name: {name!r}")
+        return value
+
+
 class ClusterSettings(_Group):
     """One cluster serving the model: where its signals are read."""
 
@@ -89,11 +116,18 @@ class ClusterSettings(_Group):
     timeout: Duration | None = Field(
         default=None, description="Per-request timeout for this cluster; scrape.timeout if unset."
     )
+    prometheus: PrometheusSource | None = Field(
+        default=None,
+        description="Read this cluster's signals with PromQL instead of scraping its pods.",
+    )
 
     @model_validator(mode="after")
     def _has_a_source(self) -> Self:
-        if not self.vllm_urls and self.epp_url is None:
-            raise ValueError("needs at least one of vllm_urls or epp_url")
+        scraped = bool(self.vllm_urls) or self.epp_url is not None
+        if self.prometheus is not None and scraped:
+            raise ValueError("use either prometheus or vllm_urls/epp_url, not both")
+        if self.prometheus is None and not scraped:
+            raise ValueError("needs vllm_urls, epp_url or prometheus")
         return self
 
 
@@ -226,6 +260,71 @@ class ServerSettings(_Group):
         return int(self.bind.rpartition(":")[2])
 
 
+class PrometheusQueries(_Group):
+    """PromQL templates for clusters read through Prometheus. ``$selector`` becomes the
+    cluster's matchers, each with a leading comma (``,cluster="b"``) or nothing; ``$window`` the
+    rate window. Series names are matched as ``vllm[:_]…``: prometheus-client >= 0.23 serves
+    ``vllm_…`` to a Prometheus that negotiates OpenMetrics."""
+
+    window: str = Field(
+        default="1m",
+        pattern=r"^[0-9]+(ms|s|m|h)$",
+        description="Rate window for latency: at least 4 of Prometheus' scrape intervals.",
+    )
+    kv_mean: str = Field(
+        default='avg({__name__=~"vllm[:_]kv_cache_usage_perc"$selector}'
+        ' or {__name__=~"vllm[:_]gpu_cache_usage_perc"$selector})',
+        description="Mean KV-cache use over pods and engines; the new name wins per series.",
+    )
+    kv_max: str = Field(
+        default='max({__name__=~"vllm[:_]kv_cache_usage_perc"$selector}'
+        ' or {__name__=~"vllm[:_]gpu_cache_usage_perc"$selector})',
+        description="Highest KV-cache use of any engine.",
+    )
+    kv_oldest: str = Field(
+        default='min(timestamp({__name__=~"vllm[:_]kv_cache_usage_perc"$selector}'
+        ' or {__name__=~"vllm[:_]gpu_cache_usage_perc"$selector}))',
+        description="Time of the oldest KV sample: older than health.max_staleness is stale "
+        "(Prometheus keeps returning a dead pod's last sample for 5 minutes).",
+    )
+    pods: str = Field(
+        default='count(count by (instance) ({__name__=~"vllm[:_](kv|gpu)_cache_usage_perc"'
+        "$selector}))",
+        description="Pods reporting KV-cache use.",
+    )
+    queue: str = Field(
+        default='sum({__name__=~"vllm[:_]num_requests_waiting"$selector})',
+        description="Requests waiting, summed over pods.",
+    )
+    running: str = Field(
+        default='sum({__name__=~"vllm[:_]num_requests_running"$selector})',
+        description="Requests running, summed over pods.",
+    )
+    latency_quantile: str = Field(
+        default="histogram_quantile($quantile, sum by (le) (rate("
+        '{__name__="llm_d_epp_request_duration_seconds_bucket"$selector}[$window])))'
+        " or histogram_quantile($quantile, sum by (le) (rate("
+        '{__name__="inference_objective_request_duration_seconds_bucket"$selector}[$window])))'
+        " or histogram_quantile($quantile, sum by (le) (rate("
+        '{__name__="inference_model_request_duration_seconds_bucket"$selector}[$window])))'
+        " or histogram_quantile($quantile, sum by (le) (rate("
+        '{__name__=~"vllm[:_]e2e_request_latency_seconds_bucket"$selector}[$window])))',
+        description="A latency quantile ($quantile): the EPP histogram, newest name first, "
+        "then vLLM's e2e histogram.",
+    )
+    latency_requests: str = Field(
+        default="sum(increase("
+        '{__name__="llm_d_epp_request_duration_seconds_count"$selector}[$window]))'
+        " or sum(increase("
+        '{__name__="inference_objective_request_duration_seconds_count"$selector}[$window]))'
+        " or sum(increase("
+        '{__name__="inference_model_request_duration_seconds_count"$selector}[$window]))'
+        " or sum(increase("
+        '{__name__=~"vllm[:_]e2e_request_latency_seconds_count"$selector}[$window]))',
+        description="Requests in the window: below scrape.min_latency_requests latency is unknown.",
+    )
+
+
 class HTTPRouteTarget(_Group):
     """An HTTPRoute whose backendRef weights follow the clusters they point at."""
 
@@ -336,6 +435,7 @@ class Settings(BaseSettings):
     weights: WeightSettings = Field(default_factory=WeightSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
     log: LogSettings = Field(default_factory=LogSettings)
+    prometheus_queries: PrometheusQueries = Field(default_factory=PrometheusQueries)
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
     leader_election: LeaderSettings = Field(default_factory=LeaderSettings)
 
@@ -360,7 +460,8 @@ class Settings(BaseSettings):
         if self.scrape.timeout >= self.interval:
             raise ValueError("scrape.timeout must be shorter than interval")
         for cluster in self.clusters:
-            if cluster.timeout is not None and cluster.timeout >= self.interval:
+            own = cluster.prometheus.timeout if cluster.prometheus else cluster.timeout
+            if own is not None and own >= self.interval:
                 name = cluster.name
                 raise ValueError(f"clusters '{name}': timeout must be shorter than interval")
         return self
