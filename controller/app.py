@@ -16,7 +16,7 @@ import structlog
 from aiohttp import web
 
 from controller import server
-from controller.exporter import Snapshot, make_registry
+from controller.exporter import Snapshot, cluster_json, make_registry
 from controller.kube import client as kube_client
 from controller.kube.leader import LeaderElector
 from controller.loop import Reconciler, TickReport
@@ -215,32 +215,12 @@ async def serve_forever(settings: Settings, dry_run: bool = False) -> None:
 
 def report_json(report: TickReport) -> dict[str, Any]:
     """The ``once`` output: every signal and decision per cluster, ``null`` when unknown."""
-    clusters: dict[str, Any] = {}
-    for name, view in report.clusters.items():
-        m, h = view.metrics, view.health
-        latency = m.latency if m else None
-        clusters[name] = {
-            "vram_utilization": m.kv_mean if m else None,
-            "vram_utilization_max": m.kv_max if m else None,
-            "kv_metric": m.kv_family if m else None,
-            "queue_depth": m.queue_depth if m else None,
-            "running": m.running if m else None,
-            "latency_p50_seconds": latency.p50 if latency else None,
-            "latency_p90_seconds": latency.p90 if latency else None,
-            "pods_scraped": m.pods_scraped if m else 0,
-            "pods_answering": m.pods_answering if m else 0,
-            "healthy": h.healthy if h else False,
-            "degraded": h.degraded if h else False,
-            "reason": h.reason.value if h and h.reason else None,
-            "weight": view.weight,
-            "target_weight": view.target,
-            "errors": [
-                {"url": e.url, "reason": e.reason.value, "detail": e.detail}
-                for e in (m.errors if m else ())
-            ],
-        }
     decision = report.decision
-    return {"clusters": clusters, "mode": decision.mode.value, "notes": list(decision.notes)}
+    return {
+        "clusters": {name: cluster_json(view) for name, view in report.clusters.items()},
+        "mode": decision.mode.value,
+        "notes": list(decision.notes),
+    }
 
 
 __all__ = ["Controller", "report_json", "serve_forever"]

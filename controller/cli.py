@@ -12,12 +12,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import aiohttp
 import yaml
 
 from controller import __version__, logs
 from controller.app import Controller, report_json, serve_forever
 from controller.errors import ConfigError
 from controller.settings import CONFIG_ENV, Settings, load_settings
+from controller.status import STATE_PATH, fetch_state, render
 
 EXIT_CONFIG = 2
 
@@ -41,6 +43,8 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("once", parents=[common], help="one reconcile, printed as JSON")
     check = sub.add_parser("check-config", help="validate a config file, print it normalised")
     check.add_argument("path", type=Path)
+    status = sub.add_parser("status", help="a running controller's state, as tables")
+    status.add_argument("--url", default="http://127.0.0.1:8080", help="its metrics address")
     demo = sub.add_parser("demo", help="simulated clusters on loopback + the controller")
     demo.add_argument("--duration", type=float, default=None, help="seconds, then exit")
     demo.add_argument("--interval", type=float, default=1.0, help="reconcile period, seconds")
@@ -65,6 +69,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     try:
         if args.command == "check-config":
             return _check_config(args.path)
+        if args.command == "status":
+            return asyncio.run(_status(args.url))
         if args.command == "demo":
             from controller.demo.runner import run_demo
 
@@ -95,6 +101,16 @@ def with_flags(settings: Settings, args: argparse.Namespace) -> Settings:
     if args.leader_elect:
         election = election.model_copy(update={"enabled": True})
     return settings.model_copy(update={"kubernetes": kube, "leader_election": election})
+
+
+async def _status(url: str) -> int:
+    try:
+        state = await fetch_state(url)
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        print(f"error: cannot read {url}{STATE_PATH}: {exc or type(exc).__name__}", file=sys.stderr)
+        return EXIT_RUNTIME
+    print(render(state))
+    return 0
 
 
 def _check_config(path: Path) -> int:

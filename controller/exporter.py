@@ -9,6 +9,7 @@ from __future__ import annotations
 import platform
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -43,6 +44,7 @@ class TargetView:
     applied: Mapping[str, int]
     clusters: Mapping[str, str | None]
     mode: Mode
+    last_write: float | None = None
 
 
 @dataclass(slots=True)
@@ -56,6 +58,7 @@ class Snapshot:
     ticks: int = 0
     last_tick_monotonic: float | None = None
     last_tick_wall: float | None = None
+    last_change_wall: float | None = None
 
 
 class ControllerMetrics:
@@ -256,6 +259,64 @@ class SnapshotCollector(Collector):
             [], float(decision is not None and decision.mode is Mode.FAIL_STATIC)
         )
         yield from (healthy, degraded, reason, weight, target, mode, fail_static)
+
+
+def cluster_json(view: ClusterView) -> dict[str, Any]:
+    """One cluster's signals and decision as JSON (``once``, ``/debug/state``)."""
+    m, h = view.metrics, view.health
+    latency = m.latency if m else None
+    return {
+        "vram_utilization": m.kv_mean if m else None,
+        "vram_utilization_max": m.kv_max if m else None,
+        "kv_metric": m.kv_family if m else None,
+        "queue_depth": m.queue_depth if m else None,
+        "running": m.running if m else None,
+        "latency_p50_seconds": latency.p50 if latency else None,
+        "latency_p90_seconds": latency.p90 if latency else None,
+        "pods_scraped": m.pods_scraped if m else 0,
+        "pods_answering": m.pods_answering if m else 0,
+        "healthy": h.healthy if h else False,
+        "degraded": h.degraded if h else False,
+        "reason": h.reason.value if h and h.reason else None,
+        "weight": view.weight,
+        "target_weight": view.target,
+        "errors": [
+            {"url": e.url, "reason": e.reason.value, "detail": e.detail}
+            for e in (m.errors if m else ())
+        ],
+    }
+
+
+def state_json(snapshot: Snapshot, leader: bool | None) -> dict[str, Any]:
+    """Everything the controller last saw and decided, for ``/debug/state`` and ``status``."""
+    decision = snapshot.decision
+    return {
+        "ticks": snapshot.ticks,
+        "last_tick": snapshot.last_tick_wall,
+        "last_change": snapshot.last_change_wall,
+        "leader": leader,
+        "mode": decision.mode.value if decision else None,
+        "notes": list(decision.notes) if decision else [],
+        "clusters": {name: cluster_json(view) for name, view in snapshot.clusters.items()},
+        "targets": {
+            key: {
+                "kind": t.kind,
+                "namespace": t.namespace,
+                "name": t.name,
+                "mode": t.mode.value,
+                "last_write": t.last_write,
+                "refs": {
+                    ref: {
+                        "cluster": cluster,
+                        "desired": t.desired.get(ref),
+                        "applied": t.applied.get(ref),
+                    }
+                    for ref, cluster in t.clusters.items()
+                },
+            }
+            for key, t in snapshot.targets.items()
+        },
+    }
 
 
 def _add(family: GaugeMetricFamily, labels: list[str], value: float | None) -> None:

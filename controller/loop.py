@@ -206,6 +206,7 @@ class Reconciler:
         if not decision.changed or decision.weights is None:
             return
         self._in_force = dict(decision.weights)
+        self._snapshot.last_change_wall = self._clock()
         self._metrics.weight_updates.inc()
         log.info("weights changed", mode=decision.mode.value, weights=_format(decision.weights))
 

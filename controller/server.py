@@ -9,7 +9,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 
-from controller.exporter import Snapshot
+from controller.exporter import Snapshot, state_json
 
 # The loop is alive if it ticked within this many intervals.
 LIVENESS_INTERVALS = 3
@@ -30,7 +30,12 @@ def make_app(registry: CollectorRegistry, snapshot: Snapshot, interval: float) -
             return web.Response(status=503, text="first reconcile not done\n")
         return web.Response(text="ok\n")
 
+    async def state(_: web.Request) -> web.Response:
+        leader = registry.get_sample_value("weight_controller_leader")
+        return web.json_response(state_json(snapshot, None if leader is None else leader == 1))
+
     app = web.Application()
+    app.router.add_get("/debug/state", state)
     app.router.add_get("/metrics", make_aiohttp_handler(registry))
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

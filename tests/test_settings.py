@@ -42,8 +42,16 @@ def test_example_documents_every_field_with_its_default() -> None:
     example = yaml.safe_load((ROOT / "config" / "example.yaml").read_text())
     settings = load_settings(ROOT / "config" / "example.yaml")
     defaults = Settings(clusters=[{"name": "x", "vllm_urls": ["http://127.0.0.1/"]}])
-    groups = ("scrape", "health", "weights", "server", "log", "prometheus_queries", "kubernetes",
-              "leader_election")
+    groups = (
+        "scrape",
+        "health",
+        "weights",
+        "server",
+        "log",
+        "prometheus_queries",
+        "kubernetes",
+        "leader_election",
+    )
     for group in groups:
         documented = example[group]
         assert set(documented) == set(type(getattr(defaults, group)).model_fields), group
@@ -81,8 +89,14 @@ def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.Monk
             "clusters[0].vllm_urls[0]: Input should be a valid URL",
         ),
         ("clusters:\n  - name: a\n", "clusters[0]: needs vllm_urls, epp_url or prometheus"),
-        ("clusters:\n  - name: a\n    epp_url: http://127.0.0.1/\n    prometheus: {url: http://127.0.0.1:9090}\n", "use either prometheus or vllm_urls/epp_url"),
-        ("clusters:\n  - name: a\n    prometheus: {url: http://127.0.0.1:9090, matchers: {bad-name: x}}\n", "not a label name"),
+        (
+            "clusters:\n  - name: a\n    epp_url: http://127.0.0.1/\n    prometheus: {url: http://127.0.0.1:9090}\n",
+            "use either prometheus or vllm_urls/epp_url",
+        ),
+        (
+            "clusters:\n  - name: a\n    prometheus: {url: http://127.0.0.1:9090, matchers: {bad-name: x}}\n",
+            "not a label name",
+        ),
         (
             MINIMAL + "weights: {floor: -1}\n",
             "weights.floor: Input should be greater than or equal to 0",

@@ -20,6 +20,7 @@ once the API answers again.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -107,6 +108,7 @@ class KubernetesPublisher:
         self._is_leader = is_leader
         self._dry_run = dry_run
         self._targets: dict[str, Target] = {}
+        self._last_write: dict[str, float] = {}
         self._defined: list[ClusterSettings] = []
         self._cache = _Cache()
         self._configured = {c.name for c in settings.clusters}
@@ -225,6 +227,7 @@ class KubernetesPublisher:
             applied=target.weights,
             clusters={ref.name: ref.cluster for ref in target.refs},
             mode=decision.mode,
+            last_write=self._last_write.get(target.key),
         )
 
     async def _write_with_retries(
@@ -318,6 +321,7 @@ class KubernetesPublisher:
         log.info("weights written", target=target.key, mode=decision.mode.value, change=change)
         await self._event(target, f"Weights changed ({decision.mode.value}): {change}")
         self._targets[target.key] = written
+        self._last_write[target.key] = time.time()
         return written
 
     def _note_foreign_change(

@@ -1,0 +1,98 @@
+"""``weight-controller status``: a running controller's ``/debug/state`` as readable tables."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+
+STATE_PATH = "/debug/state"
+
+
+async def fetch_state(base_url: str, seconds: float = 5.0) -> dict[str, Any]:
+    url = base_url.rstrip("/") + STATE_PATH
+    async with (
+        asyncio.timeout(seconds),
+        aiohttp.ClientSession() as session,
+        session.get(url) as response,
+    ):
+        response.raise_for_status()
+        state: dict[str, Any] = await response.json()
+        return state
+
+
+def _num(value: float | None, fmt: str, suffix: str = "") -> str:
+    return "-" if value is None else format(value, fmt) + suffix
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.0f}ms"
+
+
+def _when(stamp: float | None, now: float) -> str:
+    if stamp is None:
+        return "never"
+    iso = datetime.fromtimestamp(stamp, UTC).strftime("%H:%M:%SZ")
+    return f"{iso} ({now - stamp:.0f}s ago)"
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+
+
+def render(state: dict[str, Any], now: float | None = None) -> str:
+    now = time.time() if now is None else now
+    leader = {True: "yes", False: "no", None: "unknown"}[state.get("leader")]
+    lines = [
+        f"tick {state['ticks']} at {_when(state.get('last_tick'), now)}; leader: {leader}; "
+        f"mode: {state.get('mode')}; last weight change: {_when(state.get('last_change'), now)}",
+        *(f"note: {note}" for note in state.get("notes", [])),
+        "",
+    ]
+    rows = [
+        ["CLUSTER", "KV", "KV MAX", "QUEUE", "P50", "P90", "PODS", "HEALTH", "WEIGHT", "TARGET"]
+    ]
+    for name, c in sorted(state["clusters"].items()):
+        health = "healthy" if c["healthy"] else f"UNHEALTHY ({c['reason']})"
+        if c["healthy"] and c["reason"]:
+            health = f"healthy, last fetch failed ({c['reason']})"
+        elif c["healthy"] and c["degraded"]:
+            health = "healthy, degraded"
+        rows.append(
+            [
+                name,
+                _num(c["vram_utilization"], ".2f"),
+                _num(c["vram_utilization_max"], ".2f"),
+                _num(c["queue_depth"], ".1f"),
+                _ms(c["latency_p50_seconds"]),
+                _ms(c["latency_p90_seconds"]),
+                f"{c['pods_answering']}/{c['pods_scraped']}",
+                health,
+                _num(c["weight"], "d"),
+                _num(c["target_weight"], ".1f"),
+            ]
+        )
+    lines += _table(rows)
+    if state.get("targets"):
+        rows = [["TARGET", "REF", "CLUSTER", "DESIRED", "APPLIED", "LAST WRITE"]]
+        for key, t in sorted(state["targets"].items()):
+            for ref, r in t["refs"].items():
+                rows.append(
+                    [
+                        key,
+                        ref,
+                        r["cluster"] or "(unmapped)",
+                        _num(r["desired"], "d"),
+                        _num(r["applied"], "d"),
+                        _when(t["last_write"], now),
+                    ]
+                )
+        lines += ["", *_table(rows)]
+    return "\n".join(lines)
