@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit bench clean
+.PHONY: demo test lint typecheck unit bench clean prometheus
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,7 +24,13 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict controller tests benchmarks
 
-unit: $(STAMP)
+# The Prometheus tests run Debian's prometheus/promtool; install them when missing (CI is root).
+prometheus:
+	@command -v prometheus >/dev/null && command -v promtool >/dev/null || { \
+	  echo "installing Debian's prometheus package (needs root)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+
+unit: $(STAMP) prometheus
 	$(BIN)/pytest
 
 test: lint typecheck unit

@@ -206,10 +206,12 @@ class SnapshotCollector(Collector):
         kv_max = _family("cluster_vram_utilization_max", "Highest KV-cache use of any engine.")
         queue = _family("cluster_queue_depth", "Requests waiting, summed over pods.")
         running = _family("cluster_running_requests", "Requests running, summed over pods.")
-        latency = _family(
-            "cluster_latency_seconds",
+        # A summary-typed family of quantiles only: the quantile label is legal on summaries,
+        # and a cumulative _count/_sum would be a lie for a per-window estimate.
+        latency = Metric(
+            f"{PREFIX}_cluster_latency_seconds",
             "Request latency quantile over the last scrape interval.",
-            ("cluster", "quantile"),
+            "summary",
         )
         pods = _family("cluster_pods", "Pods scraped and answering.", ("cluster", "state"))
         for name, view in self._snapshot.clusters.items():
@@ -221,8 +223,10 @@ class SnapshotCollector(Collector):
             _add(queue, [name], m.queue_depth)
             _add(running, [name], m.running)
             if m.latency is not None:
-                _add(latency, [name, "0.5"], m.latency.p50)
-                _add(latency, [name, "0.9"], m.latency.p90)
+                for quantile, value in (("0.5", m.latency.p50), ("0.9", m.latency.p90)):
+                    if value is not None:
+                        labels = {"cluster": name, "quantile": quantile}
+                        latency.add_sample(latency.name, labels, value)
             pods.add_metric([name, "scraped"], m.pods_scraped)
             pods.add_metric([name, "answering"], m.pods_answering)
         yield from (kv, kv_max, queue, running, latency, pods)

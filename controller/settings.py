@@ -288,7 +288,7 @@ class PrometheusQueries(_Group):
         "(Prometheus keeps returning a dead pod's last sample for 5 minutes).",
     )
     pods: str = Field(
-        default='count(count by (instance) ({__name__=~"vllm[:_](kv|gpu)_cache_usage_perc"'
+        default='count(count by (job, instance) ({__name__=~"vllm[:_](kv|gpu)_cache_usage_perc"'
         "$selector}))",
         description="Pods reporting KV-cache use.",
     )

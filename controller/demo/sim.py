@@ -43,6 +43,7 @@ class SimCluster:
     requests_per_second: float = 20.0
     model: str = "meta-llama/Llama-3.1-8B-Instruct"
     seed: int = 0
+    noise: float = 0.02  # ± jitter on each engine's KV reading, like a busy server's
     port: int | None = None
     _pods: list[_Pod] = field(default_factory=list, repr=False)
     _epp: CumulativeHistogram = field(default_factory=CumulativeHistogram, repr=False)
@@ -64,7 +65,8 @@ class SimCluster:
         return round(max(0.0, self.kv - 0.85) * 100, 1)
 
     def _engine_kv(self) -> float:
-        return min(1.0, max(0.0, self.kv + self._rng.uniform(-0.02, 0.02)))
+        jitter = self._rng.uniform(-self.noise, self.noise) if self.noise else 0.0
+        return min(1.0, max(0.0, self.kv + jitter))
 
     def _advance(self, pod: _Pod, now: float) -> int:
         elapsed = 0.0 if pod.last is None else now - pod.last
@@ -113,32 +115,42 @@ class SimCluster:
 
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+OPENMETRICS_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+
+
+def as_openmetrics(text: str) -> str:
+    """What prometheus-client >= 0.23 serves an OpenMetrics client: ``vllm:`` names become
+    ``vllm_`` (OpenMetrics 1.0 names have no colons), and the page ends with ``# EOF``."""
+    return text.replace("vllm:", "vllm_") + "# EOF\n"
 
 
 def _app(cluster: SimCluster) -> web.Application:
     loop_time = asyncio.get_event_loop().time
 
-    async def respond(text_of: Any) -> web.Response:
+    async def respond(request: web.Request, text_of: Any) -> web.Response:
         if cluster.fault is Fault.HTTP_500:
             return web.Response(status=500, text="internal error\n")
         if cluster.fault is Fault.HANG:
             await asyncio.sleep(3600)
         if cluster.fault is Fault.GARBAGE:
             return web.Response(text="<html><body>502 Bad Gateway</body></html>\n")
-        return web.Response(
-            body=text_of(loop_time()).encode(), headers={"Content-Type": CONTENT_TYPE}
-        )
+        text = text_of(loop_time())
+        if "application/openmetrics-text" in request.headers.get("Accept", ""):
+            body, content_type = as_openmetrics(text), OPENMETRICS_TYPE
+        else:
+            body, content_type = text, CONTENT_TYPE
+        return web.Response(body=body.encode(), headers={"Content-Type": content_type})
 
     async def pod(request: web.Request) -> web.Response:
         index = int(request.match_info["index"])
         if index >= cluster.pods:
             raise web.HTTPNotFound()
-        return await respond(lambda now: cluster.pod_page(index, now))
+        return await respond(request, lambda now: cluster.pod_page(index, now))
 
-    async def epp(_: web.Request) -> web.Response:
+    async def epp(request: web.Request) -> web.Response:
         if not cluster.with_epp:
             raise web.HTTPNotFound()
-        return await respond(cluster.epp_page)
+        return await respond(request, cluster.epp_page)
 
     app = web.Application()
     app.router.add_get(r"/pod-{index:\d+}/metrics", pod)

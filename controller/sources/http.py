@@ -25,6 +25,7 @@ from controller.errors import (
 # The classic text format: prometheus-client >= 0.23 would rename vllm: metrics for OpenMetrics.
 ACCEPT_TEXT = "text/plain;version=0.0.4;q=1.0,*/*;q=0.1"
 _CHUNK = 64 * 1024
+_ERROR_BODY = 300  # bytes of an error response kept for the log
 
 
 class TokenFile:
@@ -84,7 +85,7 @@ async def get_text(session: aiohttp.ClientSession, endpoint: Endpoint, accept: s
         async with asyncio.timeout(endpoint.timeout):
             async with session.get(url, headers=headers, ssl=endpoint.tls) as response:
                 if response.status != 200:
-                    raise ScrapeHTTPStatusError(url, f"HTTP {response.status}")
+                    raise ScrapeHTTPStatusError(url, await _status_detail(response))
                 body = await _read_capped(response, endpoint)
     except TimeoutError as exc:
         raise ScrapeTimeoutError(url, f"no complete answer within {endpoint.timeout:g}s") from exc
@@ -95,6 +96,16 @@ async def get_text(session: aiohttp.ClientSession, endpoint: Endpoint, accept: s
     except aiohttp.ClientError as exc:
         raise ScrapeError(url, f"{type(exc).__name__}: {exc}") from exc
     return body.decode("utf-8", errors="replace")
+
+
+async def _status_detail(response: aiohttp.ClientResponse) -> str:
+    """``HTTP 400: <the start of the body>`` — Prometheus puts the query error there."""
+    try:
+        head = (await response.content.read(_ERROR_BODY)).decode("utf-8", errors="replace")
+    except (aiohttp.ClientError, OSError):
+        head = ""
+    head = " ".join(head.split())
+    return f"HTTP {response.status}: {head}" if head else f"HTTP {response.status}"
 
 
 async def _read_capped(response: aiohttp.ClientResponse, endpoint: Endpoint) -> bytes:

@@ -1,0 +1,131 @@
+"""The observability files, checked without a running Prometheus: the rules pass promtool and
+its unit tests, the PrometheusRule matches the rules file, every alert has a runbook, and the
+dashboard has the panels, units and variable operators need."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.prometheus_server import ROOT, RULES, binary
+
+DASHBOARD = ROOT / "grafana" / "weight-controller.json"
+PROMETHEUS_RULE = ROOT / "manifests" / "prometheusrule.yaml"
+RULES_TEST = ROOT / "tests" / "prometheus" / "rules_test.yaml"
+
+
+def alert_rules() -> list[dict[str, Any]]:
+    return [
+        rule for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"]
+    ]
+
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    return [
+        (panel["title"], target["expr"])
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+    ]
+
+
+def test_promtool_checks_and_unit_tests_the_rules() -> None:
+    check = subprocess.run(
+        [binary("promtool"), "check", "rules", str(RULES)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    unit = subprocess.run(
+        [binary("promtool"), "test", "rules", str(RULES_TEST)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert unit.returncode == 0, unit.stdout + unit.stderr
+    tested = {
+        t["alertname"]
+        for case in yaml.safe_load(RULES_TEST.read_text())["tests"]
+        for t in case["alert_rule_test"]
+    }
+    assert tested == {r["alert"] for r in alert_rules()}
+
+
+def test_prometheus_rule_carries_the_same_rules() -> None:
+    rule = yaml.safe_load(PROMETHEUS_RULE.read_text())
+    assert rule["kind"] == "PrometheusRule"
+    assert rule["spec"] == yaml.safe_load(RULES.read_text())
+
+
+def test_every_alert_has_summary_description_and_a_runbook_in_the_readme() -> None:
+    readme = (ROOT / "README.md").read_text()
+    anchors = {
+        re.sub(r"[^a-z0-9-]", "", h.strip().lower().replace(" ", "-"))
+        for h in re.findall(r"^#+ (.+)$", readme, re.M)
+    }
+    for rule in alert_rules():
+        annotations = rule["annotations"]
+        assert annotations["summary"] and annotations["description"]
+        anchor = annotations["runbook"].split("#", 1)[1]
+        assert anchor in anchors, f"README has no runbook section for {rule['alert']}"
+
+
+def test_dashboard_has_the_panels_units_and_variable_operators_need() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["cluster"]["includeAll"] and variables["cluster"]["multi"]
+    panels = {p["title"]: p for p in dashboard["panels"]}
+    weights = panels["Weights (stacked to 100)"]["fieldConfig"]["defaults"]
+    assert weights["custom"]["stacking"]["mode"] == "normal" and weights["max"] == 100
+    kv = panels["KV-cache utilisation"]["fieldConfig"]["defaults"]
+    assert kv["unit"] == "percentunit" and kv["max"] == 1
+    steps = kv["thresholds"]["steps"]
+    assert steps[-1] == {"color": "red", "value": 0.9}
+    assert panels["Latency quantiles"]["fieldConfig"]["defaults"]["unit"] == "s"
+    for needed in (
+        "Desired vs applied weight (Kubernetes targets)",
+        "Queue depth",
+        "Health",
+        "Why unhealthy",
+        "Scrape errors by reason",
+        "Reconcile duration",
+        "Leader",
+    ):
+        assert needed in panels
+    for title, expr in dashboard_queries():
+        if "cluster" in expr and title != "Reconcile duration":
+            assert "$cluster" in expr, title
+
+
+def test_dashboard_config_map_is_labelled_for_the_grafana_sidecar() -> None:
+    done = subprocess.run(
+        ["kubectl", "kustomize", str(ROOT / "manifests")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    maps = [
+        d
+        for d in yaml.safe_load_all(done.stdout)
+        if d and d["kind"] == "ConfigMap" and d["metadata"]["name"] == "weight-controller-dashboard"
+    ]
+    assert maps and maps[0]["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(maps[0]["data"]["weight-controller.json"]) == json.loads(
+        DASHBOARD.read_text()
+    )
+
+
+def test_grafana_dir_holds_the_same_dashboard_file() -> None:
+    assert (
+        Path(DASHBOARD).resolve()
+        == (ROOT / "manifests/dashboards/weight-controller.json").resolve()
+    )
