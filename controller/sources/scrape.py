@@ -67,16 +67,9 @@ async def fetch_page(
 ) -> Page | PodError:
     try:
         text = await get_text(session, endpoint, ACCEPT_TEXT)
-        if not looks_like_exposition(text):
-            raise ScrapeParseError(endpoint.url, "not Prometheus text format")
-        found = extractor.extract(text)
-        if found.invalid_lines:
-            raise ScrapeParseError(
-                endpoint.url, f"{found.invalid_lines} malformed line(s), first: {found.first_error}"
-            )
     except ScrapeError as exc:
         return PodError(url=endpoint.url, reason=exc.reason, detail=exc.detail)
-    return Page(endpoint.url, found.by_name())
+    return read_page(endpoint.url, text, extractor)
 
 
 def _kept(samples: Sequence[Sample], keep: Mapping[str, str] | None) -> list[Sample]:
@@ -165,56 +158,41 @@ class LatencyWindow:
         )
 
 
-class ScrapeSource:
-    """Reads one cluster by scraping its vLLM pods and, if configured, its EPP."""
+class PageReader:
+    """Turns a cluster's answered pages into ClusterMetrics. Holds the latency baseline.
 
-    def __init__(
-        self,
-        cluster: ClusterSettings,
-        scrape: ScrapeSettings,
-        timeout: float,
-        session: aiohttp.ClientSession,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
-        token = TokenFile(cluster.bearer_token_file) if cluster.bearer_token_file else None
-        tls = ssl_context(cluster.ca_file, cluster.tls_insecure_skip_verify)
+    Split from the HTTP part so that anything holding page texts (the simulator) reads them
+    exactly as a scrape does.
+    """
 
-        def endpoint(url: object) -> Endpoint:
-            return Endpoint(str(url), timeout, scrape.max_body_bytes, token, tls)
-
+    def __init__(self, cluster: ClusterSettings, min_latency_requests: float) -> None:
         self._name = cluster.name
-        self._vllm = [endpoint(url) for url in cluster.vllm_urls]
-        self._epp = endpoint(cluster.epp_url) if cluster.epp_url else None
+        self._has_pods = bool(cluster.vllm_urls)
         self._model_keep = {"model_name": cluster.model_name} if cluster.model_name else None
         self._pool_keep = {"name": cluster.pool_name} if cluster.pool_name else None
-        self._session = session
-        self._clock = clock
-        self._latency = LatencyWindow(scrape.min_latency_requests)
+        self._latency = LatencyWindow(min_latency_requests)
 
-    @property
-    def cluster(self) -> str:
-        return self._name
-
-    async def fetch(self) -> ClusterMetrics:
-        started, began = self._clock(), time.perf_counter()
-        jobs = [fetch_page(self._session, e, VLLM_EXTRACTOR) for e in self._vllm]
-        if self._epp is not None:
-            jobs.append(fetch_page(self._session, self._epp, EPP_EXTRACTOR))
-        results = await asyncio.gather(*jobs)
-        epp = results.pop() if self._epp is not None else None
+    def read(
+        self,
+        results: Sequence[Page | PodError],
+        epp: Page | PodError | None,
+        started: float,
+        duration: float,
+    ) -> ClusterMetrics:
+        """``results``: one entry per configured vLLM pod; ``epp``: the EPP's, if configured."""
         pods = [r for r in results if isinstance(r, Page)]
         errors = [r for r in (*results, epp) if isinstance(r, PodError)]
         epp_page = epp if isinstance(epp, Page) else None
-        if self._vllm:
+        if self._has_pods:
             values = self._from_vllm(pods)
-            scraped, answering = len(self._vllm), len(pods)
+            scraped, answering = len(results), len(pods)
         else:
             values = self._from_epp_pool(epp_page)
             scraped, answering = 1, int(epp_page is not None)
         return ClusterMetrics(
             cluster=self._name,
             scraped_at=started,
-            duration=time.perf_counter() - began,
+            duration=duration,
             pods_scraped=scraped,
             pods_answering=answering,
             kv_mean=values.kv_mean,
@@ -266,6 +244,63 @@ class ScrapeSource:
         if not any(series for _, series in pages):
             return None
         return self._latency.observe(VLLM_E2E, pages)
+
+
+def read_page(url: str, text: str, extractor: Extractor) -> Page | PodError:
+    """One page's text → its wanted samples, or the PodError a scrape would report."""
+    try:
+        return _page(url, text, extractor)
+    except ScrapeError as exc:
+        return PodError(url=url, reason=exc.reason, detail=exc.detail)
+
+
+def _page(url: str, text: str, extractor: Extractor) -> Page:
+    if not looks_like_exposition(text):
+        raise ScrapeParseError(url, "not Prometheus text format")
+    found = extractor.extract(text)
+    if found.invalid_lines:
+        raise ScrapeParseError(
+            url, f"{found.invalid_lines} malformed line(s), first: {found.first_error}"
+        )
+    return Page(url, found.by_name())
+
+
+class ScrapeSource:
+    """Reads one cluster by scraping its vLLM pods and, if configured, its EPP."""
+
+    def __init__(
+        self,
+        cluster: ClusterSettings,
+        scrape: ScrapeSettings,
+        timeout: float,
+        session: aiohttp.ClientSession,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        token = TokenFile(cluster.bearer_token_file) if cluster.bearer_token_file else None
+        tls = ssl_context(cluster.ca_file, cluster.tls_insecure_skip_verify)
+
+        def endpoint(url: object) -> Endpoint:
+            return Endpoint(str(url), timeout, scrape.max_body_bytes, token, tls)
+
+        self._name = cluster.name
+        self._vllm = [endpoint(url) for url in cluster.vllm_urls]
+        self._epp = endpoint(cluster.epp_url) if cluster.epp_url else None
+        self._session = session
+        self._clock = clock
+        self._reader = PageReader(cluster, scrape.min_latency_requests)
+
+    @property
+    def cluster(self) -> str:
+        return self._name
+
+    async def fetch(self) -> ClusterMetrics:
+        started, began = self._clock(), time.perf_counter()
+        jobs = [fetch_page(self._session, e, VLLM_EXTRACTOR) for e in self._vllm]
+        if self._epp is not None:
+            jobs.append(fetch_page(self._session, self._epp, EPP_EXTRACTOR))
+        results = await asyncio.gather(*jobs)
+        epp = results.pop() if self._epp is not None else None
+        return self._reader.read(results, epp, started, time.perf_counter() - began)
 
 
 def _pod_total(page: ByName, family: str, keep: Mapping[str, str] | None) -> list[float]:
