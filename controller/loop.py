@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -26,6 +27,8 @@ log = structlog.get_logger("controller.loop")
 
 # A tick must leave room for publishing and for the next one to start on time.
 DEADLINE_SHARE = 0.8
+# Readings the KV forecast fits its slope to: enough to average out noise, few enough to turn.
+FORECAST_POINTS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +75,7 @@ class Reconciler:
         self._snapshot = snapshot
         self._clock = clock
         self._health: dict[str, ClusterHealth] = {}
+        self._kv_history: dict[str, deque[tuple[float, float]]] = {}
         self._in_force: dict[str, int] | None = None
         self._tick = 0
         for name in self._sources:
@@ -130,6 +134,7 @@ class Reconciler:
             before, metrics, self._settings.health, self._settings.scrape.min_pod_fraction, now
         )
         self._health[name] = after
+        self._remember(name, metrics, after.healthy and after.signals is metrics)
         clusters = self._snapshot.clusters
         clusters[name] = replace(clusters[name], metrics=metrics, health=after)
         if after.changed:
@@ -188,7 +193,24 @@ class Reconciler:
 
     def _inputs(self) -> dict[str, Signals | None]:
         quantile = self._settings.weights.latency_quantile
-        return {name: signals_of(state, quantile) for name, state in self._health.items()}
+        horizon = float(self._settings.weights.forecast_horizon)
+        inputs = {name: signals_of(state, quantile) for name, state in self._health.items()}
+        if horizon <= 0:
+            return inputs
+        for name, signals in inputs.items():
+            history = self._kv_history.get(name)
+            # Two noisy points make a wild slope: forecast only from a full window.
+            if signals is not None and history and len(history) == FORECAST_POINTS:
+                inputs[name] = replace(signals, kv=weights.forecast_kv(history, horizon))
+        return inputs
+
+    def _remember(self, name: str, metrics: ClusterMetrics, good: bool) -> None:
+        """Keep the last few good KV readings of each cluster for the forecast."""
+        history = self._kv_history.setdefault(name, deque(maxlen=FORECAST_POINTS))
+        if good and metrics.kv_mean is not None:
+            history.append((metrics.scraped_at, metrics.kv_mean))
+        elif not good:
+            history.clear()  # after a gap, do not extrapolate across it
 
     def _decide(self, inputs: Mapping[str, Signals | None]) -> Decision:
         decision = weights.decide(inputs, self._in_force, self._settings.weights)

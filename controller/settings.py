@@ -197,7 +197,15 @@ class WeightSettings(_Group):
         default=0.5,
         gt=0,
         le=1,
-        description="Share of the way to the target taken per tick (1 = no smoothing).",
+        description="Share of the way to the target taken per tick (1 = no smoothing): a "
+        "weight change shows in KV only a scrape, a propagation delay and a request later.",
+    )
+    gain: float = Field(
+        default=40.0,
+        gt=0,
+        description="Points of weight a cluster's target moves per unit of score (≈ KV "
+        "headroom) above or below the fleet's mean. Tuned in the simulator: 100 and up turn "
+        "±2% KV noise into writes and oscillation; 40 settles and still sheds a hot cluster.",
     )
     kv_saturation: float = Field(
         default=0.9,
@@ -227,6 +235,13 @@ class WeightSettings(_Group):
         default=0.5,
         ge=0,
         description="Exponent of (fastest / this) latency; 0.5 halves weight at 4x the latency.",
+    )
+
+    forecast_horizon: Duration | Literal[0] = Field(
+        default=0,
+        description="Dead-time compensation: judge each cluster by its KV this many seconds "
+        "ahead, extrapolated from its recent slope (0 = off). Weights act only after a scrape, "
+        "a tick and propagation, while KV keeps climbing.",
     )
 
     @model_validator(mode="after")

@@ -7,23 +7,43 @@ router picks by weighted random choice over the total) and is never all zeros.
    KV headroom ``(1 - kv / kv_saturation) ** kv_exponent``, times a queue penalty and a latency
    penalty relative to the best cluster. Unhealthy clusters get 0. If every healthy cluster is
    saturated, they split evenly.
-2. Step: from the weights in force (a dead cluster's share first handed to the survivors in
-   proportion to what they carry), move ``smoothing`` of the way to the target, at most
-   ``max_step`` per cluster, keeping the sum.
-3. Hold: if no weight moved by ``deadband`` and no cluster gained or lost traffic entirely,
-   keep the weights in force — noise is not republished.
-The first decision (nothing in force yet) is the target itself. With no healthy cluster the
-weights in force are kept (fail static).
+   That is the first decision (nothing in force yet). After it, the target moves each
+   cluster from its weight in force by ``gain`` points per unit of score above or below the
+   fleet's mean: an integral controller that stops where the scores even out, so clusters of
+   different sizes end up with shares that fit their capacity.
+2. Hold: if the target is within ``deadband`` of the weights in force and no cluster gained or
+   lost traffic entirely, nothing is published — noise is not republished.
+3. Step: from the weights in force (a dead cluster's share first handed to the survivors in
+   proportion to what they carry), move ``smoothing`` of the way to the target — at least the
+   deadband, at most ``max_step`` per cluster — keeping the sum.
+With no healthy cluster the weights in force are kept (fail static).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from controller.model import Decision, Mode, Signals
 from controller.settings import WeightSettings
 
 TOTAL = 100
+
+
+def forecast_kv(history: Sequence[tuple[float, float]], horizon: float) -> float:
+    """KV ``horizon`` seconds after the last of ``history`` ((time, kv) pairs, oldest first),
+    on the least-squares line through them when it rises; at most 1. One point: itself."""
+    last = history[-1][1]
+    if horizon <= 0 or len(history) < 2:
+        return last
+    n = len(history)
+    mean_t = sum(t for t, _ in history) / n
+    mean_kv = sum(kv for _, kv in history) / n
+    spread = sum((t - mean_t) ** 2 for t, _ in history)
+    if spread <= 0:
+        return last
+    slope = sum((t - mean_t) * (kv - mean_kv) for t, kv in history) / spread
+    # Only rising KV is anticipated: late shedding overloads, late returning merely waits.
+    return min(1.0, last + max(0.0, slope) * horizon)
 
 
 def scores(healthy: Mapping[str, Signals], params: WeightSettings) -> dict[str, float]:
@@ -48,18 +68,35 @@ def scores(healthy: Mapping[str, Signals], params: WeightSettings) -> dict[str, 
 
 
 def targets(
-    clusters: Mapping[str, Signals | None], params: WeightSettings
+    clusters: Mapping[str, Signals | None],
+    params: WeightSettings,
+    base: Mapping[str, float] | None = None,
 ) -> tuple[dict[str, float], bool]:
-    """Real-valued target weights summing to 100, and whether every healthy one is saturated."""
+    """Real-valued target weights summing to 100, and whether every healthy one is saturated.
+
+    Without ``base`` (nothing in force yet) the spare share follows the scores. With ``base``
+    (the weights in force) each cluster moves from its current weight by ``gain`` points per
+    unit of score above or below the fleet's mean score: an integral controller on the
+    imbalance. Weights keep shifting until the clusters' scores (their KV use, queues, latency)
+    even out, so clusters of different sizes settle at shares that fit their capacity, and a
+    cluster with little traffic is pulled back as strongly as one with much.
+    """
     healthy = {n: s for n, s in clusters.items() if s is not None}
     result = dict.fromkeys(clusters, 0.0)
     floor = min(float(params.floor), TOTAL / len(healthy))
     score = scores(healthy, params)
-    total = sum(score.values())
-    if total <= 0:
+    if sum(score.values()) <= 0:
         for name in healthy:
             result[name] = TOTAL / len(healthy)
         return result, True
+    if base is not None:
+        mean = sum(score.values()) / len(score)
+        moved = {n: max(0.0, base.get(n, 0.0) + params.gain * (score[n] - mean)) for n in healthy}
+        mass = sum(moved.values())
+        for name in healthy:
+            result[name] = moved[name] * TOTAL / mass
+        return _with_floor(result, list(healthy), params.floor), False
+    total = sum(score.values())
     spare = TOTAL - floor * len(healthy)
     for name in healthy:
         result[name] = floor + spare * score[name] / total
@@ -82,11 +119,15 @@ def decide(
             return Decision(None, {}, Mode.NO_DATA, False, ("no cluster has usable data yet",))
         note = "every cluster is unhealthy: keeping the last weights (fail static)"
         return Decision(previous, {}, Mode.FAIL_STATIC, False, (note,))
-    goal, saturated = targets(clusters, params)
-    mode = Mode.SATURATED if saturated else Mode.NORMAL
     base = _survivors(previous, healthy) if previous else None
     if previous is None or base is None:
+        goal, _ = targets(clusters, params)
         return Decision(round_to_total(goal, params.floor, healthy), goal, Mode.INITIAL, True)
+    goal, saturated = targets(clusters, params, base)
+    mode = Mode.SATURATED if saturated else Mode.NORMAL
+    same_set = all((previous[n] > 0) == (n in healthy) for n in clusters)
+    if same_set and max(abs(goal[n] - previous[n]) for n in clusters) < params.deadband:
+        return Decision(previous, goal, Mode.HOLD, False)  # within the deadband of the goal
     moved = _with_floor(_step(base, goal, params), healthy, params.floor)
     weights = round_to_total(moved, params.floor, healthy)
     if _is_noise(previous, weights, params.deadband):
@@ -109,8 +150,16 @@ def _survivors(previous: Mapping[str, int], healthy: list[str]) -> dict[str, flo
 def _step(
     base: Mapping[str, float], goal: Mapping[str, float], params: WeightSettings
 ) -> dict[str, float]:
+    """``smoothing`` of the way to the goal, but a move of at least the deadband (a goal
+    ``deadband`` away is reached in deadband-sized writes, never in unpublishable crumbs),
+    at most ``max_step`` per cluster, keeping the sum."""
     cap = float(params.max_step)
-    delta = {n: max(-cap, min(cap, params.smoothing * (goal[n] - base[n]))) for n in base}
+    delta = {n: params.smoothing * (goal[n] - base[n]) for n in base}
+    largest = max(abs(d) for d in delta.values())
+    if 0 < largest < params.deadband + 0.5:
+        stretch = min(1.0 / params.smoothing, (params.deadband + 0.5) / largest)
+        delta = {n: d * stretch for n, d in delta.items()}
+    delta = {n: max(-cap, min(cap, d)) for n, d in delta.items()}
     gains = sum(d for d in delta.values() if d > 0)
     losses = -sum(d for d in delta.values() if d < 0)
     # Capping broke the zero sum; shrink the larger side so the total stays 100.

@@ -47,8 +47,11 @@ def vllm_v1_page(
     waiting: Sequence[float],
     running: Sequence[float],
     e2e: Sequence[CumulativeHistogram],
+    timestamp_ms: int | None = None,
 ) -> str:
-    """One vLLM V1 server with one series per data-parallel engine."""
+    """One vLLM V1 server with one series per data-parallel engine. ``timestamp_ms`` stamps the
+    gauges, as a caching or federating exporter would."""
+    stamp = "" if timestamp_ms is None else f" {timestamp_ms}"
     lines: list[str] = []
     for family, doc, values in (
         ("vllm:num_requests_running", "Number of requests in model execution batches.", running),
@@ -57,7 +60,7 @@ def vllm_v1_page(
     ):
         lines += [f"# HELP {family} {doc}", f"# TYPE {family} gauge"]
         for engine, value in enumerate(values):
-            lines.append(f'{family}{{engine="{engine}",model_name="{model}"}} {value}')
+            lines.append(f'{family}{{engine="{engine}",model_name="{model}"}} {value}{stamp}')
     for engine, histogram in enumerate(e2e):
         block = histogram.lines(
             "vllm:e2e_request_latency_seconds", f'engine="{engine}",model_name="{model}"'
@@ -66,21 +69,31 @@ def vllm_v1_page(
     return "\n".join(lines) + "\n"
 
 
-def vllm_v0_page(model: str, kv: float, waiting: float, running: float) -> str:
+def vllm_v0_page(
+    model: str,
+    kv: float,
+    waiting: float,
+    running: float,
+    e2e: CumulativeHistogram | None = None,
+    timestamp_ms: int | None = None,
+) -> str:
     """An older vLLM (V0): no engine label, the KV gauge under its deprecated name."""
     label = f'model_name="{model}"'
+    stamp = "" if timestamp_ms is None else f" {timestamp_ms}"
+    latency = [] if e2e is None else e2e.lines("vllm:e2e_request_latency_seconds", label)
     return (
         "\n".join(
             [
                 "# HELP vllm:num_requests_running Number of requests currently running on GPU.",
                 "# TYPE vllm:num_requests_running gauge",
-                f"vllm:num_requests_running{{{label}}} {running}",
+                f"vllm:num_requests_running{{{label}}} {running}{stamp}",
                 "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
                 "# TYPE vllm:num_requests_waiting gauge",
-                f"vllm:num_requests_waiting{{{label}}} {waiting}",
+                f"vllm:num_requests_waiting{{{label}}} {waiting}{stamp}",
                 "# HELP vllm:gpu_cache_usage_perc GPU KV-cache usage. 1 means 100 percent usage.",
                 "# TYPE vllm:gpu_cache_usage_perc gauge",
-                f"vllm:gpu_cache_usage_perc{{{label}}} {kv}",
+                f"vllm:gpu_cache_usage_perc{{{label}}} {kv}{stamp}",
+                *latency,
             ]
         )
         + "\n"
