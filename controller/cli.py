@@ -43,6 +43,25 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("once", parents=[common], help="one reconcile, printed as JSON")
     check = sub.add_parser("check-config", help="validate a config file, print it normalised")
     check.add_argument("path", type=Path)
+    simulate = sub.add_parser(
+        "simulate", help="closed-loop simulation: ours vs baselines, scored per scenario"
+    )
+    simulate.add_argument("--scenario", default="all", help="a scenario name, or 'all'")
+    simulate.add_argument("--seed", type=int, default=1)
+    simulate.add_argument("--interval", type=float, default=10.0, help="scrape/tick, seconds")
+    simulate.add_argument(
+        "--delay", type=float, default=10.0, help="publish-to-effect delay, seconds"
+    )
+    simulate.add_argument("--duration", type=float, default=None, help="simulated seconds")
+    simulate.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a weights setting for 'ours', e.g. --set smoothing=0.3",
+    )
+    simulate.add_argument("--json", type=Path, help="also write the scores as JSON here")
+    simulate.add_argument("--plot", type=Path, help="draw weight, KV and latency (PNG)")
     status = sub.add_parser("status", help="a running controller's state, as tables")
     status.add_argument("--url", default="http://127.0.0.1:8080", help="its metrics address")
     demo = sub.add_parser("demo", help="simulated clusters on loopback + the controller")
@@ -69,6 +88,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     try:
         if args.command == "check-config":
             return _check_config(args.path)
+        if args.command == "simulate":
+            return asyncio.run(_simulate(args))
         if args.command == "status":
             return asyncio.run(_status(args.url))
         if args.command == "demo":
@@ -101,6 +122,31 @@ def with_flags(settings: Settings, args: argparse.Namespace) -> Settings:
     if args.leader_elect:
         election = election.model_copy(update={"enabled": True})
     return settings.model_copy(update={"kubernetes": kube, "leader_election": election})
+
+
+async def _simulate(args: argparse.Namespace) -> int:
+    from controller.simulation.plot import plot
+    from controller.simulation.report import as_json, run_scenario, table
+    from controller.simulation.scenarios import SCENARIOS
+
+    logs.configure("critical", "console", sys.stderr)  # the table is the output
+    names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        print(f"unknown scenario {unknown[0]!r}; known: {', '.join(SCENARIOS)}", file=sys.stderr)
+        return EXIT_CONFIG
+    overrides = dict(item.split("=", 1) for item in args.set)
+    results = [
+        await run_scenario(n, args.seed, args.interval, args.delay, overrides, args.duration)
+        for n in names
+    ]
+    print(table(results))
+    if args.json is not None:
+        args.json.write_text(json.dumps(as_json(results), indent=2) + "\n")
+    if args.plot is not None:
+        plot(results[0], args.plot)
+        print(f"\nplot written to {args.plot}")
+    return 0
 
 
 async def _status(url: str) -> int:
