@@ -1,8 +1,10 @@
 """``weight-controller demo``: three simulated clusters and the real controller, with a table.
 
-cluster-a sits near 20% KV; cluster-b climbs to 95% and later cools; cluster-c (an older vLLM
-V0) fails with HTTP 500 for a while and recovers. The scenario advances per tick, so what you
-see does not depend on how fast the machine is.
+cluster-a sits near 20% KV; cluster-b's own load climbs until it is at 95% and later cools;
+cluster-c (an older vLLM V0) fails with HTTP 500 for a while and recovers. Each cluster's KV
+use answers the weights too (the routed traffic adds to it), so shed traffic shows up as KV on
+the others and comes back when b cools. The scenario advances per tick, so what you see does
+not depend on how fast the machine is.
 """
 
 from __future__ import annotations
@@ -20,32 +22,47 @@ from controller.settings import build_settings
 PERIOD = 60  # ticks per scenario cycle
 
 
+ROUTED_KV = 0.15  # KV use our routed traffic adds to a cluster at an equal share
+
+
 def hot_kv(tick: int) -> float:
-    """cluster-b: quiet, climbing to 95%, holding, cooling, quiet again."""
+    """cluster-b's own load: quiet, climbing until b is at 95%, holding, cooling, quiet."""
     t = tick % PERIOD
     if t < 5:
-        return 0.25
+        return 0.10
     if t < 20:
-        return 0.25 + (0.95 - 0.25) * (t - 5) / 15
+        return 0.10 + (0.85 - 0.10) * (t - 5) / 15
     if t < 35:
-        return 0.95
+        return 0.85
     if t < 45:
-        return 0.95 - (0.95 - 0.30) * (t - 35) / 10
-    return 0.30
+        return 0.85 - (0.85 - 0.10) * (t - 35) / 10
+    return 0.10
 
 
-def apply_scenario(fleet: Fleet, tick: int) -> None:
+def apply_scenario(fleet: Fleet, tick: int, weights: dict[str, int] | None = None) -> None:
     fleet["cluster-b"].kv = hot_kv(tick)
     failing = 25 <= tick % PERIOD < 35
     fleet["cluster-c"].fault = Fault.HTTP_500 if failing else Fault.NONE
+    if weights:  # the routed traffic follows the weights: a cluster's KV answers them
+        equal = 100 / len(fleet.clusters)
+        for name, cluster in fleet.clusters.items():
+            cluster.share = weights.get(name, 0) / equal
 
 
 def demo_fleet() -> Fleet:
     return Fleet(
         [
-            SimCluster("cluster-a", style="v1", pods=2, engines=2, kv=0.20),
-            SimCluster("cluster-b", style="v1", pods=2, engines=2, kv=0.25, with_epp=True),
-            SimCluster("cluster-c", style="v0", pods=1, kv=0.40),
+            SimCluster("cluster-a", style="v1", pods=2, engines=2, kv=0.05, routed_kv=ROUTED_KV),
+            SimCluster(
+                "cluster-b",
+                style="v1",
+                pods=2,
+                engines=2,
+                kv=0.10,
+                routed_kv=ROUTED_KV,
+                with_epp=True,
+            ),
+            SimCluster("cluster-c", style="v0", pods=1, kv=0.25, routed_kv=ROUTED_KV),
         ]
     )
 
@@ -92,7 +109,8 @@ async def run_demo(
 
         def on_tick(report: TickReport) -> None:
             print_table(report, out)
-            apply_scenario(fleet, report.tick)
+            weights = {n: v.weight or 0 for n, v in report.clusters.items()}
+            apply_scenario(fleet, report.tick, weights)
 
         apply_scenario(fleet, 0)
         async with Controller(settings, on_tick=on_tick) as controller:

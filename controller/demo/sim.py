@@ -37,7 +37,9 @@ class SimCluster:
     style: Literal["v1", "v0"] = "v1"
     pods: int = 2
     engines: int = 2
-    kv: float = 0.2
+    kv: float = 0.2  # KV use from load of its own (scripted by the demo or a test)
+    routed_kv: float = 0.0  # KV use the routable traffic adds at an equal share of it
+    share: float = 1.0  # its weight relative to an equal share (1.0 = 100 / clusters)
     fault: Fault = Fault.NONE
     with_epp: bool = False
     requests_per_second: float = 20.0
@@ -57,16 +59,20 @@ class SimCluster:
         self._rng.seed(f"{self.name}-{self.seed}")
 
     # ---- what the pages say ------------------------------------------------------------------
+    def load(self) -> float:
+        """KV use: its own load plus what the routed traffic adds at its current share."""
+        return min(1.0, self.kv + self.routed_kv * self.share)
+
     def latency(self) -> float:
         """Requests slow down as the KV cache fills and requests start queueing."""
-        return 0.8 + 8.0 * float(max(0.0, self.kv - 0.6) ** 1.5)
+        return 0.8 + 8.0 * float(max(0.0, self.load() - 0.6) ** 1.5)
 
     def waiting(self) -> float:
-        return round(max(0.0, self.kv - 0.85) * 100, 1)
+        return round(max(0.0, self.load() - 0.85) * 100, 1)
 
     def _engine_kv(self) -> float:
         jitter = self._rng.uniform(-self.noise, self.noise) if self.noise else 0.0
-        return min(1.0, max(0.0, self.kv + jitter))
+        return min(1.0, max(0.0, self.load() + jitter))
 
     def _advance(self, pod: _Pod, now: float) -> int:
         elapsed = 0.0 if pod.last is None else now - pod.last
@@ -82,7 +88,7 @@ class SimCluster:
     def pod_page(self, index: int, now: float) -> str:
         pod = self._pods[index]
         self._advance(pod, now)
-        running = 8.0 * self.kv
+        running = 8.0 * self.load()
         if self.style == "v0":
             return vllm_v0_page(self.model, round(self._engine_kv(), 4), self.waiting(), running)
         n = len(pod.histograms)
@@ -94,7 +100,7 @@ class SimCluster:
     def epp_page(self, now: float) -> str:
         for pod in self._pods:
             self._advance(pod, now)
-        return epp_page(self.model, f"{self.name}-pool", self.kv, self.waiting(), self._epp)
+        return epp_page(self.model, f"{self.name}-pool", self.load(), self.waiting(), self._epp)
 
     # ---- where to find it --------------------------------------------------------------------
     def base_url(self, host: str = "127.0.0.1") -> str:
