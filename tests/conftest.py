@@ -2,15 +2,34 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
 from aiohttp import web
 
+from tests.apiserver import FakeAPIServer
+
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on (for 'connection refused' and child processes)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+async def apiserver() -> AsyncIterator[FakeAPIServer]:
+    """The Kubernetes API-server double (tests/apiserver.py) on loopback."""
+    server = FakeAPIServer()
+    await server.start()
+    yield server
+    await server.stop()
 
 
 def fixture_text(name: str) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -13,6 +12,8 @@ from typing import Any
 
 import aiohttp
 import yaml
+
+from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "manifests" / "prometheus" / "weight-controller-rules.yaml"
@@ -22,12 +23,6 @@ def binary(name: str) -> str:
     found = shutil.which(name)
     assert found, f"{name} not found: `make test` installs Debian's prometheus package"
     return found
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def job(

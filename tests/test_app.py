@@ -22,6 +22,7 @@ from controller.app import Controller, report_json
 from controller.demo.sim import Fault, Fleet, SimCluster
 from controller.loop import TickReport
 from controller.settings import Settings, build_settings
+from tests.conftest import free_port
 
 INTERVAL = 0.25
 
@@ -226,18 +227,10 @@ async def test_once_reports_every_cluster_as_json() -> None:
     json.dumps(report)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def _process(
     tmp_path: Path, sims: Fleet, *args: str
 ) -> tuple[asyncio.subprocess.Process, int]:
-    port = _free_port()
+    port = free_port()
     config = {
         "interval": "300ms",
         "clusters": sims.settings_clusters(),

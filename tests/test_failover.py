@@ -5,29 +5,21 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
-import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.demo.sim import Fleet, SimCluster
 from tests.apiserver import FakeAPIServer
+from tests.conftest import free_port
 from tests.test_kubernetes import CRD, NS, seed, weights_of
 
 LEASE_DURATION = 2.0
 RETRY = 0.25
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def kubeconfig(path: Path, server: str) -> Path:
@@ -59,14 +51,6 @@ async def leader_gauge(session: aiohttp.ClientSession, port: int) -> float | Non
             if sample.name == "weight_controller_leader":
                 return float(sample.value)
     return None
-
-
-@pytest.fixture
-async def apiserver() -> AsyncIterator[FakeAPIServer]:
-    server = FakeAPIServer()
-    await server.start()
-    yield server
-    await server.stop()
 
 
 async def test_two_processes_elect_one_leader_and_fail_over(

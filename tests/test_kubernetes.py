@@ -25,14 +25,6 @@ NS = "maas-system"
 
 
 @pytest.fixture
-async def apiserver() -> AsyncIterator[FakeAPIServer]:
-    server = FakeAPIServer()
-    await server.start()
-    yield server
-    await server.stop()
-
-
-@pytest.fixture
 async def api(apiserver: FakeAPIServer) -> AsyncIterator[client.ApiClient]:
     async with client.ApiClient(client.Configuration(host=apiserver.url)) as api_client:
         yield api_client

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import gzip
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from aiohttp import web
 from controller.model import ClusterMetrics, Reason
 from controller.settings import ClusterSettings, ScrapeSettings
 from controller.sources.scrape import ScrapeSource
-from tests.conftest import Handler, Server, fixture_text, text_handler
+from tests.conftest import Handler, Server, fixture_text, free_port, text_handler
 
 Serve = Callable[[dict[str, Handler]], Awaitable[Server]]
 
@@ -235,12 +234,6 @@ async def _truncated(request: web.Request) -> web.StreamResponse:
     assert request.transport is not None
     request.transport.close()
     return response
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 FAILURES: list[tuple[str, Handler | None, Reason]] = [
