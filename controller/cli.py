@@ -86,21 +86,25 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     try:
-        if args.command == "check-config":
-            return _check_config(args.path)
-        if args.command == "simulate":
-            return asyncio.run(_simulate(args))
-        if args.command == "status":
-            return asyncio.run(_status(args.url))
-        if args.command == "demo":
-            from controller.demo.runner import run_demo
-
-            return asyncio.run(run_demo(args.duration, args.interval, args.bind, args.verbose))
-        settings = load_settings(args.config)
+        return _command(args)
     except ConfigError as exc:
         for line in exc.lines:
             print(f"config error: {line}", file=sys.stderr)
         return EXIT_CONFIG
+
+
+def _command(args: argparse.Namespace) -> int:
+    if args.command == "check-config":
+        return _check_config(args.path)
+    if args.command == "simulate":
+        return asyncio.run(_simulate(args))
+    if args.command == "status":
+        return asyncio.run(_status(args.url))
+    if args.command == "demo":
+        from controller.demo.runner import run_demo
+
+        return asyncio.run(run_demo(args.duration, args.interval, args.bind, args.verbose))
+    settings = load_settings(args.config)
     if args.command == "once":  # stdout carries the JSON; logs go to stderr
         logs.configure(settings.log.level, settings.log.format, sys.stderr)
         return asyncio.run(_once(settings))

@@ -468,3 +468,33 @@ async def test_leader_stops_writing_when_it_cannot_renew(
     await wait_until(a.is_leader, 3)
     stop.set()
     await task
+
+
+def test_missing_kubeconfig_is_a_config_error_not_a_traceback(tmp_path: Any) -> None:
+    import subprocess
+    import sys
+
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "clusters: [{name: a, vllm_urls: ['http://127.0.0.1:9/metrics']}]\n"
+        "kubernetes: {enabled: true}\nserver: {bind: '127.0.0.1:0'}\n"
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "controller",
+            "run",
+            "--config",
+            str(config),
+            "--kubeconfig",
+            str(tmp_path / "absent"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "config error: kubernetes: cannot load credentials" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from kubernetes_asyncio import client, config
 
+from controller.errors import ConfigError
 from controller.settings import KubernetesSettings
 
 SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
@@ -19,14 +20,18 @@ async def api_client(settings: KubernetesSettings) -> client.ApiClient:
     """In a pod (the service-account token and ``KUBERNETES_SERVICE_HOST`` are there) use the
     projected token — the client re-reads it as it rotates; elsewhere the kubeconfig."""
     configuration = client.Configuration()
-    if settings.kubeconfig is None and _in_cluster():
-        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    else:
-        await config.load_kube_config(
-            config_file=str(settings.kubeconfig) if settings.kubeconfig else None,
-            context=settings.context,
-            client_configuration=configuration,
-        )
+    try:
+        if settings.kubeconfig is None and _in_cluster():
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        else:
+            await config.load_kube_config(
+                config_file=str(settings.kubeconfig) if settings.kubeconfig else None,
+                context=settings.context,
+                client_configuration=configuration,
+            )
+    except (config.ConfigException, OSError) as exc:
+        where = settings.kubeconfig or "in-cluster service account / $KUBECONFIG"
+        raise ConfigError([f"kubernetes: cannot load credentials from {where}: {exc}"]) from exc
     return client.ApiClient(configuration)
 
 
