@@ -125,14 +125,27 @@ def decide(
         return Decision(round_to_total(goal, params.floor, healthy), goal, Mode.INITIAL, True)
     goal, saturated = targets(clusters, params, base)
     mode = Mode.SATURATED if saturated else Mode.NORMAL
-    same_set = all((previous[n] > 0) == (n in healthy) for n in clusters)
-    if same_set and max(abs(goal[n] - previous[n]) for n in clusters) < params.deadband:
+    forced = _forced(previous, healthy, params)
+    if not forced and _within(previous, goal, params.deadband):
         return Decision(previous, goal, Mode.HOLD, False)  # within the deadband of the goal
     moved = _with_floor(_step(base, goal, params), healthy, params.floor)
     weights = round_to_total(moved, params.floor, healthy)
-    if _is_noise(previous, weights, params.deadband):
+    if not forced and _within(previous, weights, params.deadband):
         return Decision(previous, goal, Mode.HOLD, False)
     return Decision(weights, goal, mode, weights != previous)
+
+
+def _forced(previous: Mapping[str, int], healthy: list[str], params: WeightSettings) -> bool:
+    """A change that must be published whatever its size: an unhealthy cluster still has
+    traffic, or a healthy one is below its floor (a recovered one at 0, or weights set by hand)."""
+    if any(previous[n] > 0 for n in previous if n not in healthy):
+        return True
+    low = min(params.floor, TOTAL // len(healthy))
+    return any(previous[n] < low for n in healthy)
+
+
+def _within(previous: Mapping[str, int], other: Mapping[str, float], deadband: int) -> bool:
+    return max(abs(other[n] - previous[n]) for n in previous) < deadband
 
 
 def _survivors(previous: Mapping[str, int], healthy: list[str]) -> dict[str, float] | None:
@@ -219,9 +232,3 @@ def round_to_total(values: Mapping[str, float], floor: int, healthy: list[str]) 
             ints[donor] -= 1
             ints[name] += 1
     return ints
-
-
-def _is_noise(previous: Mapping[str, int], weights: Mapping[str, int], deadband: int) -> bool:
-    if any((previous[n] > 0) != (weights[n] > 0) for n in weights):
-        return False  # a cluster gained or lost traffic entirely: always publish
-    return max(abs(weights[n] - previous[n]) for n in weights) < deadband

@@ -119,6 +119,13 @@ def test_all_unhealthy_keeps_the_last_weights() -> None:
     assert any("fail static" in note for note in decision.notes)
 
 
+def test_weights_in_force_below_the_floor_are_lifted_even_inside_the_deadband() -> None:
+    clusters = {"a": Signals(kv=0.0), "b": Signals(kv=0.0), "c": Signals(kv=0.0)}
+    decision = decide(clusters, {"a": 1, "b": 2, "c": 97}, WeightSettings(deadband=2))
+    assert decision.changed and decision.weights is not None
+    assert min(decision.weights.values()) >= 2
+
+
 def test_nothing_known_yet_publishes_nothing() -> None:
     decision = decide({"a": None}, None, P)
     assert decision.mode is Mode.NO_DATA and decision.weights is None
@@ -222,7 +229,10 @@ def test_deadband_respected(
     if in_force is None or decision.weights is None or not decision.changed:
         return
     same_set = all((in_force[n] > 0) == (decision.weights[n] > 0) for n in clusters)
-    if same_set:
+    healthy = [n for n, s in clusters.items() if s is not None]
+    low = min(p.floor, 100 // len(healthy)) if healthy else 0
+    below_floor = any(in_force[n] < low for n in healthy)  # always corrected, however small
+    if same_set and not below_floor:
         assert max(abs(decision.weights[n] - in_force[n]) for n in clusters) >= p.deadband
 
 
