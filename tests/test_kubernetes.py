@@ -311,6 +311,25 @@ async def test_forbidden_names_the_missing_verb(
     )
 
 
+async def test_a_server_error_is_retried_next_tick(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
+) -> None:
+    seed(apiserver, [("east", 50), ("west", 50)])
+    sims["east"].kv = 0.95
+    apiserver.fail("PATCH", "externalmodels", 500)
+    async with Controller(settings_for(sims), serve=False, api=api) as controller:
+        with capture_logs() as logs:
+            await controller.once()
+        assert weights_of(apiserver) == {"east": 50, "west": 50}
+        assert any(e["event"] == "write failed; will retry next tick" for e in logs)
+        errors = controller.registry.get_sample_value(
+            "weight_controller_api_errors_total", {"reason": "server_error"}
+        )
+        assert errors == 1
+        await controller.once()
+    assert weights_of(apiserver)["west"] > 50
+
+
 async def test_unmapped_ref_keeps_its_weight_and_is_counted(
     apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
 ) -> None:
