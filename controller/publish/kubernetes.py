@@ -43,7 +43,7 @@ from controller.kube.errors import (
 )
 from controller.kube.objects import ProviderMapping, Target
 from controller.model import Decision, Mode, Signals
-from controller.settings import ClusterSettings, Settings, WeightSettings
+from controller.settings import ClusterSettings, HTTPRouteTarget, Settings, WeightSettings
 
 log = structlog.get_logger("controller.publish")
 T = TypeVar("T")
@@ -112,6 +112,10 @@ class KubernetesPublisher:
         self._defined: list[ClusterSettings] = []
         self._cache = _Cache()
         self._configured = {c.name for c in settings.clusters}
+        self._routes = {(r.namespace, r.name): r for r in self._kube.httproutes}
+        # Provider mappings from the last discovery, reused when a written or re-read object
+        # is parsed again in the same tick (instead of listing the providers once per write).
+        self._mappings: dict[str, ProviderMapping] = {}
 
     @property
     def targets(self) -> Mapping[str, Target]:
@@ -139,14 +143,14 @@ class KubernetesPublisher:
         targets: list[Target] = []
         defined: list[ClusterSettings] = []
         for namespace in self._kube.namespaces:
-            mapping = await self._providers(namespace)
+            mapping = self._mappings[namespace] = await self._providers(namespace)
             defined += mapping.defined
             for obj in await self._list_models(namespace):
                 model = self._cache.get(obj, mapping)
                 if len(model.refs) >= 2 and self._usable(model):
                     targets.append(model)
-        for route in self._kube.httproutes:
-            found = await self._read_httproute(route.namespace, route.name)
+        for route in self._routes.values():
+            found = await self._read_httproute(route)
             if found is not None and self._usable(found):
                 targets.append(found)
         return targets, defined
@@ -175,10 +179,8 @@ class KubernetesPublisher:
             log.warning("ignoring provider annotations", problem=problem)
         return mapping
 
-    async def _read_httproute(self, namespace: str, name: str) -> Target | None:
-        config = next(
-            r for r in self._kube.httproutes if (r.namespace, r.name) == (namespace, name)
-        )
+    async def _read_httproute(self, config: HTTPRouteTarget) -> Target | None:
+        namespace, name = config.namespace, config.name
         try:
             obj = await self._call(
                 f"get httproutes {namespace}/{name}",
@@ -287,13 +289,9 @@ class KubernetesPublisher:
 
     async def _parse(self, obj: Mapping[str, Any], like: Target) -> Target:
         if like.kind == "HTTPRoute":
-            config = next(
-                r
-                for r in self._kube.httproutes
-                if (r.namespace, r.name) == (like.namespace, like.name)
-            )
-            return objects.httproute(obj, config)
-        return objects.external_model(obj, await self._providers(like.namespace))
+            return objects.httproute(obj, self._routes[(like.namespace, like.name)])
+        mapping = self._mappings.get(like.namespace) or await self._providers(like.namespace)
+        return objects.external_model(obj, mapping)
 
     async def _write(
         self, target: Target, desired: Mapping[str, int], decision: Decision
