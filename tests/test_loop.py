@@ -8,7 +8,6 @@ import time
 from collections.abc import Mapping
 
 import pytest
-import structlog
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
@@ -185,7 +184,3 @@ async def test_logs_one_greppable_line_per_cluster_and_state_changes() -> None:
 )
 def test_secrets_are_never_rendered(event: dict[str, str], expected: dict[str, str]) -> None:
     assert redact(None, "info", dict(event)) == expected
-
-
-def test_structlog_is_usable_without_configure() -> None:
-    structlog.get_logger("x").info("fine")  # a library import must not require set-up
