@@ -54,7 +54,6 @@ class Snapshot:
     clusters: dict[str, ClusterView] = field(default_factory=dict)
     decision: Decision | None = None
     targets: dict[str, TargetView] = field(default_factory=dict)
-    leader: bool | None = None
     ticks: int = 0
     last_tick_monotonic: float | None = None
     last_tick_wall: float | None = None
