@@ -83,7 +83,7 @@ class Controller:
         self._owns_api = api is None
         self.leader: LeaderElector | None = None
         self.publisher: Publisher = publisher or DryRunPublisher()
-        self.snapshot = Snapshot()
+        self.snapshot = Snapshot(dry_run=dry_run)
         self.registry, self.metrics = make_registry(self.snapshot)
         self._clock = clock
         self._serve = serve
@@ -142,7 +142,11 @@ class Controller:
             return
         if self._api is None:
             self._api = await kube_client.api_client(kube)
-        if election.enabled:
+        if election.enabled and self._dry_run:
+            # A shadow never writes, so it takes no Lease either: it sends only GETs and LISTs.
+            log.info("dry run: not taking part in leader election")
+            is_leader = _always
+        elif election.enabled:
             self.leader = LeaderElector(self._api, election, self.metrics.leader)
             is_leader = self.leader.is_leader
         else:
@@ -150,7 +154,7 @@ class Controller:
             is_leader = _always
         if kube.enabled:
             self.publisher = KubernetesPublisher(
-                self.settings, self._api, self.metrics, self.snapshot, is_leader, self._dry_run
+                self.settings, self._api, self.metrics, is_leader, self._dry_run
             )
 
     async def _close_clients(self) -> None:
@@ -214,12 +218,22 @@ async def serve_forever(settings: Settings, dry_run: bool = False) -> None:
 
 
 def report_json(report: TickReport) -> dict[str, Any]:
-    """The ``once`` output: every signal and decision per cluster, ``null`` when unknown."""
-    decision = report.decision
+    """The ``once`` output: every cluster's signals and health (``weight``: its share in the
+    implicit target, or in the only target), and every target's decision and write."""
+    only = report.only
     return {
         "clusters": {name: cluster_json(view) for name, view in report.clusters.items()},
-        "mode": decision.mode.value,
-        "notes": list(decision.notes),
+        "targets": {
+            key: {
+                "desired": dict(view.outcome.desired),
+                "applied": dict(view.outcome.applied),
+                "write": view.outcome.write.value,
+                "mode": view.outcome.decision.mode.value,
+                "notes": list(view.outcome.decision.notes),
+            }
+            for key, view in report.targets.items()
+        },
+        "mode": only.outcome.decision.mode.value if only else None,
     }
 
 

@@ -40,7 +40,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--kubeconfig", type=Path, help="outside a pod: this kubeconfig")
     run.add_argument("--context", help="kubeconfig context")
-    sub.add_parser("once", parents=[common], help="one reconcile, printed as JSON")
+    once = sub.add_parser(
+        "once", parents=[common], help="one reconcile, printed as JSON; writes nothing by default"
+    )
+    once.add_argument("--apply", action="store_true", help="write the decided weights")
     check = sub.add_parser("check-config", help="validate a config file, print it normalised")
     check.add_argument("path", type=Path)
     simulate = sub.add_parser(
@@ -107,7 +110,7 @@ def _command(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
     if args.command == "once":  # stdout carries the JSON; logs go to stderr
         logs.configure(settings.log.level, settings.log.format, sys.stderr)
-        return asyncio.run(_once(settings))
+        return asyncio.run(_once(settings, args.apply))
     logs.configure(settings.log.level, settings.log.format)
     asyncio.run(serve_forever(with_flags(settings, args), dry_run=args.dry_run))
     return 0
@@ -169,8 +172,8 @@ def _check_config(path: Path) -> int:
     return 0
 
 
-async def _once(settings: Settings) -> int:
-    async with Controller(settings, serve=False) as controller:
+async def _once(settings: Settings, apply: bool) -> int:
+    async with Controller(settings, serve=False, dry_run=not apply) as controller:
         report = await controller.once()
     print(json.dumps(report_json(report), indent=2))
     return 0

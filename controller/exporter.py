@@ -7,7 +7,7 @@ Every app instance gets its own CollectorRegistry: tests and the demo never shar
 from __future__ import annotations
 
 import platform
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,35 +16,34 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from controller import __version__
-from controller.model import ClusterHealth, ClusterMetrics, Decision, Mode, Reason
+from controller.model import ClusterHealth, ClusterMetrics, Mode, Reason, TargetDecision, Write
 
 PREFIX = "weight_controller"
 
 
 @dataclass(frozen=True, slots=True)
 class ClusterView:
-    """The latest of one cluster: last fetch, health after it, weight in force.
+    """The latest of one cluster: last fetch, health after it, and its share of traffic in the
+    implicit target (or in the only target, when there is exactly one; else ``None``).
 
     Frozen: a tick replaces views, so a TickReport kept by a caller never changes under it."""
 
     metrics: ClusterMetrics | None = None
     health: ClusterHealth | None = None
     weight: int | None = None
-    target: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class TargetView:
-    """One published-to object: what each ref should hold and what it holds."""
+    """One routing target after a tick: the decision and its write, plus its history."""
 
-    kind: str
-    namespace: str
-    name: str
-    desired: Mapping[str, int]
-    applied: Mapping[str, int]
-    clusters: Mapping[str, str | None]
-    mode: Mode
-    last_write: float | None = None
+    outcome: TargetDecision
+    last_write: float | None = None  # unix time of the last write that landed
+    last_change: float | None = None  # unix time applied last changed (written or would be)
+
+    @property
+    def key(self) -> str:
+        return self.outcome.key
 
 
 @dataclass(slots=True)
@@ -52,12 +51,15 @@ class Snapshot:
     """Written by the reconcile loop once per tick, read by /metrics, /healthz and /readyz."""
 
     clusters: dict[str, ClusterView] = field(default_factory=dict)
-    decision: Decision | None = None
     targets: dict[str, TargetView] = field(default_factory=dict)
+    dry_run: bool = False
     ticks: int = 0
     last_tick_monotonic: float | None = None
     last_tick_wall: float | None = None
-    last_change_wall: float | None = None
+
+    @property
+    def last_change_wall(self) -> float | None:
+        return max((t.last_change for t in self.targets.values() if t.last_change), default=None)
 
 
 class ControllerMetrics:
@@ -100,19 +102,12 @@ class ControllerMetrics:
             ["stage"],
             registry=registry,
         )
-        self.weight_updates = Counter(
-            f"{PREFIX}_weight_updates_total",
-            "Times new weights were published.",
-            registry=registry,
-        )
         self.target_writes = Counter(
             f"{PREFIX}_target_writes_total",
-            "Patches that changed the weights of a Kubernetes object.",
-            ["kind"],
+            "Attempts to make a target hold new weights, by result (would: dry run).",
+            ["target", "result"],
             registry=registry,
         )
-        for kind in ("ExternalModel", "HTTPRoute"):
-            self.target_writes.labels(kind)
         self.api_errors = Counter(
             f"{PREFIX}_api_errors_total",
             "Kubernetes API calls that failed, by reason.",
@@ -156,6 +151,11 @@ class ControllerMetrics:
             self.health_transitions.labels(cluster, to)
         self.invalid_samples.labels(cluster)
 
+    def add_target(self, target: str) -> None:
+        for result in Write:
+            if result not in (Write.NONE, Write.FOLLOWER):
+                self.target_writes.labels(target, result.value)
+
     def count_fetch(self, metrics: ClusterMetrics) -> None:
         self.scrape_duration.labels(metrics.cluster).observe(metrics.duration)
         for error in metrics.errors:
@@ -183,22 +183,34 @@ class SnapshotCollector(Collector):
         yield from self._targets()
 
     def _targets(self) -> Iterator[Metric]:
-        labels = ("kind", "namespace", "target", "ref", "cluster")
-        desired = _family("desired_weight", "Weight a target's ref should hold.", labels)
-        applied = _family("applied_weight", "Weight a target's ref holds (last read).", labels)
+        labels = ("target", "ref", "cluster")
+        desired = _family("desired_weight", "Weight a target's ref was decided to hold.", labels)
+        applied = _family(
+            "applied_weight", "Weight a target's ref holds (in a dry run: would hold).", labels
+        )
+        share = _family(
+            "target_share", "A ref's share of its target's traffic as applied, 0..100.", labels
+        )
+        mode = _family(
+            "target_mode", "1 for how the target's weights were decided.", ("target", "mode")
+        )
         unmapped = _family(
             "target_unmapped_refs",
             "Refs of a target that map to no known cluster (they keep their weight).",
-            ("kind", "namespace", "target"),
+            ("target",),
         )
-        for view in self._snapshot.targets.values():
-            for ref, cluster in view.clusters.items():
-                row = [view.kind, view.namespace, view.name, ref, cluster or ""]
-                _add(desired, row, view.desired.get(ref))
-                _add(applied, row, view.applied.get(ref))
-            missing = sum(1 for c in view.clusters.values() if c is None)
-            unmapped.add_metric([view.kind, view.namespace, view.name], missing)
-        yield from (desired, applied, unmapped)
+        for key, view in self._snapshot.targets.items():
+            outcome = view.outcome
+            for ref, cluster in outcome.target.clusters.items():
+                row = [key, ref, cluster or ""]
+                _add(desired, row, outcome.desired.get(ref))
+                _add(applied, row, outcome.applied.get(ref))
+                _add(share, row, outcome.share(ref))
+            for m in Mode:
+                mode.add_metric([key, m.value], float(outcome.decision.mode is m))
+            missing = sum(1 for c in outcome.target.clusters.values() if c is None)
+            unmapped.add_metric([key], missing)
+        yield from (desired, applied, share, mode, unmapped)
 
     def _signals(self) -> Iterator[Metric]:
         kv = _family("cluster_vram_utilization", "Mean KV-cache use over pods/engines, 0..1.")
@@ -238,10 +250,6 @@ class SnapshotCollector(Collector):
             "1 for the reason a cluster is unhealthy (or failing while still healthy).",
             ("cluster", "reason"),
         )
-        weight = _family("cluster_weight", "Weight in force (0..100; sums to 100).")
-        target = _family(
-            "cluster_target_weight", "Where the weights are heading, before smoothing."
-        )
         for name, view in self._snapshot.clusters.items():
             h = view.health
             if h is not None:
@@ -249,19 +257,19 @@ class SnapshotCollector(Collector):
                 degraded.add_metric([name], float(h.degraded))
                 for r in Reason:
                     reason.add_metric([name, r.value], float(h.reason is r))
-            _add(weight, [name], view.weight)
-            _add(target, [name], view.target)
-        mode = _family("decision_mode", "1 for how the last weights were decided.", ("mode",))
-        decision = self._snapshot.decision
-        for m in Mode:
-            mode.add_metric([m.value], float(decision is not None and decision.mode is m))
+        frozen = any(
+            t.outcome.decision.mode is Mode.FAIL_STATIC for t in self._snapshot.targets.values()
+        )
         fail_static = GaugeMetricFamily(
-            f"{PREFIX}_fail_static", "1 while every cluster is unhealthy and weights are frozen."
+            f"{PREFIX}_fail_static",
+            "1 while some target has every cluster unhealthy and its weights are frozen.",
         )
-        fail_static.add_metric(
-            [], float(decision is not None and decision.mode is Mode.FAIL_STATIC)
+        fail_static.add_metric([], float(frozen))
+        dry_run = GaugeMetricFamily(
+            f"{PREFIX}_dry_run", "1 when this process writes nothing (dry run, read-only once)."
         )
-        yield from (healthy, degraded, reason, weight, target, mode, fail_static)
+        dry_run.add_metric([], float(self._snapshot.dry_run))
+        yield from (healthy, degraded, reason, fail_static, dry_run)
 
 
 def cluster_json(view: ClusterView) -> dict[str, Any]:
@@ -282,7 +290,6 @@ def cluster_json(view: ClusterView) -> dict[str, Any]:
         "degraded": h.degraded if h else False,
         "reason": h.reason.value if h and h.reason else None,
         "weight": view.weight,
-        "target_weight": view.target,
         "errors": [
             {"url": e.url, "reason": e.reason.value, "detail": e.detail}
             for e in (m.errors if m else ())
@@ -290,35 +297,45 @@ def cluster_json(view: ClusterView) -> dict[str, Any]:
     }
 
 
+def target_json(view: TargetView) -> dict[str, Any]:
+    """One target's decision, write and history as JSON (``once``, ``/debug/state``)."""
+    outcome = view.outcome
+    target, decision = outcome.target, outcome.decision
+    return {
+        "kind": target.kind,
+        "namespace": target.namespace or None,
+        "name": target.name,
+        "mode": decision.mode.value,
+        "write": outcome.write.value,
+        "detail": outcome.detail,
+        "notes": list(decision.notes),
+        "desired": dict(outcome.desired),
+        "applied": dict(outcome.applied),
+        "last_write": view.last_write,
+        "last_change": view.last_change,
+        "refs": {
+            ref: {
+                "cluster": cluster,
+                "desired": outcome.desired.get(ref),
+                "applied": outcome.applied.get(ref),
+                "share": outcome.share(ref),
+                "goal": decision.targets.get(ref),
+            }
+            for ref, cluster in target.clusters.items()
+        },
+    }
+
+
 def state_json(snapshot: Snapshot, leader: bool | None) -> dict[str, Any]:
     """Everything the controller last saw and decided, for ``/debug/state`` and ``status``."""
-    decision = snapshot.decision
     return {
         "ticks": snapshot.ticks,
         "last_tick": snapshot.last_tick_wall,
         "last_change": snapshot.last_change_wall,
         "leader": leader,
-        "mode": decision.mode.value if decision else None,
-        "notes": list(decision.notes) if decision else [],
+        "dry_run": snapshot.dry_run,
         "clusters": {name: cluster_json(view) for name, view in snapshot.clusters.items()},
-        "targets": {
-            key: {
-                "kind": t.kind,
-                "namespace": t.namespace,
-                "name": t.name,
-                "mode": t.mode.value,
-                "last_write": t.last_write,
-                "refs": {
-                    ref: {
-                        "cluster": cluster,
-                        "desired": t.desired.get(ref),
-                        "applied": t.applied.get(ref),
-                    }
-                    for ref, cluster in t.clusters.items()
-                },
-            }
-            for key, t in snapshot.targets.items()
-        },
+        "targets": {key: target_json(view) for key, view in snapshot.targets.items()},
     }
 
 

@@ -1,8 +1,15 @@
-"""The reconcile loop: one tick fetches every cluster, judges health, weighs and publishes.
+"""The reconcile loop. One tick reads top to bottom:
+
+    discover  the routing targets the publisher knows (or the implicit one) and extra clusters
+    read      every cluster's signals, each under the tick deadline
+    judge     each cluster's health from its fetch
+    weigh     every target, once, with ``weights.weigh`` from what it holds now
+    publish   what changed, through the publisher (a conflict is weighed again from a fresh read)
+    record    the snapshot behind /metrics, /debug/state and status, and the log lines
 
 Ticks never overlap and do not drift: each starts on the interval grid, and a tick that overran
-skips the slots it missed instead of bunching up. Every fetch runs under the tick deadline and
-one cluster's failure stays that cluster's.
+skips the slots it missed instead of bunching up. One cluster's failure stays that cluster's,
+and one target's failure stays that target's.
 """
 
 from __future__ import annotations
@@ -17,9 +24,22 @@ from dataclasses import dataclass, replace
 import structlog
 
 from controller import health, weights
-from controller.exporter import ClusterView, ControllerMetrics, Snapshot
-from controller.model import ClusterHealth, ClusterMetrics, Decision, Mode, Reason, Signals
-from controller.publish import Publisher
+from controller.exporter import ClusterView, ControllerMetrics, Snapshot, TargetView
+from controller.model import (
+    IMPLICIT_TARGET,
+    ClusterHealth,
+    ClusterMetrics,
+    Decision,
+    Mode,
+    Reason,
+    Ref,
+    Signals,
+    Target,
+    TargetDecision,
+    Write,
+    WriteResult,
+)
+from controller.publish import Discovery, Publisher
 from controller.settings import ClusterSettings, Settings
 from controller.sources import ClusterMetricsSource
 
@@ -35,8 +55,13 @@ FORECAST_POINTS = 3
 class TickReport:
     tick: int
     clusters: Mapping[str, ClusterView]
-    decision: Decision
+    targets: Mapping[str, TargetView]
     duration: float
+
+    @property
+    def only(self) -> TargetView | None:
+        """The one target, when there is exactly one (the implicit target is one)."""
+        return next(iter(self.targets.values())) if len(self.targets) == 1 else None
 
 
 def signals_of(state: ClusterHealth, quantile: str) -> Signals | None:
@@ -50,6 +75,30 @@ def signals_of(state: ClusterHealth, quantile: str) -> Signals | None:
             quantile, metrics.latency.mean
         )
     return Signals(kv=metrics.kv_mean, queue_per_pod=metrics.queue_per_pod, latency=latency)
+
+
+@dataclass(slots=True)
+class _Memory:
+    """What the loop remembers of one target between ticks.
+
+    ``shadow`` is what a dry run would have applied, and ``seeded_from`` what the object held
+    then: while the object still holds that, the next decision continues from the shadow (so a
+    dry run moves as a live run would); once someone changes the object, from the object."""
+
+    shadow: dict[str, int] | None = None
+    seeded_from: dict[str, int] | None = None
+    last_write: float | None = None
+    last_change: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """One target weighed: as found, as in force, and what it should hold."""
+
+    found: Target
+    target: Target
+    desired: dict[str, int]
+    decision: Decision
 
 
 class Reconciler:
@@ -76,7 +125,7 @@ class Reconciler:
         self._clock = clock
         self._health: dict[str, ClusterHealth] = {}
         self._kv_history: dict[str, deque[tuple[float, float]]] = {}
-        self._in_force: dict[str, int] | None = None
+        self._memory: dict[str, _Memory] = {}
         self._tick = 0
         for name in self._sources:
             snapshot.clusters.setdefault(name, ClusterView())
@@ -85,25 +134,27 @@ class Reconciler:
             metrics.reconcile_errors.labels(stage)
 
     @property
-    def in_force(self) -> Mapping[str, int] | None:
-        return self._in_force
+    def targets(self) -> Mapping[str, TargetView]:
+        """Every target after the last tick."""
+        return self._snapshot.targets
 
     async def tick(self) -> TickReport:
         self._tick += 1
         began = time.perf_counter()
         with structlog.contextvars.bound_contextvars(tick=self._tick):
-            await self._discover()
+            found = await self._discover()
             fetched = await asyncio.gather(*(self._fetch(s) for s in self._sources.values()))
-            now = self._clock()
-            for metrics in fetched:
-                self._judge(metrics, now)
-            inputs = self._inputs()
-            decision = self._decide(inputs)
-            await self._publish(inputs, decision)
-            self._record(decision, began)
-            self._log_tick(decision)
+            self._judge(fetched)
+            signals = self._inputs()
+            plans = [self._weigh(self._in_force(t), t, signals) for t in self._targets(found)]
+            outcomes = [await self._publish(plan, signals) for plan in plans]
+            self._record(outcomes, began)
+            self._log_tick()
         report = TickReport(
-            self._tick, dict(self._snapshot.clusters), decision, self._elapsed(began)
+            self._tick,
+            dict(self._snapshot.clusters),
+            dict(self._snapshot.targets),
+            self._elapsed(began),
         )
         if self._on_tick is not None:
             self._on_tick(report)
@@ -113,6 +164,52 @@ class Reconciler:
     def _elapsed(began: float) -> float:
         return time.perf_counter() - began
 
+    # ---- discover ----------------------------------------------------------------------------
+    async def _discover(self) -> Discovery:
+        """The publisher's targets; clusters it names beyond the configured ones are watched."""
+        try:
+            async with asyncio.timeout(self._settings.interval * DEADLINE_SHARE):
+                found = await self._publisher.discover()
+        except Exception:  # discovery failing must not stop scraping what we know
+            self._metrics.reconcile_errors.labels("discover").inc()
+            log.exception("discovery failed")
+            return Discovery(tuple(v.outcome.target for v in self._snapshot.targets.values()))
+        self._watch({c.name: c for c in found.clusters if c.name not in self._static})
+        return found
+
+    def _watch(self, defined: dict[str, ClusterSettings]) -> None:
+        if defined == self._dynamic or self._source_factory is None:
+            return
+        for name in self._dynamic.keys() - defined.keys():
+            log.info("cluster no longer referenced", cluster=name)
+            self._sources.pop(name, None)
+            self._health.pop(name, None)
+            self._snapshot.clusters.pop(name, None)
+        for name, cluster in defined.items():
+            if self._dynamic.get(name) != cluster:
+                log.info("watching cluster defined by annotations", cluster=name)
+                self._sources[name] = self._source_factory(cluster)
+                self._snapshot.clusters.setdefault(name, ClusterView())
+                self._metrics.add_cluster(name)
+        self._dynamic = defined
+
+    def _targets(self, found: Discovery) -> Sequence[Target]:
+        """The published-to targets; with none, one implicit target over every cluster."""
+        if found.targets:
+            return found.targets
+        memory = self._memory.get(IMPLICIT_TARGET)
+        held = memory.shadow if memory and memory.shadow else {}
+        refs = tuple(Ref("", "", name, held.get(name, 0), name) for name in self._sources)
+        return (Target(IMPLICIT_TARGET, "", IMPLICIT_TARGET, "", "", refs),)
+
+    def _in_force(self, target: Target) -> Target:
+        """``target`` holding what is in force: the object's weights, or a dry run's shadow."""
+        memory = self._memory.get(target.key)
+        if memory is None or memory.shadow is None or memory.seeded_from != target.weights:
+            return target
+        return target.holding(memory.shadow)
+
+    # ---- read and judge ----------------------------------------------------------------------
     async def _fetch(self, source: ClusterMetricsSource) -> ClusterMetrics:
         deadline = self._settings.interval * DEADLINE_SHARE
         try:
@@ -126,7 +223,12 @@ class Reconciler:
             log.exception("fetch raised", cluster=source.cluster)
             return ClusterMetrics.failed(source.cluster, self._clock(), Reason.INTERNAL, repr(exc))
 
-    def _judge(self, metrics: ClusterMetrics, now: float) -> None:
+    def _judge(self, fetched: Sequence[ClusterMetrics]) -> None:
+        now = self._clock()
+        for metrics in fetched:
+            self._judge_one(metrics, now)
+
+    def _judge_one(self, metrics: ClusterMetrics, now: float) -> None:
         name = metrics.cluster
         self._metrics.count_fetch(metrics)
         before = self._health.get(name)
@@ -161,35 +263,13 @@ class Reconciler:
             detail=detail,
         )
 
-    async def _discover(self) -> None:
-        """Let the publisher name clusters beyond the configured ones; keep them in sync."""
-        try:
-            async with asyncio.timeout(self._settings.interval * DEADLINE_SHARE):
-                defined = {c.name: c for c in await self._publisher.discover()}
-        except Exception:  # discovery failing must not stop scraping what we know
-            self._metrics.reconcile_errors.labels("discover").inc()
-            log.exception("discovery failed")
-            return
-        defined = {n: c for n, c in defined.items() if n not in self._static}
-        if defined == self._dynamic or self._source_factory is None:
-            return
-        for name in self._dynamic.keys() - defined.keys():
-            log.info("cluster no longer referenced", cluster=name)
-            self._drop(name)
-        for name, cluster in defined.items():
-            if self._dynamic.get(name) != cluster:
-                log.info("watching cluster defined by annotations", cluster=name)
-                self._sources[name] = self._source_factory(cluster)
-                self._snapshot.clusters.setdefault(name, ClusterView())
-                self._metrics.add_cluster(name)
-        self._dynamic = defined
-
-    def _drop(self, name: str) -> None:
-        self._sources.pop(name, None)
-        self._health.pop(name, None)
-        self._snapshot.clusters.pop(name, None)
-        if self._in_force is not None:
-            self._in_force.pop(name, None)
+    def _remember(self, name: str, metrics: ClusterMetrics, good: bool) -> None:
+        """Keep the last few good KV readings of each cluster for the forecast."""
+        history = self._kv_history.setdefault(name, deque(maxlen=FORECAST_POINTS))
+        if good and metrics.kv_mean is not None:
+            history.append((metrics.scraped_at, metrics.kv_mean))
+        elif not good:
+            history.clear()  # after a gap, do not extrapolate across it
 
     def _inputs(self) -> dict[str, Signals | None]:
         quantile = self._settings.weights.latency_quantile
@@ -204,49 +284,98 @@ class Reconciler:
                 inputs[name] = replace(signals, kv=weights.forecast_kv(history, horizon))
         return inputs
 
-    def _remember(self, name: str, metrics: ClusterMetrics, good: bool) -> None:
-        """Keep the last few good KV readings of each cluster for the forecast."""
-        history = self._kv_history.setdefault(name, deque(maxlen=FORECAST_POINTS))
-        if good and metrics.kv_mean is not None:
-            history.append((metrics.scraped_at, metrics.kv_mean))
-        elif not good:
-            history.clear()  # after a gap, do not extrapolate across it
-
-    def _decide(self, inputs: Mapping[str, Signals | None]) -> Decision:
-        decision = weights.decide(inputs, self._in_force, self._settings.weights)
+    # ---- weigh -------------------------------------------------------------------------------
+    def _weigh(self, target: Target, found: Target, signals: Mapping[str, Signals | None]) -> _Plan:
+        """The one place a target's weights are decided: ``weights.weigh`` on what it holds."""
+        desired, decision = weights.weigh(target, signals, self._settings.weights)
         if decision.mode is Mode.FAIL_STATIC:
-            log.error("fail static", note=decision.notes[0], weights=_format(decision.weights))
-        return decision
+            log.error("fail static", target=target.key, note=decision.notes[0])
+        return _Plan(found, target, desired, decision)
 
-    async def _publish(self, inputs: Mapping[str, Signals | None], decision: Decision) -> None:
+    # ---- publish -----------------------------------------------------------------------------
+    async def _publish(self, plan: _Plan, signals: Mapping[str, Signals | None]) -> TargetDecision:
+        """Write what changed; after a conflict, weigh again from the fresh read and retry."""
+        result = WriteResult(Write.NONE, plan.target)
+        for _ in range(self._settings.kubernetes.write_retries):
+            if plan.desired == plan.target.weights:
+                result = WriteResult(Write.NONE, plan.target)
+                break
+            result = await self._write(plan)
+            if result.write is not Write.CONFLICT or result.target is None:
+                break
+            plan = self._weigh(result.target, result.target, signals)
+        else:
+            log.warning("gave up after conflicts; next tick decides again", target=plan.found.key)
+        if result.write not in (Write.NONE, Write.FOLLOWER):
+            self._metrics.add_target(plan.found.key)
+            self._metrics.target_writes.labels(plan.found.key, result.write.value).inc()
+        return self._settled(plan, result)
+
+    async def _write(self, plan: _Plan) -> WriteResult:
+        why = f"{plan.decision.mode.value}: {_change(plan.target.weights, plan.desired)}"
+        if plan.target.kind == IMPLICIT_TARGET:  # nothing holds it but us
+            return WriteResult(Write.WOULD, plan.target.holding(plan.desired))
         try:
-            await self._publisher.publish(inputs, decision)
-        except Exception:  # the weights in force stay the old ones; next tick tries again
+            return await self._publisher.write(plan.target, plan.desired, why)
+        except Exception as exc:  # one target's failure must not stop the others
             self._metrics.reconcile_errors.labels("publish").inc()
-            log.exception("publish failed", weights=_format(decision.weights))
-            return
-        if not decision.changed or decision.weights is None:
-            return
-        self._in_force = dict(decision.weights)
-        self._snapshot.last_change_wall = self._clock()
-        self._metrics.weight_updates.inc()
-        log.info("weights changed", mode=decision.mode.value, weights=_format(decision.weights))
+            log.exception("publish failed", target=plan.found.key)
+            return WriteResult(Write.FAILED, plan.target, repr(exc))
 
-    def _record(self, decision: Decision, began: float) -> None:
-        clusters = self._snapshot.clusters
-        for name, view in clusters.items():
-            weight = self._in_force.get(name) if self._in_force else None
-            clusters[name] = replace(view, weight=weight, target=decision.targets.get(name))
-        self._snapshot.decision = decision
+    def _settled(self, plan: _Plan, result: WriteResult) -> TargetDecision:
+        """What the target holds after the write, remembered for the next tick."""
+        key = plan.found.key
+        memory = self._memory.setdefault(key, _Memory())
+        now = self._clock()
+        applied = (result.target or plan.target).weights
+        if result.write is Write.WOULD:
+            applied = dict(plan.desired)
+            memory.shadow, memory.seeded_from = applied, plan.found.weights
+        elif result.write is Write.DONE:
+            memory.shadow = memory.seeded_from = None
+            memory.last_write = now
+        if result.write in (Write.WOULD, Write.DONE):
+            memory.last_change = now
+            self._log_change(plan, result.write)
+        target = result.target or plan.target
+        return TargetDecision(
+            target, plan.desired, applied, plan.decision, result.write, result.detail
+        )
+
+    def _log_change(self, plan: _Plan, write: Write) -> None:
+        event = "weights written" if write is Write.DONE else "would write"
+        log.info(
+            event,
+            target=plan.found.key,
+            mode=plan.decision.mode.value,
+            change=_change(plan.target.weights, plan.desired),
+            write=write.value,
+        )
+
+    # ---- record ------------------------------------------------------------------------------
+    def _record(self, outcomes: Sequence[TargetDecision], began: float) -> None:
+        views = {}
+        for outcome in outcomes:
+            if outcome.write is Write.GONE:
+                self._memory.pop(outcome.key, None)
+                continue
+            memory = self._memory.setdefault(outcome.key, _Memory())
+            views[outcome.key] = TargetView(outcome, memory.last_write, memory.last_change)
+        for key in self._memory.keys() - views.keys():
+            del self._memory[key]
+        self._snapshot.targets = views
+        only = next(iter(views.values())).outcome if len(views) == 1 else None
+        for name, view in self._snapshot.clusters.items():
+            self._snapshot.clusters[name] = replace(view, weight=_cluster_share(only, name))
         self._snapshot.ticks = self._tick
         self._snapshot.last_tick_monotonic = time.monotonic()
         self._snapshot.last_tick_wall = self._clock()
         self._metrics.reconcile_duration.observe(self._elapsed(began))
         self._metrics.last_reconcile.set(self._snapshot.last_tick_wall)
 
-    def _log_tick(self, decision: Decision) -> None:
+    def _log_tick(self) -> None:
         for name, view in self._snapshot.clusters.items():
-            log.info("cluster status", **status_fields(name, view), mode=decision.mode.value)
+            log.info("cluster status", **status_fields(name, view))
 
     async def run(self, stop: asyncio.Event) -> None:
         """Tick on the interval grid until ``stop`` is set; an exception costs one tick only."""
@@ -268,6 +397,24 @@ class Reconciler:
             await wait_or_stop(stop, next_at - loop.time())
 
 
+def _cluster_share(outcome: TargetDecision | None, cluster: str) -> int | None:
+    """A cluster's share of the only target's traffic as applied, in whole points."""
+    if outcome is None:
+        return None
+    shares = [
+        outcome.share(ref) for ref, mapped in outcome.target.clusters.items() if mapped == cluster
+    ]
+    known = [s for s in shares if s is not None]
+    return round(sum(known)) if known else None
+
+
+def _change(before: Mapping[str, int], after: Mapping[str, int]) -> str:
+    """``a=50->40 b=50->60``: the refs whose weight changes."""
+    return " ".join(
+        f"{n}={before.get(n)}->{w}" for n, w in sorted(after.items()) if before.get(n) != w
+    )
+
+
 async def wait_or_stop(stop: asyncio.Event, seconds: float) -> None:
     """Sleep that a shutdown cuts short."""
     if seconds <= 0:
@@ -281,10 +428,6 @@ async def wait_or_stop(stop: asyncio.Event, seconds: float) -> None:
 
 def _word(healthy: bool) -> str:
     return "healthy" if healthy else "unhealthy"
-
-
-def _format(values: Mapping[str, int] | None) -> str:
-    return " ".join(f"{n}={w}" for n, w in sorted((values or {}).items()))
 
 
 def _rounded(value: float | None, digits: int = 3) -> float | None:

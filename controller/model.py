@@ -116,3 +116,122 @@ class Decision:
     mode: Mode
     changed: bool
     notes: tuple[str, ...] = field(default=())
+
+
+# ---- routing targets: the unit of decision ---------------------------------------------------
+
+IMPLICIT_TARGET = "configured"
+
+
+@dataclass(frozen=True, slots=True)
+class Ref:
+    """One weighted entry of a target: where it sits in its object, whose it is, what it holds."""
+
+    path: str  # JSON pointer of the entry, e.g. /spec/externalProviderRefs/2
+    name_path: str  # pointer of its name, relative to ``path``
+    name: str
+    weight: int
+    cluster: str | None  # None: unmapped, its weight is kept
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One set of refs sharing one traffic split: an ExternalModel, one HTTPRoute rule, or
+    the implicit target over the configured clusters when nothing is published to.
+
+    ``total`` is what the weights add up to: 100 for ExternalModel (a percentage, the CRD's
+    0..100) and the implicit target; ``None`` for HTTPRoute, whose weights are relative
+    (``weight / sum in the rule``), so the rule keeps the total it has."""
+
+    kind: str  # "ExternalModel", "HTTPRoute" or IMPLICIT_TARGET
+    namespace: str
+    name: str
+    uid: str
+    resource_version: str
+    refs: tuple[Ref, ...]
+    has_annotations: bool = False
+    last_applied: Mapping[str, int] | None = None
+    last_writer: str | None = None  # the manager of the most recent update, from managedFields
+    rule: int | None = None  # HTTPRoute: the index of the rule in spec.rules
+    total: int | None = 100
+
+    @property
+    def key(self) -> str:
+        if self.kind == IMPLICIT_TARGET:
+            return IMPLICIT_TARGET
+        base = f"{self.kind}/{self.namespace}/{self.name}"
+        return base if self.rule is None else f"{base}/rule-{self.rule}"
+
+    @property
+    def weights(self) -> dict[str, int]:
+        """Weights the target holds now, by ref name."""
+        return {ref.name: ref.weight for ref in self.refs}
+
+    @property
+    def clusters(self) -> dict[str, str | None]:
+        return {ref.name: ref.cluster for ref in self.refs}
+
+    def holding(self, weights: Mapping[str, int]) -> Target:
+        """The same target with ``weights`` in place of what it holds (refs not named keep)."""
+        refs = tuple(
+            Ref(r.path, r.name_path, r.name, weights.get(r.name, r.weight), r.cluster)
+            for r in self.refs
+        )
+        return Target(
+            self.kind,
+            self.namespace,
+            self.name,
+            self.uid,
+            self.resource_version,
+            refs,
+            self.has_annotations,
+            self.last_applied,
+            self.last_writer,
+            self.rule,
+            self.total,
+        )
+
+
+class Write(StrEnum):
+    """What became of a target's desired weights this tick; logged, exported, in ``once``."""
+
+    NONE = "none"  # nothing to write: desired == applied
+    WOULD = "would"  # dry run, read-only ``once`` or the implicit target: what would be applied
+    DONE = "done"  # written
+    FOLLOWER = "follower"  # not the leader: the leader writes
+    CONFLICT = "conflict"  # the object changed under us every time we tried
+    REFUSED = "refused"  # the API server will not take it (RBAC, schema)
+    FAILED = "failed"  # the API server did not answer; the next tick tries again
+    GONE = "gone"  # the object was deleted
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    """A publisher's answer: what happened and the object as it is now, when it read one."""
+
+    write: Write
+    target: Target | None = None
+    detail: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TargetDecision:
+    """One target after a tick: what was decided (``desired``, by ref), what it holds
+    (``applied``; in a dry run what would be applied), and what the write did."""
+
+    target: Target
+    desired: Mapping[str, int]
+    applied: Mapping[str, int]
+    decision: Decision
+    write: Write
+    detail: str | None = None
+
+    @property
+    def key(self) -> str:
+        return self.target.key
+
+    def share(self, ref: str, desired: bool = False) -> float | None:
+        """A ref's share of the target's traffic, 0..100 (``None`` if the target holds 0)."""
+        weights = self.desired if desired else self.applied
+        total = sum(weights.values())
+        return None if total <= 0 else 100.0 * weights.get(ref, 0) / total

@@ -50,15 +50,13 @@ def _table(rows: list[list[str]]) -> list[str]:
 def render(state: dict[str, Any], now: float | None = None) -> str:
     now = time.time() if now is None else now
     leader = {True: "yes", False: "no", None: "unknown"}[state.get("leader")]
+    dry = "; dry run (writes nothing)" if state.get("dry_run") else ""
     lines = [
         f"tick {state['ticks']} at {_when(state.get('last_tick'), now)}; leader: {leader}; "
-        f"mode: {state.get('mode')}; last weight change: {_when(state.get('last_change'), now)}",
-        *(f"note: {note}" for note in state.get("notes", [])),
+        f"last weight change: {_when(state.get('last_change'), now)}{dry}",
         "",
     ]
-    rows = [
-        ["CLUSTER", "KV", "KV MAX", "QUEUE", "P50", "P90", "PODS", "HEALTH", "WEIGHT", "TARGET"]
-    ]
+    rows = [["CLUSTER", "KV", "KV MAX", "QUEUE", "P50", "P90", "PODS", "HEALTH", "WEIGHT"]]
     for name, c in sorted(state["clusters"].items()):
         health = "healthy" if c["healthy"] else f"UNHEALTHY ({c['reason']})"
         if c["healthy"] and c["reason"]:
@@ -76,23 +74,31 @@ def render(state: dict[str, Any], now: float | None = None) -> str:
                 f"{c['pods_answering']}/{c['pods_scraped']}",
                 health,
                 _num(c["weight"], "d"),
-                _num(c["target_weight"], ".1f"),
             ]
         )
     lines += _table(rows)
-    if state.get("targets"):
-        rows = [["TARGET", "REF", "CLUSTER", "DESIRED", "APPLIED", "LAST WRITE"]]
-        for key, t in sorted(state["targets"].items()):
-            for ref, r in t["refs"].items():
-                rows.append(
-                    [
-                        key,
-                        ref,
-                        r["cluster"] or "(unmapped)",
-                        _num(r["desired"], "d"),
-                        _num(r["applied"], "d"),
-                        _when(t["last_write"], now),
-                    ]
-                )
-        lines += ["", *_table(rows)]
+    lines += ["", *_targets(state.get("targets") or {}, now)]
     return "\n".join(lines)
+
+
+def _targets(targets: dict[str, Any], now: float) -> list[str]:
+    """Per target and ref: decided, held, its share of the target's traffic, and the write."""
+    rows = [["TARGET", "REF", "CLUSTER", "DESIRED", "APPLIED", "SHARE", "MODE", "WRITE", "WRITTEN"]]
+    notes = []
+    for key, t in sorted(targets.items()):
+        notes += [f"note: {key}: {note}" for note in t.get("notes", [])]
+        for ref, r in t["refs"].items():
+            rows.append(
+                [
+                    key,
+                    ref,
+                    r["cluster"] or "(unmapped)",
+                    _num(r["desired"], "d"),
+                    _num(r["applied"], "d"),
+                    _num(r["share"], ".0f", "%"),
+                    t["mode"],
+                    t["write"] + (f" ({t['detail']})" if t.get("detail") else ""),
+                    _when(t["last_write"], now),
+                ]
+            )
+    return [*_table(rows), *notes]

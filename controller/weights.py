@@ -17,16 +17,56 @@ router picks by weighted random choice over the total) and is never all zeros.
    proportion to what they carry), move ``smoothing`` of the way to the target — at least the
    deadband, at most ``max_step`` per cluster — keeping the sum.
 With no healthy cluster the weights in force are kept (fail static).
+
+``weigh`` applies this to one routing target (an ExternalModel, an HTTPRoute rule, or the
+configured clusters): the refs that map to a cluster share what the unmapped ones leave, on the
+target's own scale. It is the only place weights are decided; the loop calls it once per target
+per tick, and publishers only write what it returned.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from controller.model import Decision, Mode, Signals
+from controller.model import Decision, Mode, Signals, Target
 from controller.settings import WeightSettings
 
 TOTAL = 100
+
+
+def budget(target: Target) -> int:
+    """What the mapped refs of ``target`` share between them, on the object's scale.
+
+    ExternalModel weights are percentages (0..100): the mapped refs get what the unmapped ones
+    leave of 100. HTTPRoute weights are relative within their rule (``weight / sum``,
+    0..1,000,000): the rule keeps its total, so unmapped backends keep their share; a rule that
+    is all ours is written on at least a 0..100 scale (its defaults of 1 give no resolution)."""
+    mapped = sum(r.weight for r in target.refs if r.cluster is not None)
+    unmapped = sum(r.weight for r in target.refs if r.cluster is None)
+    if target.total is not None:
+        return target.total - unmapped
+    return mapped if unmapped > 0 else max(mapped, TOTAL)
+
+
+def weigh(
+    target: Target, signals: Mapping[str, Signals | None], params: WeightSettings
+) -> tuple[dict[str, int], Decision]:
+    """The weights every ref of ``target`` should hold (unmapped refs keep theirs), and the
+    decision over the mapped refs on a 0..100 scale. ``target.weights`` is what is in force;
+    a mapped ref whose cluster has no signals this tick counts as unhealthy."""
+    held = target.weights
+    mapped = [ref for ref in target.refs if ref.cluster is not None]
+    share = budget(target)
+    if not mapped or share < len(mapped):
+        note = "no ref maps to a known cluster" if not mapped else "unmapped refs hold it all"
+        return held, Decision(None, {}, Mode.NO_DATA, False, (note,))
+    inputs = {ref.name: signals.get(ref.cluster or "") for ref in mapped}
+    current = {ref.name: ref.weight for ref in mapped}
+    in_force = proportional(current, TOTAL) if sum(current.values()) > 0 else None
+    decision = decide(inputs, in_force, params)
+    if not decision.changed or decision.weights is None:
+        return held, decision
+    return {**held, **proportional(decision.weights, share)}, decision
 
 
 def forecast_kv(history: Sequence[tuple[float, float]], horizon: float) -> float:

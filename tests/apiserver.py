@@ -19,7 +19,9 @@ conventions (https://kubernetes.io/docs/reference/using-api/api-concepts/):
   changed, and records ``managedFields`` (manager from ``?fieldManager=``, operation, time).
 - Errors are ``Status`` objects (``kind: Status``, ``reason``, ``code``, ``message``).
 - Fault injection: ``fail(method, plural, status, times)`` answers the next matching requests
-  with that status; ``stop()``/``start()`` make the server unreachable and back (same port).
+  with that status; ``before(method, plural, action)`` runs ``action`` (another client's edit,
+  a deletion) just before the next matching request is handled — the worst moment for the
+  controller; ``stop()``/``start()`` make the server unreachable and back (same port).
 
 Not implemented (not used by the controller): watch, field selectors, server-side apply,
 subresources, admission, defaulting beyond the above.
@@ -32,6 +34,7 @@ import itertools
 import json
 import secrets
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -77,9 +80,17 @@ class Fault:
 
 
 @dataclass
+class Hook:
+    method: str
+    plural: str
+    action: Callable[[], object]
+
+
+@dataclass
 class FakeAPIServer:
     objects: dict[Key, Json] = field(default_factory=dict)
     faults: list[Fault] = field(default_factory=list)
+    hooks: list[Hook] = field(default_factory=list)
     requests: list[tuple[str, str, str, Any]] = field(default_factory=list)
     port: int = 0
     _version: itertools.count[int] = field(default_factory=lambda: itertools.count(1000))
@@ -116,6 +127,9 @@ class FakeAPIServer:
     # ---- test helpers ----------------------------------------------------------------------
     def fail(self, method: str, plural: str, code: int, times: int = 1) -> None:
         self.faults.append(Fault(method, plural, code, times))
+
+    def before(self, method: str, plural: str, action: Callable[[], object]) -> None:
+        self.hooks.append(Hook(method, plural, action))
 
     def put_object(self, prefix: str, plural: str, obj: Json) -> Json:
         """Store ``obj`` as if created through the API (for test set-up)."""
@@ -154,6 +168,10 @@ class FakeAPIServer:
 
     def _fault(self, request: web.Request) -> web.Response | None:
         plural = request.match_info["plural"]
+        for hook in list(self.hooks):
+            if hook.method == request.method and hook.plural == plural:
+                self.hooks.remove(hook)
+                hook.action()
         for fault in self.faults:
             if fault.method == request.method and fault.plural == plural and fault.times > 0:
                 fault.times -= 1

@@ -19,7 +19,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.app import Controller, report_json
-from controller.demo.sim import Fault, Fleet, SimCluster
+from controller.fakes.clusters import Fault, Fleet, SimCluster
 from controller.loop import TickReport
 from controller.settings import Settings, build_settings
 from tests.conftest import free_port
@@ -83,7 +83,9 @@ async def scrape(
 
 
 def weight(metrics: dict[tuple[str, tuple[tuple[str, str], ...]], float], cluster: str) -> float:
-    return metrics[("weight_controller_cluster_weight", (("cluster", cluster),))]
+    """A cluster's applied weight in the implicit target, as /metrics shows it."""
+    labels = (("cluster", cluster), ("ref", cluster), ("target", "configured"))
+    return metrics[("weight_controller_applied_weight", labels)]
 
 
 def w(report: TickReport, cluster: str) -> int:
@@ -179,12 +181,15 @@ async def test_our_metrics_page_has_every_documented_family(
         "weight_controller_cluster_queue_depth",
         "weight_controller_cluster_latency_seconds",
         "weight_controller_cluster_healthy",
-        "weight_controller_cluster_weight",
+        "weight_controller_applied_weight",
+        "weight_controller_desired_weight",
+        "weight_controller_target_share",
+        "weight_controller_target_mode",
         "weight_controller_scrape_duration_seconds_bucket",
         "weight_controller_scrape_errors_total",
         "weight_controller_reconcile_duration_seconds_count",
         "weight_controller_last_reconcile_timestamp_seconds",
-        "weight_controller_weight_updates_total",
+        "weight_controller_target_writes_total",
         "weight_controller_build_info",
     ):
         assert expected in names, expected

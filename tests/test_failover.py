@@ -13,7 +13,7 @@ import aiohttp
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller.demo.sim import Fleet, SimCluster
+from controller.fakes.clusters import Fleet, SimCluster
 from tests.apiserver import FakeAPIServer
 from tests.conftest import free_port
 from tests.test_kubernetes import CRD, NS, seed, weights_of

@@ -4,6 +4,7 @@ API-server double in tests/apiserver.py (its docstring lists the behaviours it i
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -12,11 +13,11 @@ import pytest
 from kubernetes_asyncio import client
 from structlog.testing import capture_logs
 
+from controller import weights
 from controller.app import Controller
-from controller.demo.sim import Fleet, SimCluster
+from controller.fakes.clusters import Fleet, SimCluster
 from controller.kube.objects import LAST_APPLIED, MANAGED_LABEL, VLLM_URLS_ANNOTATION
-from controller.model import Decision, Mode, Signals
-from controller.publish.kubernetes import target_weights
+from controller.model import Signals
 from controller.settings import Settings, build_settings
 from tests.apiserver import FakeAPIServer
 
@@ -95,7 +96,7 @@ async def ticks(controller: Controller, n: int) -> None:
 # ---- the pure part ---------------------------------------------------------------------------
 
 
-def test_target_weights_keep_unmapped_refs_and_share_the_rest() -> None:
+def test_weigh_keeps_unmapped_refs_and_shares_the_rest() -> None:
     from controller.kube.objects import Ref, Target
 
     refs = (
@@ -105,14 +106,14 @@ def test_target_weights_keep_unmapped_refs_and_share_the_rest() -> None:
     )
     target = Target("ExternalModel", NS, "m", "uid", "1", refs, True, None, None)
     signals: dict[str, Signals | None] = {"east": Signals(kv=0.95), "west": Signals(kv=0.1)}
-    desired, decision = target_weights(
+    desired, decision = weights.weigh(
         target,
         signals,
         build_settings({"clusters": [{"name": "x", "epp_url": "http://127.0.0.1/"}]}).weights,
     )
-    assert desired is not None and decision.changed
-    assert "saas" not in desired
-    assert sum(desired.values()) == 80
+    assert decision.changed
+    assert desired["saas"] == 20
+    assert desired["east"] + desired["west"] == 80
     assert desired["west"] > desired["east"]
 
 
@@ -202,19 +203,20 @@ async def test_reordered_refs_never_get_the_wrong_weights(
 ) -> None:
     seed(apiserver, [("east", 50), ("west", 50)])
     sims["east"].kv = 0.95
+
+    def reorder(obj: dict[str, Any]) -> None:
+        refs = obj["spec"]["externalProviderRefs"]
+        refs.reverse()
+        refs[0]["weight"], refs[1]["weight"] = 60, 40  # west=60, east=40 now
+
+    # someone reorders the refs after we read the object and before our patch lands
+    apiserver.before(
+        "PATCH",
+        "externalmodels",
+        lambda: apiserver.edit(CRD, "externalmodels", NS, "llama", "someone", reorder),
+    )
     async with Controller(settings_for(sims), serve=False, api=api) as controller:
-        assert controller.reconciler is not None
-        publisher = controller.publisher
-        await publisher.discover()
-
-        def reorder(obj: dict[str, Any]) -> None:
-            refs = obj["spec"]["externalProviderRefs"]
-            refs.reverse()
-            refs[0]["weight"], refs[1]["weight"] = 60, 40  # west=60, east=40 now
-
-        apiserver.edit(CRD, "externalmodels", NS, "llama", "someone", reorder)
-        signals: dict[str, Signals | None] = {"east": Signals(kv=0.95), "west": Signals(kv=0.1)}
-        await publisher.publish(signals, Decision(None, {}, Mode.NO_DATA, False))
+        report = await controller.once()
     patches = apiserver.writes("PATCH")
     assert len(patches) == 2  # the first was refused (422) by its test op, the second landed
     final = weights_of(apiserver)
@@ -222,21 +224,25 @@ async def test_reordered_refs_never_get_the_wrong_weights(
     obj = apiserver.get(CRD, "externalmodels", NS, "llama")
     assert obj is not None
     assert [r["ref"]["name"] for r in obj["spec"]["externalProviderRefs"]] == ["west", "east"]
+    view = report.targets["ExternalModel/maas-system/llama"].outcome
+    assert view.write.value == "done" and dict(view.applied) == final
 
 
 async def test_a_target_deleted_mid_tick_is_forgotten(
     apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
 ) -> None:
     seed(apiserver, [("east", 50), ("west", 50)])
-    async with Controller(settings_for(sims), serve=False, api=api) as controller:
-        publisher = controller.publisher
-        await publisher.discover()
+    sims["east"].kv = 0.95
+
+    def delete() -> None:
         del apiserver.objects[(CRD, "externalmodels", NS, "llama")]
-        signals: dict[str, Signals | None] = {"east": Signals(kv=0.95), "west": Signals(kv=0.1)}
+
+    apiserver.before("PATCH", "externalmodels", delete)
+    async with Controller(settings_for(sims), serve=False, api=api) as controller:
         with capture_logs() as logs:
-            await publisher.publish(signals, Decision(None, {}, Mode.NO_DATA, False))
+            await controller.once()
         assert any(e["event"] == "target deleted; forgetting it" for e in logs)
-        assert controller.snapshot.targets == {}
+        assert "ExternalModel/maas-system/llama" not in controller.snapshot.targets
         await controller.once()  # and the next tick goes on without it
 
 
@@ -251,7 +257,7 @@ async def test_api_down_keeps_deciding_and_applies_the_latest_once_back(
         with capture_logs() as logs:
             await ticks(controller, 3)
         assert any(e["event"] == "cannot read targets; keeping the last known" for e in logs)
-        view = controller.snapshot.targets["ExternalModel/maas-system/llama"]
+        view = controller.snapshot.targets["ExternalModel/maas-system/llama"].outcome
         assert view.desired["west"] > view.applied["west"] == 50
         api_errors = controller.registry.get_sample_value(
             "weight_controller_api_errors_total", {"reason": "unavailable"}
@@ -264,35 +270,31 @@ async def test_api_down_keeps_deciding_and_applies_the_latest_once_back(
         assert weights_of(apiserver)["west"] > 50
 
 
-async def test_dry_run_writes_nothing_but_exports_desired(
+async def test_dry_run_writes_nothing_but_exports_what_it_would_apply(
     apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
 ) -> None:
     seed(apiserver, [("east", 50), ("west", 50)])
     sims["east"].kv = 0.95
-    async with Controller(settings_for(sims), serve=False, api=api, dry_run=True) as controller:
-        await ticks(controller, 3)
-        desired = controller.registry.get_sample_value(
-            "weight_controller_desired_weight",
-            {
-                "kind": "ExternalModel",
-                "namespace": NS,
-                "target": "llama",
-                "ref": "west",
-                "cluster": "west",
-            },
-        )
-        applied = controller.registry.get_sample_value(
-            "weight_controller_applied_weight",
-            {
-                "kind": "ExternalModel",
-                "namespace": NS,
-                "target": "llama",
-                "ref": "west",
-                "cluster": "west",
-            },
-        )
-    assert apiserver.writes() == []
-    assert desired is not None and applied == 50 and desired > 50
+    election = {"leader_election": {"enabled": True}}
+    async with Controller(
+        settings_for(sims, **election), serve=False, api=api, dry_run=True
+    ) as controller:
+        with capture_logs() as logs:
+            await ticks(controller, 3)
+        labels = {"target": "ExternalModel/maas-system/llama", "ref": "west", "cluster": "west"}
+        desired = controller.registry.get_sample_value("weight_controller_desired_weight", labels)
+        applied = controller.registry.get_sample_value("weight_controller_applied_weight", labels)
+        dry = controller.registry.get_sample_value("weight_controller_dry_run")
+    assert apiserver.writes() == []  # no PATCH, no Event, no Lease: GETs and LISTs only
+    assert weights_of(apiserver) == {"east": 50, "west": 50}
+    would = [e for e in logs if e["event"] == "would write"]
+    assert len(would) == 3  # a dry run moves as a live run would, one step per tick
+    steps = [dict(p.split("=") for p in e["change"].split()) for e in would]
+    assert steps[0]["west"].startswith("50->")
+    for before, after in itertools.pairwise(steps):  # each step starts where the last one ended
+        assert after["west"].split("->")[0] == before["west"].split("->")[1]
+    final_west = int(steps[-1]["west"].split("->")[1])
+    assert desired == applied == final_west and final_west > 60 and dry == 1
 
 
 async def test_forbidden_names_the_missing_verb(
@@ -340,7 +342,7 @@ async def test_unmapped_ref_keeps_its_weight_and_is_counted(
             await ticks(controller, 4)
         unmapped = controller.registry.get_sample_value(
             "weight_controller_target_unmapped_refs",
-            {"kind": "ExternalModel", "namespace": NS, "target": "llama"},
+            {"target": "ExternalModel/maas-system/llama"},
         )
     final = weights_of(apiserver)
     assert final["saas"] == 20 and final["east"] + final["west"] == 80
@@ -396,7 +398,8 @@ async def test_httproute_backend_weights(
     obj = apiserver.get("gateway.networking.k8s.io/v1", "httproutes", "apps", "llama")
     assert obj is not None
     backends = {b["name"]: b["weight"] for b in obj["spec"]["rules"][0]["backendRefs"]}
-    assert backends["svc-east"] > backends["svc-west"] and sum(backends.values()) == 100
+    # HTTPRoute weights are relative within the rule: it keeps the total it had
+    assert backends["svc-east"] > backends["svc-west"] and sum(backends.values()) == 1000
 
 
 # ---- leader election -------------------------------------------------------------------------

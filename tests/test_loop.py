@@ -14,8 +14,8 @@ from structlog.testing import capture_logs
 from controller.exporter import Snapshot, make_registry
 from controller.logs import redact
 from controller.loop import Reconciler
-from controller.model import ClusterMetrics, Decision, Reason, Signals
-from controller.publish import Publisher
+from controller.model import ClusterMetrics, Reason, Ref, Target, Write, WriteResult
+from controller.publish import Discovery, Publisher
 from controller.publish.dryrun import DryRunPublisher
 from controller.settings import Settings, build_settings
 
@@ -50,8 +50,26 @@ class ScriptedSource:
             self.active -= 1
 
 
-class FailingPublisher(DryRunPublisher):
-    async def publish(self, signals: Mapping[str, Signals | None], fleet: Decision) -> None:
+def object_target(held: Mapping[str, int]) -> Target:
+    """An ExternalModel-like target over clusters a and b, holding ``held``."""
+    refs = tuple(
+        Ref(f"/spec/externalProviderRefs/{i}", "/ref/name", name, weight, name)
+        for i, (name, weight) in enumerate(held.items())
+    )
+    return Target("ExternalModel", "ns", "m", "uid", "1", refs)
+
+
+class FailingPublisher:
+    """One target, holding 50/50; every write raises (a bug, or a broken client)."""
+
+    def __init__(self) -> None:
+        self.attempts = 0
+
+    async def discover(self) -> Discovery:
+        return Discovery((object_target({"a": 50, "b": 50}),))
+
+    async def write(self, target: Target, desired: Mapping[str, int], why: str) -> WriteResult:
+        self.attempts += 1
         raise ConnectionError("API server unreachable")
 
 
@@ -79,20 +97,25 @@ def settings(interval: float = 0.1) -> Settings:
     )
 
 
-class SlowPublisher(DryRunPublisher):
-    """The first publish takes longer than an interval (a slow API server)."""
+class SlowPublisher:
+    """One target; the first write takes longer than an interval (a slow API server)."""
 
     def __init__(self, delay: float) -> None:
-        super().__init__()
         self.delay = delay
+        self.held = {"a": 50, "b": 50}
 
-    async def publish(self, signals: Mapping[str, Signals | None], fleet: Decision) -> None:
+    async def discover(self) -> Discovery:
+        return Discovery((object_target(self.held),))
+
+    async def write(self, target: Target, desired: Mapping[str, int], why: str) -> WriteResult:
         await asyncio.sleep(self.delay)
         self.delay = 0.0
+        self.held = dict(desired)
+        return WriteResult(Write.DONE, target.holding(desired))
 
 
 async def test_ticks_stay_on_the_grid_skip_missed_slots_and_never_overlap() -> None:
-    a, b = ScriptedSource("a", delay=0.02), ScriptedSource("b")
+    a, b = ScriptedSource("a", delay=0.02), ScriptedSource("b", kv=0.9)
     reconciler, snapshot, _ = make(settings(0.2), a, b, publisher=SlowPublisher(0.5))
     stop = asyncio.Event()
     task = asyncio.create_task(reconciler.run(stop))
@@ -119,7 +142,7 @@ async def test_the_tick_deadline_fails_only_the_slow_cluster() -> None:
     assert report.clusters["a"].metrics is not None
     assert [e.reason for e in report.clusters["a"].metrics.errors] == [Reason.TIMEOUT]
     assert report.clusters["b"].health is not None and report.clusters["b"].health.healthy
-    assert report.decision.weights == {"a": 0, "b": 100}
+    assert report.targets["configured"].outcome.applied == {"a": 0, "b": 100}
 
 
 async def test_a_raising_source_is_counted_and_the_loop_goes_on() -> None:
@@ -139,11 +162,14 @@ async def test_a_raising_source_is_counted_and_the_loop_goes_on() -> None:
 
 async def test_a_failed_publish_keeps_the_old_weights_in_force() -> None:
     a, b = ScriptedSource("a", kv=0.9), ScriptedSource("b", kv=0.1)
-    reconciler, snapshot, registry = make(settings(), a, b, publisher=FailingPublisher())
+    publisher = FailingPublisher()
+    reconciler, snapshot, registry = make(settings(), a, b, publisher=publisher)
     with capture_logs() as logs:
         await reconciler.tick()
-    assert reconciler.in_force is None
-    assert snapshot.clusters["a"].weight is None
+    outcome = reconciler.targets["ExternalModel/ns/m"].outcome
+    assert outcome.write is Write.FAILED and publisher.attempts == 1
+    assert outcome.applied == {"a": 50, "b": 50} and outcome.desired["b"] > 50
+    assert snapshot.clusters["a"].weight == 50
     assert (
         registry.get_sample_value("weight_controller_reconcile_errors_total", {"stage": "publish"})
         == 1
@@ -161,7 +187,7 @@ async def test_logs_one_greppable_line_per_cluster_and_state_changes() -> None:
     status = [e for e in logs if e["event"] == "cluster status" and e["cluster"] == "b"]
     assert status[0]["vram_util"] == 0.2 and status[0]["healthy"] is True
     assert status[0]["weight"] >= 80
-    assert any(e["event"] == "weights changed" and e["log_level"] == "info" for e in logs)
+    assert any(e["event"] == "would write" and e["log_level"] == "info" for e in logs)
     assert any(e["event"] == "cluster healthy" for e in logs)
     a.raise_next = True
     with capture_logs() as later:

@@ -81,9 +81,13 @@ def test_every_alert_has_summary_description_and_a_runbook_in_the_readme() -> No
 def test_dashboard_has_the_panels_units_and_variable_operators_need() -> None:
     dashboard = json.loads(DASHBOARD.read_text())
     variables = {v["name"]: v for v in dashboard["templating"]["list"]}
-    assert variables["cluster"]["includeAll"] and variables["cluster"]["multi"]
+    for name in ("cluster", "target"):
+        assert variables[name]["includeAll"] and variables[name]["multi"]
     panels = {p["title"]: p for p in dashboard["panels"]}
-    weights = panels["Weights (stacked to 100)"]["fieldConfig"]["defaults"]
+    headline = panels["Applied traffic share, $target (stacked to 100)"]
+    assert headline["repeat"] == "target"  # one stack per target: each sums to 100
+    assert "weight_controller_target_share" in headline["targets"][0]["expr"]
+    weights = headline["fieldConfig"]["defaults"]
     assert weights["custom"]["stacking"]["mode"] == "normal" and weights["max"] == 100
     kv = panels["KV-cache utilisation"]["fieldConfig"]["defaults"]
     assert kv["unit"] == "percentunit" and kv["max"] == 1
@@ -91,7 +95,7 @@ def test_dashboard_has_the_panels_units_and_variable_operators_need() -> None:
     assert steps[-1] == {"color": "red", "value": 0.9}
     assert panels["Latency quantiles"]["fieldConfig"]["defaults"]["unit"] == "s"
     for needed in (
-        "Desired vs applied weight (Kubernetes targets)",
+        "Desired vs applied weight per target",
         "Queue depth",
         "Health",
         "Why unhealthy",

@@ -19,8 +19,8 @@ from kubernetes_asyncio import client
 
 from controller import health
 from controller.app import Controller, report_json
-from controller.demo.pages import LATENCY_BOUNDS
-from controller.demo.sim import Fault, Fleet, SimCluster
+from controller.fakes.clusters import Fault, Fleet, SimCluster
+from controller.fakes.pages import LATENCY_BOUNDS
 from controller.model import Reason
 from controller.settings import Settings, build_settings
 from controller.sources.prometheus import PrometheusQuerySource
@@ -243,7 +243,7 @@ async def test_promtool_finds_no_problem_in_our_metrics(stack: Stack) -> None:
 
 def concrete(expr: str) -> str:
     """Grafana's variables as Grafana would fill them for 'All clusters'."""
-    return expr.replace("$__rate_interval", "5s").replace("$cluster", ".*")
+    return expr.replace("$__rate_interval", "5s").replace("$cluster", ".*").replace("$target", ".*")
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ import sys
 from kubernetes_asyncio import client
 
 from controller.app import Controller
-from controller.demo.sim import Fault, Fleet, SimCluster
+from controller.fakes.clusters import Fault, Fleet, SimCluster
 from controller.status import fetch_state, render
 from tests.apiserver import FakeAPIServer
 from tests.test_kubernetes import seed, settings_for
@@ -48,7 +48,13 @@ async def test_state_and_status_table_show_clusters_targets_and_leader() -> None
     assert state["clusters"]["east"]["healthy"] is False
     assert state["clusters"]["east"]["reason"] == "http_status"
     refs = state["targets"]["ExternalModel/maas-system/llama"]["refs"]
-    assert refs["west"] == {"cluster": "west", "desired": 100, "applied": 100}
+    assert refs["west"] | {"goal": None} == {
+        "cluster": "west",
+        "desired": 100,
+        "applied": 100,
+        "share": 100.0,
+        "goal": None,
+    }
     assert refs["east"]["applied"] == 0
     table = render(state)
     assert "UNHEALTHY (http_status)" in table and "leader: yes" in table

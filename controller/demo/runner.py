@@ -15,7 +15,7 @@ from typing import TextIO
 
 from controller import logs
 from controller.app import Controller, install_signal_handlers
-from controller.demo.sim import Fault, Fleet, SimCluster
+from controller.fakes.clusters import Fault, Fleet, SimCluster
 from controller.loop import TickReport
 from controller.settings import build_settings
 
@@ -72,22 +72,35 @@ def _cell(value: float | None, fmt: str) -> str:
 
 
 def print_table(report: TickReport, out: TextIO) -> None:
-    print(f"\ntick {report.tick:<4} mode={report.decision.mode.value}", file=out)
-    print(f"  {'cluster':<10} {'kv':>5} {'queue':>6} {'p90':>7}  {'health':<22} weight", file=out)
-    for name, view in report.clusters.items():
-        m, h = view.metrics, view.health
-        p90 = m.latency.p90 if m and m.latency else None
-        health = "-" if h is None else ("healthy" if h.healthy else f"UNHEALTHY ({h.reason})")
-        if h is not None and h.healthy and h.reason is not None:
-            health = f"healthy ({h.reason}!)"
-        weight = view.weight if view.weight is not None else 0
+    """One block per tick: each target's mode and write, then each cluster's signals and its
+    share of that target (the demo has one: the implicit target over its three clusters)."""
+    for key, view in report.targets.items():
+        outcome = view.outcome
         print(
-            f"  {name:<10} {_cell(m.kv_mean if m else None, '.2f'):>5}"
-            f" {_cell(m.queue_depth if m else None, '.1f'):>6}"
-            f" {_cell(p90 * 1000 if p90 is not None else None, '.0f') + 'ms':>7}"
-            f"  {health:<22} {weight:>3} {'#' * (weight // 4)}",
+            f"\ntick {report.tick:<4} target={key} mode={outcome.decision.mode.value}"
+            f" write={outcome.write.value}",
             file=out,
         )
+        print(
+            f"  {'cluster':<10} {'kv':>5} {'queue':>6} {'p90':>7}  {'health':<22} weight",
+            file=out,
+        )
+        for ref, cluster in outcome.target.clusters.items():
+            view_of = report.clusters.get(cluster or "")
+            m = view_of.metrics if view_of else None
+            h = view_of.health if view_of else None
+            p90 = m.latency.p90 if m and m.latency else None
+            health = "-" if h is None else ("healthy" if h.healthy else f"UNHEALTHY ({h.reason})")
+            if h is not None and h.healthy and h.reason is not None:
+                health = f"healthy ({h.reason}!)"
+            weight = outcome.applied.get(ref, 0)
+            print(
+                f"  {ref:<10} {_cell(m.kv_mean if m else None, '.2f'):>5}"
+                f" {_cell(m.queue_depth if m else None, '.1f'):>6}"
+                f" {_cell(p90 * 1000 if p90 is not None else None, '.0f') + 'ms':>7}"
+                f"  {health:<22} {weight:>3} {'#' * (weight // 4)}",
+                file=out,
+            )
     out.flush()
 
 
@@ -109,7 +122,8 @@ async def run_demo(
 
         def on_tick(report: TickReport) -> None:
             print_table(report, out)
-            weights = {n: v.weight or 0 for n, v in report.clusters.items()}
+            only = report.only
+            weights = {} if only is None else dict(only.outcome.applied)
             apply_scenario(fleet, report.tick, weights)
 
         apply_scenario(fleet, 0)

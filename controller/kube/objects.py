@@ -24,6 +24,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from controller.model import Ref, Target
 from controller.settings import ClusterSettings, HTTPRouteTarget
 
 DOMAIN = "weight-controller.opendatahub.io"
@@ -42,38 +43,7 @@ DEFAULT_WEIGHT = 1  # the ExternalModel CRD's default for an absent weight
 Kind = Literal["ExternalModel", "HTTPRoute"]
 Json = dict[str, Any]
 
-
-@dataclass(frozen=True, slots=True)
-class Ref:
-    """One weighted entry: where it sits in the object, whose it is, what it holds now."""
-
-    path: str  # JSON pointer of the entry, e.g. /spec/externalProviderRefs/2
-    name_path: str  # pointer of its name, relative to ``path``
-    name: str
-    weight: int
-    cluster: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    kind: Kind
-    namespace: str
-    name: str
-    uid: str
-    resource_version: str
-    refs: tuple[Ref, ...]
-    has_annotations: bool
-    last_applied: Mapping[str, int] | None
-    last_writer: str | None  # the manager of the most recent update, from managedFields
-
-    @property
-    def key(self) -> str:
-        return f"{self.kind}/{self.namespace}/{self.name}"
-
-    @property
-    def weights(self) -> dict[str, int]:
-        """Weights now on the object, by ref name."""
-        return {ref.name: ref.weight for ref in self.refs}
+__all__ = ["Ref", "Target"]  # re-exported: the publisher's tests build them from here
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,9 +64,15 @@ def _annotations(obj: Mapping[str, Any]) -> dict[str, str]:
     return dict(obj.get("metadata", {}).get("annotations") or {})
 
 
-def _last_applied(annotations: Mapping[str, str]) -> dict[str, int] | None:
+def last_applied_key(rule: int | None) -> str:
+    """The annotation that records what we applied: one per target, so an HTTPRoute's rules
+    each keep their own record."""
+    return LAST_APPLIED if rule is None else f"{LAST_APPLIED}.rule-{rule}"
+
+
+def _last_applied(annotations: Mapping[str, str], key: str) -> dict[str, int] | None:
     try:
-        recorded = json.loads(annotations[LAST_APPLIED])["weights"]
+        recorded = json.loads(annotations[key])["weights"]
         return {str(k): int(v) for k, v in recorded.items()}
     except (KeyError, ValueError, TypeError, AttributeError):
         return None
@@ -111,7 +87,9 @@ def _last_writer(obj: Mapping[str, Any]) -> str | None:
     return str(latest["manager"])
 
 
-def _target(kind: Kind, obj: Mapping[str, Any], refs: Sequence[Ref]) -> Target:
+def _target(
+    kind: Kind, obj: Mapping[str, Any], refs: Sequence[Ref], rule: int | None = None
+) -> Target:
     meta = obj.get("metadata", {})
     annotations = _annotations(obj)
     return Target(
@@ -122,8 +100,10 @@ def _target(kind: Kind, obj: Mapping[str, Any], refs: Sequence[Ref]) -> Target:
         resource_version=str(meta.get("resourceVersion", "")),
         refs=tuple(refs),
         has_annotations=meta.get("annotations") is not None,
-        last_applied=_last_applied(annotations),
+        last_applied=_last_applied(annotations, last_applied_key(rule)),
         last_writer=_last_writer(obj),
+        rule=rule,
+        total=None if kind == "HTTPRoute" else 100,
     )
 
 
@@ -144,21 +124,23 @@ def external_model(obj: Mapping[str, Any], providers: ProviderMapping) -> Target
     return _target("ExternalModel", obj, refs)
 
 
-def httproute(obj: Mapping[str, Any], config: HTTPRouteTarget) -> Target:
-    refs = []
+def httproute(obj: Mapping[str, Any], config: HTTPRouteTarget) -> list[Target]:
+    """One target per rule: Gateway API weights are relative within one rule's backendRefs
+    (``weight / sum``), so each rule is its own traffic split."""
+    targets = []
     for r, rule in enumerate(obj.get("spec", {}).get("rules") or []):
-        for b, backend in enumerate(rule.get("backendRefs") or []):
-            name = str(backend.get("name", ""))
-            refs.append(
-                Ref(
-                    path=f"/spec/rules/{r}/backendRefs/{b}",
-                    name_path="/name",
-                    name=name,
-                    weight=_weight(backend),
-                    cluster=config.backends.get(name),
-                )
+        refs = [
+            Ref(
+                path=f"/spec/rules/{r}/backendRefs/{b}",
+                name_path="/name",
+                name=str(backend.get("name", "")),
+                weight=_weight(backend),
+                cluster=config.backends.get(str(backend.get("name", ""))),
             )
-    return _target("HTTPRoute", obj, refs)
+            for b, backend in enumerate(rule.get("backendRefs") or [])
+        ]
+        targets.append(_target("HTTPRoute", obj, refs, rule=r))
+    return targets
 
 
 def map_providers(providers: Sequence[Mapping[str, Any]], configured: set[str]) -> ProviderMapping:
@@ -209,13 +191,12 @@ def weight_patch(target: Target, desired: Mapping[str, int], stamp: str) -> list
             ops.append({"op": "test", "path": ref.path + ref.name_path, "value": ref.name})
             ops.append({"op": "add", "path": ref.path + "/weight", "value": desired[ref.name]})
     record = json.dumps({"weights": dict(sorted(desired.items())), "time": stamp})
+    key = last_applied_key(target.rule)
     if target.has_annotations:
-        ops.append(
-            {"op": "add", "path": f"/metadata/annotations/{_escape(LAST_APPLIED)}", "value": record}
-        )
+        ops.append({"op": "add", "path": f"/metadata/annotations/{_escape(key)}", "value": record})
     else:
         # Creating the map would replace one written meanwhile: only if nothing changed.
         rv = target.resource_version
         ops.append({"op": "test", "path": "/metadata/resourceVersion", "value": rv})
-        ops.append({"op": "add", "path": "/metadata/annotations", "value": {LAST_APPLIED: record}})
+        ops.append({"op": "add", "path": "/metadata/annotations", "value": {key: record}})
     return ops

@@ -1,28 +1,20 @@
-"""The publisher that writes nothing: logs and gauges only (no Kubernetes, the demo, tests)."""
+"""The publisher with nothing to write to: no Kubernetes (the demo, tests, a plain ``run``).
+
+It finds no targets, so the loop weighs the configured clusters as one implicit target whose
+weights exist only in the controller: logged, exported and shown, never written.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
-import structlog
-
-from controller.model import Decision, Signals
-from controller.settings import ClusterSettings
-
-log = structlog.get_logger("controller.publish")
+from controller.model import Target, Write, WriteResult
+from controller.publish import Discovery
 
 
 class DryRunPublisher:
-    def __init__(self) -> None:
-        self.published: list[Decision] = []
+    async def discover(self) -> Discovery:
+        return Discovery()
 
-    async def discover(self) -> Sequence[ClusterSettings]:
-        return ()
-
-    async def publish(self, signals: Mapping[str, Signals | None], fleet: Decision) -> None:
-        if not fleet.changed or fleet.weights is None:
-            return
-        self.published.append(fleet)
-        del self.published[:-100]  # bounded: a long-running dry run must not grow
-        weights = " ".join(f"{n}={w}" for n, w in sorted(fleet.weights.items()))
-        log.info("weights published", dry_run=True, mode=fleet.mode.value, weights=weights)
+    async def write(self, target: Target, desired: Mapping[str, int], why: str) -> WriteResult:
+        return WriteResult(Write.WOULD, target.holding(desired))

@@ -1,27 +1,27 @@
-"""Writes weights into ExternalModels (and configured HTTPRoutes), safely.
+"""Reads the routing targets from Kubernetes and writes the weights the loop decided, safely.
 
-Every tick: list the opted-in ExternalModels and their ExternalProviders (each object parsed
-again only when its resourceVersion changed), decide each target's weights over the clusters
-its refs map to — starting from what the object holds now, so a restart or a failover picks up
-where the last writer left off — and, on the leader, patch what changed:
+Every tick ``discover`` lists the opted-in ExternalModels and their ExternalProviders (each
+object parsed again only when its resourceVersion changed) and reads the configured HTTPRoutes
+(one target per rule). ``write`` patches one target, on the leader only:
 
 - a JSON Patch whose ``test`` ops pin each ref's name at its index (a reordered list gets a 422,
-  never wrong weights); on 409/422 re-read and decide again, ``write_retries`` times at most;
-- 404: the target is gone, forget it; 403: an error naming the missing verb and resource;
+  never wrong weights); on 409/422 the object is read afresh and handed back as a conflict, so
+  the loop decides again from what it holds now;
+- 404: the target is gone, forget it; 403: refused, with a log line naming the verb to grant;
 - the applied weights and time go into the ``last-applied`` annotation, and an Event is emitted;
-- a weight someone else changed is overwritten only by a decision made from a fresh read, and
-  the log names who changed it (from managedFields).
+- a weight someone else changed is logged with who changed it (from managedFields).
 
-When the API server is unreachable the known targets are kept: weights are still decided and
-exported as desired (``weight_controller_desired_weight``), and the latest decision is applied
-once the API answers again.
+Nothing here decides weights: that is ``controller.weights.weigh``, called by the loop. In a
+dry run nothing is sent but GETs and LISTs: ``write`` answers what would be applied.
+
+When the API server is unreachable the known targets are kept, so weights are still decided and
+exported as desired, and the latest decision is written once the API answers again.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -29,8 +29,7 @@ from typing import Any, TypeVar
 import structlog
 from kubernetes_asyncio import client
 
-from controller import weights
-from controller.exporter import ControllerMetrics, Snapshot, TargetView
+from controller.exporter import ControllerMetrics
 from controller.kube import objects
 from controller.kube.errors import (
     API_EXCEPTIONS,
@@ -41,35 +40,13 @@ from controller.kube.errors import (
     APINotFoundError,
     translate,
 )
-from controller.kube.objects import ProviderMapping, Target
-from controller.model import Decision, Mode, Signals
-from controller.settings import ClusterSettings, HTTPRouteTarget, Settings, WeightSettings
+from controller.kube.objects import ProviderMapping
+from controller.model import Target, Write, WriteResult
+from controller.publish import Discovery
+from controller.settings import ClusterSettings, HTTPRouteTarget, Settings
 
 log = structlog.get_logger("controller.publish")
 T = TypeVar("T")
-TOTAL = 100
-
-
-def target_weights(
-    target: Target, signals: Mapping[str, Signals | None], params: WeightSettings
-) -> tuple[dict[str, int] | None, Decision]:
-    """Pure: the weights this target's refs should hold, by ref name (``None``: leave it).
-
-    Refs with no known cluster keep their weight; the mapped refs share what is left of 100.
-    A ref's cluster that has no signals this tick counts as unhealthy.
-    """
-    mapped = [ref for ref in target.refs if ref.cluster is not None]
-    budget = TOTAL - sum(ref.weight for ref in target.refs if ref.cluster is None)
-    if not mapped or budget < len(mapped):
-        note = "no ref maps to a known cluster" if not mapped else "unmapped refs hold it all"
-        return None, Decision(None, {}, Mode.NO_DATA, False, (note,))
-    inputs = {ref.name: signals.get(ref.cluster or "") for ref in mapped}
-    current = {ref.name: ref.weight for ref in mapped}
-    in_force = weights.proportional(current, TOTAL) if sum(current.values()) > 0 else None
-    decision = weights.decide(inputs, in_force, params)
-    if not decision.changed or decision.weights is None:
-        return None, decision
-    return weights.proportional(decision.weights, budget), decision
 
 
 @dataclass(slots=True)
@@ -95,7 +72,6 @@ class KubernetesPublisher:
         settings: Settings,
         api: client.ApiClient,
         metrics: ControllerMetrics,
-        snapshot: Snapshot,
         is_leader: Callable[[], bool] = lambda: True,
         dry_run: bool = False,
     ) -> None:
@@ -104,11 +80,9 @@ class KubernetesPublisher:
         self._custom = client.CustomObjectsApi(api)
         self._core = client.CoreV1Api(api)
         self._metrics = metrics
-        self._snapshot = snapshot
         self._is_leader = is_leader
         self._dry_run = dry_run
         self._targets: dict[str, Target] = {}
-        self._last_write: dict[str, float] = {}
         self._defined: list[ClusterSettings] = []
         self._cache = _Cache()
         self._configured = {c.name for c in settings.clusters}
@@ -122,8 +96,8 @@ class KubernetesPublisher:
         return self._targets
 
     # ---- discovery ---------------------------------------------------------------------------
-    async def discover(self) -> Sequence[ClusterSettings]:
-        """Refresh the targets; returns the clusters ExternalProviders define by annotation."""
+    async def discover(self) -> Discovery:
+        """Refresh the targets and the clusters ExternalProviders define by annotation."""
         try:
             targets, defined = await self._read_targets()
         except APIError as exc:
@@ -133,11 +107,11 @@ class KubernetesPublisher:
                 error=str(exc),
                 targets=len(self._targets),
             )
-            return self._defined
+            return Discovery(tuple(self._targets.values()), self._defined)
         self._targets = {t.key: t for t in targets}
         self._defined = defined
         self._cache.parsed = {t.uid: v for t in targets if (v := self._cache.parsed.get(t.uid))}
-        return defined
+        return Discovery(tuple(targets), defined)
 
     async def _read_targets(self) -> tuple[list[Target], list[ClusterSettings]]:
         targets: list[Target] = []
@@ -150,9 +124,9 @@ class KubernetesPublisher:
                 if len(model.refs) >= 2 and self._usable(model):
                     targets.append(model)
         for route in self._routes.values():
-            found = await self._read_httproute(route)
-            if found is not None and self._usable(found):
-                targets.append(found)
+            for rule in await self._read_httproute(route):
+                if len(rule.refs) >= 2 and self._usable(rule):
+                    targets.append(rule)
         return targets, defined
 
     async def _list_models(self, namespace: str) -> list[dict[str, Any]]:
@@ -179,7 +153,7 @@ class KubernetesPublisher:
             log.warning("ignoring provider annotations", problem=problem)
         return mapping
 
-    async def _read_httproute(self, config: HTTPRouteTarget) -> Target | None:
+    async def _read_httproute(self, config: HTTPRouteTarget) -> list[Target]:
         namespace, name = config.namespace, config.name
         try:
             obj = await self._call(
@@ -190,7 +164,7 @@ class KubernetesPublisher:
             )
         except APINotFoundError:
             log.warning("configured HTTPRoute not found", target=f"{namespace}/{name}")
-            return None
+            return []
         return objects.httproute(obj, config)
 
     def _usable(self, target: Target) -> bool:
@@ -208,69 +182,34 @@ class KubernetesPublisher:
                 )
         return True
 
-    # ---- deciding and writing ----------------------------------------------------------------
-    async def publish(self, signals: Mapping[str, Signals | None], fleet: Decision) -> None:
-        views: dict[str, TargetView] = {}
-        for key, target in list(self._targets.items()):
-            view = await self._reconcile(target, signals)
-            if key in self._targets:  # not forgotten (deleted) meanwhile
-                views[key] = view
-        self._snapshot.targets = views
+    # ---- writing ------------------------------------------------------------------------------
+    async def write(self, target: Target, desired: Mapping[str, int], why: str) -> WriteResult:
+        """Patch ``target`` to hold ``desired``. Leadership is checked before every attempt."""
+        if self._dry_run:
+            return WriteResult(Write.WOULD, target.holding(desired))
+        if not self._is_leader():
+            return WriteResult(Write.FOLLOWER, target)
+        try:
+            return WriteResult(Write.DONE, await self._patch(target, desired, why))
+        except (APIConflictError, APIInvalidError) as exc:
+            self._count(exc)
+            log.info("write conflict; re-reading", target=target.key, error=str(exc))
+            return await self._reread(target)
+        except APINotFoundError:
+            self._forget(target)
+            return WriteResult(Write.GONE)
+        except APIForbiddenError as exc:
+            self._count(exc)
+            fix = f"grant verb 'patch' on {_resource(target)} in {target.namespace}"
+            log.error("not allowed to write weights", target=target.key, error=str(exc), fix=fix)
+            return WriteResult(Write.REFUSED, target, fix)
+        except APIError as exc:
+            self._count(exc)
+            log.warning("write failed; will retry next tick", target=target.key, error=str(exc))
+            return WriteResult(Write.FAILED, target, str(exc))
 
-    async def _reconcile(self, target: Target, signals: Mapping[str, Signals | None]) -> TargetView:
-        desired, decision = target_weights(target, signals, self._settings.weights)
-        if desired is not None and not self._dry_run and self._is_leader():
-            target = await self._write_with_retries(target, signals) or target
-        return TargetView(
-            kind=target.kind,
-            namespace=target.namespace,
-            name=target.name,
-            desired={**target.weights, **(desired or {})},
-            applied=target.weights,
-            clusters={ref.name: ref.cluster for ref in target.refs},
-            mode=decision.mode,
-            last_write=self._last_write.get(target.key),
-        )
-
-    async def _write_with_retries(
-        self, target: Target, signals: Mapping[str, Signals | None]
-    ) -> Target | None:
-        """Decide from ``target`` and write; on a conflict re-read and decide again."""
-        for attempt in range(1, self._kube.write_retries + 1):
-            desired, decision = target_weights(target, signals, self._settings.weights)
-            if desired is None:
-                return target
-            try:
-                return await self._write(target, desired, decision)
-            except (APIConflictError, APIInvalidError) as exc:
-                self._count(exc)
-                log.info(
-                    "write conflict; re-reading", target=target.key, attempt=attempt, error=str(exc)
-                )
-                fresh = await self._reread(target)
-                if fresh is None:
-                    return None
-                target = fresh
-            except APINotFoundError:
-                self._forget(target)
-                return None
-            except APIForbiddenError as exc:
-                self._count(exc)
-                log.error(
-                    "not allowed to write weights",
-                    target=target.key,
-                    error=str(exc),
-                    fix=f"grant verb 'patch' on {_resource(target)} in {target.namespace}",
-                )
-                return None
-            except APIError as exc:
-                self._count(exc)
-                log.warning("write failed; will retry next tick", target=target.key, error=str(exc))
-                return None
-        log.warning("gave up after conflicts; next tick decides again", target=target.key)
-        return None
-
-    async def _reread(self, target: Target) -> Target | None:
+    async def _reread(self, target: Target) -> WriteResult:
+        """After a conflict: the object as it is now (``CONFLICT``), or why there is none."""
         group, version, plural = _gvp(target)
         try:
             obj = await self._call(
@@ -279,25 +218,29 @@ class KubernetesPublisher:
                     group, version, target.namespace, plural, target.name
                 ),
             )
-            return await self._parse(obj, target)
+            fresh = await self._parse(obj, target)
         except APINotFoundError:
-            self._forget(target)
+            fresh = None
         except APIError as exc:
             self._count(exc)
             log.warning("re-read failed", target=target.key, error=str(exc))
-        return None
+            return WriteResult(Write.FAILED, target, str(exc))
+        if fresh is None:
+            self._forget(target)
+            return WriteResult(Write.GONE)
+        self._targets[fresh.key] = fresh
+        return WriteResult(Write.CONFLICT, fresh)
 
-    async def _parse(self, obj: Mapping[str, Any], like: Target) -> Target:
+    async def _parse(self, obj: Mapping[str, Any], like: Target) -> Target | None:
+        """``like`` as read from ``obj`` again (``None``: that rule or ref list is gone)."""
         if like.kind == "HTTPRoute":
-            return objects.httproute(obj, self._routes[(like.namespace, like.name)])
+            rules = objects.httproute(obj, self._routes[(like.namespace, like.name)])
+            return next((rule for rule in rules if rule.key == like.key), None)
         mapping = self._mappings.get(like.namespace) or await self._providers(like.namespace)
         return objects.external_model(obj, mapping)
 
-    async def _write(
-        self, target: Target, desired: Mapping[str, int], decision: Decision
-    ) -> Target:
-        mine = {ref.name: ref.weight for ref in target.refs if ref.name in desired}
-        self._note_foreign_change(target, mine, desired)
+    async def _patch(self, target: Target, desired: Mapping[str, int], why: str) -> Target:
+        self._note_foreign_change(target, desired)
         stamp = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
         patch = objects.weight_patch(target, desired, stamp)
         group, version, plural = _gvp(target)
@@ -313,18 +256,13 @@ class KubernetesPublisher:
                 field_manager=self._kube.field_manager,
             ),
         )
-        written = await self._parse(obj, target)
-        self._metrics.target_writes.labels(target.kind).inc()
-        change = " ".join(f"{n}={mine.get(n)}->{w}" for n, w in sorted(desired.items()))
-        log.info("weights written", target=target.key, mode=decision.mode.value, change=change)
-        await self._event(target, f"Weights changed ({decision.mode.value}): {change}")
+        written = await self._parse(obj, target) or target.holding(desired)
+        await self._event(target, f"Weights changed ({why})")
         self._targets[target.key] = written
-        self._last_write[target.key] = time.time()
         return written
 
-    def _note_foreign_change(
-        self, target: Target, current: Mapping[str, int], desired: Mapping[str, int]
-    ) -> None:
+    def _note_foreign_change(self, target: Target, desired: Mapping[str, int]) -> None:
+        current = {ref.name: ref.weight for ref in target.refs if ref.name in desired}
         ours = target.last_applied
         if ours is not None and dict(ours) != dict(current):
             log.warning(

@@ -9,15 +9,16 @@ smoothing, floor, deadband or health) and "static" (equal weights, never changed
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from controller import weights
 from controller.exporter import Snapshot, make_registry
 from controller.loop import Reconciler
-from controller.model import ClusterMetrics, Decision, Signals
-from controller.settings import ClusterSettings, Settings, build_settings
+from controller.model import ClusterMetrics, Write
+from controller.publish.dryrun import DryRunPublisher
+from controller.settings import Settings, build_settings
 from controller.simulation.scenarios import Scenario
 from controller.simulation.world import ClusterState, Scraper
 from controller.sources.scrape import PageReader
@@ -70,20 +71,6 @@ class _SimSource:
         return self.next
 
 
-class _Capture:
-    """A publisher that hands the fleet decision to the simulated router."""
-
-    def __init__(self) -> None:
-        self.latest: dict[str, int] | None = None
-
-    async def discover(self) -> Sequence[ClusterSettings]:
-        return ()
-
-    async def publish(self, signals: Mapping[str, Signals | None], fleet: Decision) -> None:
-        if fleet.changed and fleet.weights is not None:
-            self.latest = dict(fleet.weights)
-
-
 class Ours:
     """The daemon's own Reconciler with simulated sources and a virtual clock."""
 
@@ -91,13 +78,12 @@ class Ours:
         self.name = name
         self._now = 0.0
         self._sources = {c.name: _SimSource(c.name) for c in settings.clusters}
-        self._capture = _Capture()
         self._snapshot = Snapshot()
         _, metrics = make_registry(self._snapshot)
         self._reconciler = Reconciler(
             settings,
             list(self._sources.values()),
-            self._capture,
+            DryRunPublisher(),
             metrics,
             self._snapshot,
             clock=lambda: self._now,
@@ -109,9 +95,11 @@ class Ours:
         self._now = now
         for name, source in self._sources.items():
             source.next = metrics[name]
-        self._capture.latest = None
-        await self._reconciler.tick()
-        return self._capture.latest
+        report = await self._reconciler.tick()
+        only = report.only  # the implicit target: what it would apply goes to the router
+        if only is None or only.outcome.write is not Write.WOULD:
+            return None
+        return dict(only.outcome.applied)
 
     def healthy(self, name: str) -> bool | None:
         health = self._snapshot.clusters[name].health

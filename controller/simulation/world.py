@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from controller.demo.pages import CumulativeHistogram, vllm_v0_page, vllm_v1_page
+from controller.fakes.pages import CumulativeHistogram, vllm_v0_page, vllm_v1_page
 from controller.model import PodError, Reason
 from controller.sources.scrape import VLLM_EXTRACTOR, Page, read_page
 

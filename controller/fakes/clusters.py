@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from aiohttp import web
 
-from controller.demo.pages import CumulativeHistogram, epp_page, vllm_v0_page, vllm_v1_page
+from controller.fakes.pages import CumulativeHistogram, epp_page, vllm_v0_page, vllm_v1_page
 
 
 class Fault(StrEnum):
