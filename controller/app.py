@@ -147,7 +147,9 @@ class Controller:
             log.info("dry run: not taking part in leader election")
             is_leader = _always
         elif election.enabled:
-            self.leader = LeaderElector(self._api, election, self.metrics.leader)
+            self.leader = LeaderElector(
+                self._api, election, self.metrics.leader, repeat=self.settings.log.repeat_interval
+            )
             is_leader = self.leader.is_leader
         else:
             self.metrics.leader.set(1)  # a single replica is its own leader

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import aiohttp
+import structlog
 import yaml
 
 from controller import __version__, logs
@@ -112,8 +115,27 @@ def _command(args: argparse.Namespace) -> int:
         logs.configure(settings.log.level, settings.log.format, sys.stderr)
         return asyncio.run(_once(settings, args.apply))
     logs.configure(settings.log.level, settings.log.format)
-    asyncio.run(serve_forever(with_flags(settings, args), dry_run=args.dry_run))
+    settings = with_flags(settings, args)
+    _log_config(settings, args.config, args.dry_run)
+    asyncio.run(serve_forever(settings, dry_run=args.dry_run))
     return 0
+
+
+def _log_config(settings: Settings, path: Path | None, dry_run: bool) -> None:
+    """What this process runs with: a digest to compare replicas by, never a secret (tokens
+    live in files the settings only name, and URL credentials are masked in every log line)."""
+    normalised = json.dumps(settings.model_dump(mode="json"), sort_keys=True)
+    structlog.get_logger("controller.cli").info(
+        "config loaded",
+        source=str(path) if path else os.environ.get(CONFIG_ENV),
+        digest=hashlib.sha256(normalised.encode()).hexdigest()[:16],
+        version=__version__,
+        clusters=len(settings.clusters),
+        interval=settings.interval,
+        kubernetes=settings.kubernetes.enabled,
+        leader_election=settings.leader_election.enabled,
+        dry_run=dry_run,
+    )
 
 
 def with_flags(settings: Settings, args: argparse.Namespace) -> Settings:

@@ -1,7 +1,11 @@
-"""structlog set-up: JSON when stdout is not a terminal, key=value when it is.
+"""structlog set-up, and conditions that are logged when they start, now and then while they
+last, and when they end.
 
-The standard library's loggers (aiohttp's among them) go through the same processors, so an
-operator greps one format. Secrets are masked before anything is rendered.
+JSON when stdout is not a terminal, logfmt (``key=value``) when it is: the same keys either way —
+``timestamp`` (RFC 3339, UTC), ``level``, ``event``, then the event's own (``tick``, ``target``,
+``cluster``, ``reason``, ...), numbers as numbers. The standard library's loggers (aiohttp's
+among them) go through the same processors, so an operator greps one format. Secrets are masked
+before anything is rendered. Every event is listed in the README's event catalogue.
 """
 
 from __future__ import annotations
@@ -9,7 +13,10 @@ from __future__ import annotations
 import logging
 import re
 import sys
-from collections.abc import MutableMapping
+import time
+from collections.abc import Callable, Hashable, MutableMapping
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import structlog
@@ -18,13 +25,20 @@ _SECRET_KEYS = frozenset({"token", "authorization", "password", "bearer_token"})
 _URL_CREDENTIALS = re.compile(r"(?<=://)[^/@\s]+@")
 
 
+def mask_url(value: str) -> str:
+    """A URL (or any text) with ``user:password@`` credentials masked."""
+    return _URL_CREDENTIALS.sub("***@", value) if "://" in value else value
+
+
 def redact(_: object, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-    """Mask values of secret-looking keys and credentials embedded in URLs."""
+    """Mask values of secret-looking keys and credentials embedded in URLs (also in lists)."""
     for key, value in event.items():
         if key.lower() in _SECRET_KEYS:
             event[key] = "***"
-        elif isinstance(value, str) and "://" in value:
-            event[key] = _URL_CREDENTIALS.sub("***@", value)
+        elif isinstance(value, str):
+            event[key] = mask_url(value)
+        elif isinstance(value, list):
+            event[key] = [mask_url(v) if isinstance(v, str) else v for v in value]
     return event
 
 
@@ -34,7 +48,9 @@ def configure(level: str = "info", fmt: str = "auto", stream: TextIO | None = No
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer()
         if use_json
-        else structlog.dev.ConsoleRenderer(colors=False, pad_event_to=0, sort_keys=False)
+        else structlog.processors.LogfmtRenderer(
+            key_order=["timestamp", "level", "event"], drop_missing=True, bool_as_flag=False
+        )
     )
     shared: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,
@@ -66,3 +82,82 @@ def configure(level: str = "info", fmt: str = "auto", stream: TextIO | None = No
     root.setLevel(level.upper())
     # aiohttp logs every request at INFO; keep its warnings and errors only.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+@dataclass(slots=True)
+class _Open:
+    event: str
+    since: float
+    logged: float
+    occurrences: int = 1
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+class Conditions:
+    """Conditions that persist (an API server that stays down, a ref that maps to nothing, a
+    target frozen in fail static): logged when they start, then at most every ``repeat``
+    seconds with ``occurrences`` and ``since_seconds``, and once when they end
+    (``condition ended``, with ``duration_seconds``). One line per change, not per tick."""
+
+    def __init__(
+        self,
+        logger: Any,
+        repeat: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._log = logger
+        self._repeat = repeat
+        self._clock = clock
+        self._open: dict[Hashable, _Open] = {}
+
+    def active(self, key: Hashable) -> bool:
+        return key in self._open
+
+    def observe(self, event: str, key: Hashable, level: str = "warning", **fields: Any) -> None:
+        """The condition ``key`` holds now; log ``event`` if it just started or is due again."""
+        now = self._clock()
+        found = self._open.get(key)
+        if found is None:
+            self._open[key] = _Open(event, now, now, 1, dict(fields))
+            getattr(self._log, level)(event, **fields)
+            return
+        found.occurrences += 1
+        found.fields = dict(fields)
+        if now - found.logged >= self._repeat:
+            found.logged = now
+            fields.pop("exc_info", None)  # one traceback per condition is enough
+            getattr(self._log, level)(
+                event,
+                **fields,
+                repeated=True,
+                occurrences=found.occurrences,
+                since_seconds=round(now - found.since, 3),
+            )
+
+    def clear(self, key: Hashable) -> None:
+        """The condition ``key`` no longer holds: log its end, if it was open."""
+        found = self._open.pop(key, None)
+        if found is None:
+            return
+        fields = {k: v for k, v in found.fields.items() if k != "exc_info"}
+        self._log.info(
+            "condition ended",
+            condition=found.event,
+            **{k: v for k, v in fields.items() if k in _IDENTIFYING},
+            duration_seconds=round(self._clock() - found.since, 3),
+            occurrences=found.occurrences,
+        )
+
+    def retain(self, prefix: tuple[Hashable, ...], keep: AbstractSet[Hashable]) -> None:
+        """End every open condition whose key (a tuple) starts with ``prefix`` and is not in
+        ``keep``: for checks that run as a whole, such as one discovery or one fetch."""
+        width = len(prefix)
+        for key in [k for k in self._open if isinstance(k, tuple) and k[:width] == prefix]:
+            if key not in keep:
+                self.clear(key)
+
+
+# Keys that say *what* a condition was about; its end line repeats them, nothing else.
+_IDENTIFYING = frozenset(
+    {"target", "cluster", "ref", "pod", "provider", "route", "identity", "problem"}
+)

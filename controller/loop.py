@@ -20,11 +20,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import structlog
 
 from controller import health, weights
 from controller.exporter import ClusterView, ControllerMetrics, Snapshot, TargetView
+from controller.logs import Conditions
 from controller.model import (
     IMPLICIT_TARGET,
     ClusterHealth,
@@ -127,6 +129,9 @@ class Reconciler:
         self._kv_history: dict[str, deque[tuple[float, float]]] = {}
         self._memory: dict[str, _Memory] = {}
         self._tick = 0
+        self._conditions = Conditions(log, settings.log.repeat_interval, clock)
+        self._shown: dict[str, tuple[object, ...]] = {}  # last logged status per cluster
+        self._last_summary: float | None = None
         for name in self._sources:
             snapshot.clusters.setdefault(name, ClusterView())
             metrics.add_cluster(name)
@@ -172,8 +177,9 @@ class Reconciler:
                 found = await self._publisher.discover()
         except Exception:  # discovery failing must not stop scraping what we know
             self._metrics.reconcile_errors.labels("discover").inc()
-            log.exception("discovery failed")
+            self._conditions.observe("discovery failed", ("discover",), "error", exc_info=True)
             return Discovery(tuple(v.outcome.target for v in self._snapshot.targets.values()))
+        self._conditions.clear(("discover",))
         self._watch({c.name: c for c in found.clusters if c.name not in self._static})
         return found
 
@@ -220,7 +226,10 @@ class Reconciler:
             return ClusterMetrics.failed(source.cluster, self._clock(), Reason.TIMEOUT, detail)
         except Exception as exc:  # a bug in one source must not take the others down
             self._metrics.reconcile_errors.labels("fetch").inc()
-            log.exception("fetch raised", cluster=source.cluster)
+            key = ("fetch", source.cluster)
+            self._conditions.observe(
+                "fetch raised", key, "error", cluster=source.cluster, exc_info=True
+            )
             return ClusterMetrics.failed(source.cluster, self._clock(), Reason.INTERNAL, repr(exc))
 
     def _judge(self, fetched: Sequence[ClusterMetrics]) -> None:
@@ -239,9 +248,12 @@ class Reconciler:
         self._remember(name, metrics, after.healthy and after.signals is metrics)
         clusters = self._snapshot.clusters
         clusters[name] = replace(clusters[name], metrics=metrics, health=after)
+        if not any(e.reason is Reason.INTERNAL for e in metrics.errors):
+            self._conditions.clear(("fetch", name))
         if after.changed:
             self._metrics.health_transitions.labels(name, _word(after.healthy)).inc()
             self._log_transition(name, before, after, metrics)
+        self._log_pods(name, after, metrics)
 
     def _log_transition(
         self,
@@ -250,18 +262,37 @@ class Reconciler:
         after: ClusterHealth,
         metrics: ClusterMetrics,
     ) -> None:
+        if after.healthy and before is None:
+            log.info("cluster healthy", cluster=name, successes=after.successes)
+        elif after.healthy:
+            log.info("cluster healthy again", cluster=name, successes=after.successes)
+        else:
+            first = metrics.errors[0] if metrics.errors else None
+            log.warning(
+                "cluster unhealthy",
+                cluster=name,
+                reason=after.reason.value if after.reason else None,
+                detail=first.detail if first else None,
+                failures=after.failures,
+                failing_pods=[e.url for e in metrics.errors],
+            )
+
+    def _log_pods(self, name: str, after: ClusterHealth, metrics: ClusterMetrics) -> None:
+        """While a cluster stays usable, each of its failing pods is a condition of its own."""
+        failing = set()
         if after.healthy:
-            event = "cluster healthy" if before is None else "cluster healthy again"
-            log.info(event, cluster=name, successes=after.successes)
-            return
-        detail = metrics.errors[0].detail if metrics.errors else None
-        log.warning(
-            "cluster unhealthy",
-            cluster=name,
-            reason=after.reason.value if after.reason else None,
-            failures=after.failures,
-            detail=detail,
-        )
+            for error in metrics.errors:
+                key = ("pod", name, error.url)
+                failing.add(key)
+                self._conditions.observe(
+                    "pod failing",
+                    key,
+                    cluster=name,
+                    pod=error.url,
+                    reason=error.reason.value,
+                    detail=error.detail,
+                )
+        self._conditions.retain(("pod", name), failing)
 
     def _remember(self, name: str, metrics: ClusterMetrics, good: bool) -> None:
         """Keep the last few good KV readings of each cluster for the forecast."""
@@ -289,7 +320,16 @@ class Reconciler:
         """The one place a target's weights are decided: ``weights.weigh`` on what it holds."""
         desired, decision = weights.weigh(target, signals, self._settings.weights)
         if decision.mode is Mode.FAIL_STATIC:
-            log.error("fail static", target=target.key, note=decision.notes[0])
+            self._conditions.observe(
+                "fail static",
+                ("fail static", found.key),
+                "error",
+                target=found.key,
+                note=decision.notes[0],
+                weights=target.weights,
+            )
+        else:
+            self._conditions.clear(("fail static", found.key))
         return _Plan(found, target, desired, decision)
 
     # ---- publish -----------------------------------------------------------------------------
@@ -305,7 +345,9 @@ class Reconciler:
                 break
             plan = self._weigh(result.target, result.target, signals)
         else:
-            log.warning("gave up after conflicts; next tick decides again", target=plan.found.key)
+            result = replace(
+                result, detail="the object changed under every attempt", reason="conflict"
+            )
         if result.write not in (Write.NONE, Write.FOLLOWER):
             self._metrics.add_target(plan.found.key)
             self._metrics.target_writes.labels(plan.found.key, result.write.value).inc()
@@ -319,8 +361,11 @@ class Reconciler:
             return await self._publisher.write(plan.target, plan.desired, why)
         except Exception as exc:  # one target's failure must not stop the others
             self._metrics.reconcile_errors.labels("publish").inc()
-            log.exception("publish failed", target=plan.found.key)
-            return WriteResult(Write.FAILED, plan.target, repr(exc))
+            key = ("publish", plan.found.key)
+            self._conditions.observe(
+                "publish raised", key, "error", target=plan.found.key, exc_info=True
+            )
+            return WriteResult(Write.FAILED, plan.target, type(exc).__name__, "internal")
 
     def _settled(self, plan: _Plan, result: WriteResult) -> TargetDecision:
         """What the target holds after the write, remembered for the next tick."""
@@ -336,21 +381,60 @@ class Reconciler:
             memory.last_write = now
         if result.write in (Write.WOULD, Write.DONE):
             memory.last_change = now
-            self._log_change(plan, result.write)
+        self._log_write(plan, result)
         target = result.target or plan.target
         return TargetDecision(
             target, plan.desired, applied, plan.decision, result.write, result.detail
         )
 
-    def _log_change(self, plan: _Plan, write: Write) -> None:
-        event = "weights written" if write is Write.DONE else "would write"
-        log.info(
-            event,
-            target=plan.found.key,
-            mode=plan.decision.mode.value,
-            change=_change(plan.target.weights, plan.desired),
-            write=write.value,
-        )
+    def _log_write(self, plan: _Plan, result: WriteResult) -> None:
+        """One line per change of a target's weights, with what drove it; a write that keeps
+        failing is one condition (logged when it starts and ends), not a line per tick."""
+        key = ("write", plan.found.key)
+        if result.write in (Write.DONE, Write.WOULD, Write.NONE):
+            self._conditions.clear(key)
+        if result.write in (Write.DONE, Write.WOULD):
+            fields = self._change_fields(plan, result)
+            if result.write is Write.DONE:
+                log.info("weights written", **fields)
+            else:
+                log.info("would write", **fields)
+        elif result.write is Write.REFUSED:
+            self._conditions.observe("write refused", key, "error", **self._failure(plan, result))
+        elif result.write in (Write.FAILED, Write.CONFLICT):
+            self._conditions.observe("write failed", key, **self._failure(plan, result))
+
+    @staticmethod
+    def _failure(plan: _Plan, result: WriteResult) -> dict[str, Any]:
+        return {
+            "target": plan.found.key,
+            "reason": result.reason,
+            "detail": result.detail,
+            "wanted": _change(plan.target.weights, plan.desired),
+        }
+
+    def _change_fields(self, plan: _Plan, result: WriteResult) -> dict[str, object]:
+        before, after = plan.target.weights, plan.desired
+        factors = {}
+        for ref in plan.target.refs:
+            state = self._health.get(ref.cluster or "")
+            metrics = state.signals if state and state.healthy else None
+            factors[ref.name] = {
+                "cluster": ref.cluster,
+                "healthy": bool(state and state.healthy),
+                "kv": _rounded(metrics.kv_mean) if metrics else None,
+                "queue_per_pod": _rounded(metrics.queue_per_pod, 2) if metrics else None,
+                "score": _rounded(plan.decision.scores.get(ref.name)),
+            }
+        return {
+            "target": plan.found.key,
+            "mode": plan.decision.mode.value,
+            "write": result.write.value,
+            "change": _change(before, after),
+            "weights_from": dict(before),
+            "weights_to": dict(after),
+            "factors": factors,
+        }
 
     # ---- record ------------------------------------------------------------------------------
     def _record(self, outcomes: Sequence[TargetDecision], began: float) -> None:
@@ -374,8 +458,40 @@ class Reconciler:
         self._metrics.last_reconcile.set(self._snapshot.last_tick_wall)
 
     def _log_tick(self) -> None:
+        """A cluster's status line at info when it changes (health, reason, pods, weight) and
+        in the periodic summary; at debug on every other tick. Plus one summary per target."""
+        now = self._clock()
+        every = self._settings.log.summary_interval
+        if self._last_summary is None:
+            self._last_summary = now
+        summary = every > 0 and now - self._last_summary >= every
+        if summary:
+            self._last_summary = now
         for name, view in self._snapshot.clusters.items():
-            log.info("cluster status", **status_fields(name, view))
+            fields = status_fields(name, view)
+            shown = tuple(v for k, v in fields.items() if k in _STATUS_CHANGES)
+            if summary or self._shown.get(name) != shown:
+                log.info("cluster status", **fields)
+            else:
+                log.debug("cluster status", **fields)
+            self._shown[name] = shown
+        for name in self._shown.keys() - self._snapshot.clusters.keys():
+            del self._shown[name]
+        if summary:
+            for key, target in self._snapshot.targets.items():
+                outcome = target.outcome
+                log.info(
+                    "target summary",
+                    target=key,
+                    mode=outcome.decision.mode.value,
+                    weights=_weights(outcome.applied),
+                    applied=dict(outcome.applied),
+                    desired=dict(outcome.desired),
+                    write=outcome.write.value,
+                    healthy_refs=sum(1 for s in outcome.decision.scores),
+                    refs=len(outcome.applied),
+                    last_change=target.last_change,
+                )
 
     async def run(self, stop: asyncio.Event) -> None:
         """Tick on the interval grid until ``stop`` is set; an exception costs one tick only."""
@@ -385,15 +501,20 @@ class Reconciler:
         while not stop.is_set():
             try:
                 await self.tick()
+                self._conditions.clear(("tick",))
             except Exception:
                 self._metrics.reconcile_errors.labels("tick").inc()
-                log.exception("tick failed")
+                self._conditions.observe("tick failed", ("tick",), "error", exc_info=True)
             next_at += interval
             behind = loop.time() - next_at
             if behind > 0:
                 skipped = math.ceil(behind / interval)
                 next_at += skipped * interval
-                log.warning("tick overran the interval", skipped_ticks=skipped)
+                self._conditions.observe(
+                    "tick overran the interval", ("overrun",), skipped_ticks=skipped
+                )
+            else:
+                self._conditions.clear(("overrun",))
             await wait_or_stop(stop, next_at - loop.time())
 
 
@@ -406,6 +527,14 @@ def _cluster_share(outcome: TargetDecision | None, cluster: str) -> int | None:
     ]
     known = [s for s in shares if s is not None]
     return round(sum(known)) if known else None
+
+
+# The fields of a cluster's status line whose change is worth a line at info.
+_STATUS_CHANGES = ("healthy", "reason", "degraded", "pods_answering", "pods_scraped", "weight")
+
+
+def _weights(values: Mapping[str, int]) -> str:
+    return " ".join(f"{n}={w}" for n, w in sorted(values.items()))
 
 
 def _change(before: Mapping[str, int], after: Mapping[str, int]) -> str:
@@ -449,8 +578,10 @@ def status_fields(name: str, view: ClusterView) -> dict[str, object]:
         "queue": _rounded(m.queue_depth, 1) if m else None,
         "p50_ms": _ms(latency.p50) if latency else None,
         "p90_ms": _ms(latency.p90) if latency else None,
-        "pods": f"{m.pods_answering}/{m.pods_scraped}" if m else None,
+        "pods_answering": m.pods_answering if m else None,
+        "pods_scraped": m.pods_scraped if m else None,
         "healthy": h.healthy if h else None,
+        "degraded": h.degraded if h else None,
         "reason": h.reason.value if h and h.reason else None,
         "weight": view.weight,
     }

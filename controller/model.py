@@ -116,6 +116,7 @@ class Decision:
     mode: Mode
     changed: bool
     notes: tuple[str, ...] = field(default=())
+    scores: Mapping[str, float] = field(default_factory=dict)  # healthy ones: why this weight
 
 
 # ---- routing targets: the unit of decision ---------------------------------------------------
@@ -207,11 +208,14 @@ class Write(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class WriteResult:
-    """A publisher's answer: what happened and the object as it is now, when it read one."""
+    """A publisher's answer: what happened and the object as it is now, when it read one;
+    for a refusal or failure, a short ``reason`` (``forbidden``, ``unavailable``, ...) and a
+    ``detail`` an operator can act on."""
 
     write: Write
     target: Target | None = None
     detail: str | None = None
+    reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -422,10 +422,22 @@ class LeaderSettings(_Group):
 
 class LogSettings(_Group):
     level: Literal["debug", "info", "warning", "error"] = Field(
-        default="info", description="One line per cluster per tick at info."
+        default="info",
+        description="info: one line per change and the periodic summaries; debug adds every "
+        "cluster's status on every tick.",
     )
     format: Literal["auto", "json", "console"] = Field(
-        default="auto", description="auto: key=value on a terminal, JSON otherwise."
+        default="auto", description="auto: key=value (logfmt) on a terminal, JSON otherwise."
+    )
+    summary_interval: Annotated[float, BeforeValidator(parse_duration), Field(ge=0)] = Field(
+        default=300.0,
+        description="Every this often, one 'target summary' line per target and one 'cluster "
+        "status' line per cluster, so a quiet log still shows the state; 0 turns them off.",
+    )
+    repeat_interval: Duration = Field(
+        default=300.0,
+        description="A condition that persists (API down, fail static, a failing pod) is "
+        "logged when it starts, at most this often while it lasts, and when it ends.",
     )
 
 

@@ -27,6 +27,7 @@ per tick, and publishers only write what it returned.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from controller.model import Decision, Mode, Signals, Target
 from controller.settings import WeightSettings
@@ -63,7 +64,8 @@ def weigh(
     inputs = {ref.name: signals.get(ref.cluster or "") for ref in mapped}
     current = {ref.name: ref.weight for ref in mapped}
     in_force = proportional(current, TOTAL) if sum(current.values()) > 0 else None
-    decision = decide(inputs, in_force, params)
+    healthy = {name: s for name, s in inputs.items() if s is not None}
+    decision = replace(decide(inputs, in_force, params), scores=scores(healthy, params))
     if not decision.changed or decision.weights is None:
         return held, decision
     return {**held, **proportional(decision.weights, share)}, decision

@@ -171,7 +171,9 @@ async def test_writes_only_on_change(
         settled = len(apiserver.writes("PATCH"))
         await ticks(controller, 5)
     assert settled >= 3 and quiet == 3
-    assert weights_of(apiserver)["east"] == 2  # the floor
+    params = controller.settings.weights
+    # at the floor, or held within the deadband of it (a smaller step is not worth a write)
+    assert params.floor <= weights_of(apiserver)["east"] < params.floor + params.deadband
     assert len(apiserver.writes("PATCH")) == settled
 
 
@@ -241,7 +243,7 @@ async def test_a_target_deleted_mid_tick_is_forgotten(
     async with Controller(settings_for(sims), serve=False, api=api) as controller:
         with capture_logs() as logs:
             await controller.once()
-        assert any(e["event"] == "target deleted; forgetting it" for e in logs)
+        assert any(e["event"] == "target gone" for e in logs)
         assert "ExternalModel/maas-system/llama" not in controller.snapshot.targets
         await controller.once()  # and the next tick goes on without it
 
@@ -256,7 +258,7 @@ async def test_api_down_keeps_deciding_and_applies_the_latest_once_back(
         sims["east"].kv = 0.95
         with capture_logs() as logs:
             await ticks(controller, 3)
-        assert any(e["event"] == "cannot read targets; keeping the last known" for e in logs)
+        assert any(e["event"] == "cannot read targets" for e in logs)
         view = controller.snapshot.targets["ExternalModel/maas-system/llama"].outcome
         assert view.desired["west"] > view.applied["west"] == 50
         api_errors = controller.registry.get_sample_value(
@@ -306,10 +308,11 @@ async def test_forbidden_names_the_missing_verb(
     async with Controller(settings_for(sims), serve=False, api=api) as controller:
         with capture_logs() as logs:
             await controller.once()
-    denied = [e for e in logs if e["event"] == "not allowed to write weights"]
+    denied = [e for e in logs if e["event"] == "write refused"]
     assert (
         denied
-        and "grant verb 'patch' on externalmodels.inference.opendatahub.io" in denied[0]["fix"]
+        and denied[0]["reason"] == "forbidden"
+        and "grant verb 'patch' on externalmodels.inference.opendatahub.io" in denied[0]["detail"]
     )
 
 
@@ -323,7 +326,7 @@ async def test_a_server_error_is_retried_next_tick(
         with capture_logs() as logs:
             await controller.once()
         assert weights_of(apiserver) == {"east": 50, "west": 50}
-        assert any(e["event"] == "write failed; will retry next tick" for e in logs)
+        assert any(e["event"] == "write failed" for e in logs)
         errors = controller.registry.get_sample_value(
             "weight_controller_api_errors_total", {"reason": "server_error"}
         )
@@ -347,7 +350,7 @@ async def test_unmapped_ref_keeps_its_weight_and_is_counted(
     final = weights_of(apiserver)
     assert final["saas"] == 20 and final["east"] + final["west"] == 80
     assert unmapped == 1
-    assert any(e["event"] == "ref maps to no known cluster; keeping its weight" for e in logs)
+    assert any(e["event"] == "ref unmapped" for e in logs)
 
 
 async def test_providers_can_define_clusters_by_annotation(

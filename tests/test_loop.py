@@ -174,7 +174,7 @@ async def test_a_failed_publish_keeps_the_old_weights_in_force() -> None:
         registry.get_sample_value("weight_controller_reconcile_errors_total", {"stage": "publish"})
         == 1
     )
-    assert any(e["event"] == "publish failed" for e in logs)
+    assert any(e["event"] == "publish raised" for e in logs)
 
 
 async def test_logs_one_greppable_line_per_cluster_and_state_changes() -> None:

@@ -24,7 +24,13 @@ class Fault(StrEnum):
 
 @dataclass(slots=True)
 class _Pod:
+    """One pod's counters, with random sources of its own: the KV noise of its n-th page
+    depends only on (cluster, seed, pod, n), never on the order pods happen to be scraped in
+    or on how many requests completed meanwhile (which follows wall time)."""
+
     histograms: list[CumulativeHistogram]
+    noise: random.Random
+    latency: random.Random
     last: float | None = None
     carry: float = 0.0
 
@@ -49,14 +55,17 @@ class SimCluster:
     port: int | None = None
     _pods: list[_Pod] = field(default_factory=list, repr=False)
     _epp: CumulativeHistogram = field(default_factory=CumulativeHistogram, repr=False)
-    _rng: random.Random = field(default_factory=random.Random, repr=False)
 
     def __post_init__(self) -> None:
         engines = self.engines if self.style == "v1" else 1
         self._pods = [
-            _Pod([CumulativeHistogram() for _ in range(engines)]) for _ in range(self.pods)
+            _Pod(
+                [CumulativeHistogram() for _ in range(engines)],
+                random.Random(f"{self.name}-{self.seed}-pod-{i}-kv"),
+                random.Random(f"{self.name}-{self.seed}-pod-{i}-latency"),
+            )
+            for i in range(self.pods)
         ]
-        self._rng.seed(f"{self.name}-{self.seed}")
 
     # ---- what the pages say ------------------------------------------------------------------
     def load(self) -> float:
@@ -70,8 +79,8 @@ class SimCluster:
     def waiting(self) -> float:
         return round(max(0.0, self.load() - 0.85) * 100, 1)
 
-    def _engine_kv(self) -> float:
-        jitter = self._rng.uniform(-self.noise, self.noise) if self.noise else 0.0
+    def _engine_kv(self, rng: random.Random) -> float:
+        jitter = rng.uniform(-self.noise, self.noise) if self.noise else 0.0
         return min(1.0, max(0.0, self.load() + jitter))
 
     def _advance(self, pod: _Pod, now: float) -> int:
@@ -80,8 +89,8 @@ class SimCluster:
         pod.carry += elapsed * self.requests_per_second / self.pods
         done, pod.carry = int(pod.carry), pod.carry - int(pod.carry)
         for _ in range(done):
-            seconds = self.latency() * self._rng.uniform(0.7, 1.3)
-            self._rng.choice(pod.histograms).observe(seconds)
+            seconds = self.latency() * pod.latency.uniform(0.7, 1.3)
+            pod.latency.choice(pod.histograms).observe(seconds)
             self._epp.observe(seconds)
         return done
 
@@ -90,9 +99,11 @@ class SimCluster:
         self._advance(pod, now)
         running = 8.0 * self.load()
         if self.style == "v0":
-            return vllm_v0_page(self.model, round(self._engine_kv(), 4), self.waiting(), running)
+            return vllm_v0_page(
+                self.model, round(self._engine_kv(pod.noise), 4), self.waiting(), running
+            )
         n = len(pod.histograms)
-        kv = [round(self._engine_kv(), 4) for _ in range(n)]
+        kv = [round(self._engine_kv(pod.noise), 4) for _ in range(n)]
         return vllm_v1_page(
             self.model, kv, [self.waiting() / n] * n, [running / n] * n, pod.histograms
         )

@@ -28,6 +28,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import Gauge
 
 from controller.kube.errors import API_EXCEPTIONS, APIError, APINotFoundError, translate
+from controller.logs import Conditions
 from controller.settings import LeaderSettings
 
 log = structlog.get_logger("controller.leader")
@@ -44,6 +45,7 @@ class LeaderElector:
         settings: LeaderSettings,
         gauge: Gauge | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        repeat: float = 300.0,
     ) -> None:
         self._api = client.CoordinationV1Api(api)
         self._settings = settings
@@ -53,6 +55,7 @@ class LeaderElector:
         self._valid_until = -math.inf
         self._observed: tuple[str | None, object, str | None] | None = None
         self._observed_at = -math.inf
+        self._conditions = Conditions(log, repeat, monotonic)
 
     def is_leader(self) -> bool:
         return self._monotonic() < self._valid_until
@@ -63,11 +66,11 @@ class LeaderElector:
         while not stop.is_set():
             await self._attempt()
             leading = self.is_leader()
-            if leading != was_leader:
-                log.info(
-                    "leadership " + ("acquired" if leading else "lost"), identity=self.identity
-                )
-                was_leader = leading
+            if leading and not was_leader:
+                log.info("leadership acquired", identity=self.identity)
+            elif was_leader and not leading:
+                log.warning("leadership lost", identity=self.identity)
+            was_leader = leading
             if self._gauge is not None:
                 self._gauge.set(float(leading))
             try:
@@ -84,7 +87,12 @@ class LeaderElector:
                 if await self._try_acquire_or_renew():
                     self._valid_until = started + self._settings.renew_deadline
         except (TimeoutError, APIError) as exc:
-            log.warning("lease attempt failed", error=str(exc) or type(exc).__name__)
+            error = str(exc) or type(exc).__name__
+            self._conditions.observe(
+                "lease attempt failed", ("lease",), identity=self.identity, error=error
+            )
+        else:
+            self._conditions.clear(("lease",))
 
     async def _try_acquire_or_renew(self) -> bool:
         s = self._settings

@@ -41,6 +41,7 @@ from controller.kube.errors import (
     translate,
 )
 from controller.kube.objects import ProviderMapping
+from controller.logs import Conditions
 from controller.model import Target, Write, WriteResult
 from controller.publish import Discovery
 from controller.settings import ClusterSettings, HTTPRouteTarget, Settings
@@ -90,6 +91,10 @@ class KubernetesPublisher:
         # Provider mappings from the last discovery, reused when a written or re-read object
         # is parsed again in the same tick (instead of listing the providers once per write).
         self._mappings: dict[str, ProviderMapping] = {}
+        # Problems found while reading targets persist across ticks: one line when one starts,
+        # one when it ends (see logs.Conditions), not one per tick.
+        self._conditions = Conditions(log, settings.log.repeat_interval)
+        self._seen: set[tuple[str, ...]] = set()
 
     @property
     def targets(self) -> Mapping[str, Target]:
@@ -98,16 +103,21 @@ class KubernetesPublisher:
     # ---- discovery ---------------------------------------------------------------------------
     async def discover(self) -> Discovery:
         """Refresh the targets and the clusters ExternalProviders define by annotation."""
+        self._seen = set()
         try:
             targets, defined = await self._read_targets()
         except APIError as exc:
             self._count(exc)
-            log.warning(
-                "cannot read targets; keeping the last known",
+            self._conditions.observe(
+                "cannot read targets",
+                ("api",),
+                reason=exc.reason,
                 error=str(exc),
-                targets=len(self._targets),
+                kept_targets=len(self._targets),
             )
             return Discovery(tuple(self._targets.values()), self._defined)
+        self._conditions.clear(("api",))
+        self._conditions.retain(("discovery",), set(self._seen))
         self._targets = {t.key: t for t in targets}
         self._defined = defined
         self._cache.parsed = {t.uid: v for t in targets if (v := self._cache.parsed.get(t.uid))}
@@ -150,8 +160,14 @@ class KubernetesPublisher:
         )
         mapping = objects.map_providers(found.get("items", []), self._configured)
         for problem in mapping.problems:
-            log.warning("ignoring provider annotations", problem=problem)
+            self._problem("ignoring provider annotations", ("provider", problem), problem=problem)
         return mapping
+
+    def _problem(self, event: str, key: tuple[str, ...], **fields: Any) -> None:
+        """A problem with the objects read in this discovery; it ends when one no longer has it."""
+        full = ("discovery", *key)
+        self._seen.add(full)
+        self._conditions.observe(event, full, **fields)
 
     async def _read_httproute(self, config: HTTPRouteTarget) -> list[Target]:
         namespace, name = config.namespace, config.name
@@ -163,19 +179,26 @@ class KubernetesPublisher:
                 ),
             )
         except APINotFoundError:
-            log.warning("configured HTTPRoute not found", target=f"{namespace}/{name}")
+            self._problem(
+                "configured HTTPRoute not found",
+                ("route", namespace, name),
+                route=f"{namespace}/{name}",
+            )
             return []
         return objects.httproute(obj, config)
 
     def _usable(self, target: Target) -> bool:
         names = [ref.name for ref in target.refs]
         if len(set(names)) != len(names):
-            log.warning("skipping target: a ref name appears twice", target=target.key)
+            self._problem(
+                "target skipped: a ref name appears twice", ("dup", target.key), target=target.key
+            )
             return False
         for ref in target.refs:
             if ref.cluster is None:
-                log.warning(
-                    "ref maps to no known cluster; keeping its weight",
+                self._problem(
+                    "ref unmapped",
+                    ("unmapped", target.key, ref.name),
                     target=target.key,
                     ref=ref.name,
                     weight=ref.weight,
@@ -193,7 +216,7 @@ class KubernetesPublisher:
             return WriteResult(Write.DONE, await self._patch(target, desired, why))
         except (APIConflictError, APIInvalidError) as exc:
             self._count(exc)
-            log.info("write conflict; re-reading", target=target.key, error=str(exc))
+            log.info("write conflict", target=target.key, reason=exc.reason, error=str(exc))
             return await self._reread(target)
         except APINotFoundError:
             self._forget(target)
@@ -201,12 +224,10 @@ class KubernetesPublisher:
         except APIForbiddenError as exc:
             self._count(exc)
             fix = f"grant verb 'patch' on {_resource(target)} in {target.namespace}"
-            log.error("not allowed to write weights", target=target.key, error=str(exc), fix=fix)
-            return WriteResult(Write.REFUSED, target, fix)
+            return WriteResult(Write.REFUSED, target, f"{exc}; {fix}", exc.reason)
         except APIError as exc:
             self._count(exc)
-            log.warning("write failed; will retry next tick", target=target.key, error=str(exc))
-            return WriteResult(Write.FAILED, target, str(exc))
+            return WriteResult(Write.FAILED, target, str(exc), exc.reason)
 
     async def _reread(self, target: Target) -> WriteResult:
         """After a conflict: the object as it is now (``CONFLICT``), or why there is none."""
@@ -223,8 +244,7 @@ class KubernetesPublisher:
             fresh = None
         except APIError as exc:
             self._count(exc)
-            log.warning("re-read failed", target=target.key, error=str(exc))
-            return WriteResult(Write.FAILED, target, str(exc))
+            return WriteResult(Write.FAILED, target, f"re-read after a conflict: {exc}", exc.reason)
         if fresh is None:
             self._forget(target)
             return WriteResult(Write.GONE)
@@ -308,7 +328,7 @@ class KubernetesPublisher:
             log.warning("could not emit event", target=target.key, error=str(exc))
 
     def _forget(self, target: Target) -> None:
-        log.info("target deleted; forgetting it", target=target.key)
+        log.info("target gone", target=target.key)
         self._targets.pop(target.key, None)
 
     def _count(self, exc: APIError) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,8 +105,21 @@ async def _status_detail(response: aiohttp.ClientResponse) -> str:
         head = (await response.content.read(_ERROR_BODY)).decode("utf-8", errors="replace")
     except (aiohttp.ClientError, OSError):
         head = ""
-    head = " ".join(head.split())
+    head = snippet(head)
     return f"HTTP {response.status}: {head}" if head else f"HTTP {response.status}"
+
+
+_TAG = re.compile(r"<[^>]{0,200}>")
+SNIPPET_CHARS = 120
+
+
+def snippet(text: str, limit: int = SNIPPET_CHARS) -> str:
+    """A short, printable, one-line excerpt of an error body: markup dropped, control
+    characters gone, whitespace collapsed, at most ``limit`` characters."""
+    text = _TAG.sub(" ", text)
+    text = "".join(c if c.isprintable() else " " for c in text)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 async def _read_capped(response: aiohttp.ClientResponse, endpoint: Endpoint) -> bytes:

@@ -1,0 +1,312 @@
+"""Logs an operator can run the controller by: every event catalogued, one line per change,
+conditions instead of repeats, the same typed keys in JSON and logfmt, and the README's
+cookbook answered from the demo's scripted story."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import io
+import itertools
+import json
+import logging
+import re
+import shlex
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+from kubernetes_asyncio import client
+from structlog.testing import capture_logs
+
+from controller import logs
+from controller.app import Controller
+from controller.demo.runner import apply_scenario, demo_fleet
+from controller.exporter import Snapshot, make_registry
+from controller.kube.leader import LeaderElector
+from controller.logs import Conditions
+from controller.loop import Reconciler
+from controller.model import ClusterMetrics
+from controller.publish.dryrun import DryRunPublisher
+from controller.settings import LeaderSettings, build_settings
+from tests.apiserver import FakeAPIServer
+from tests.test_kubernetes import CRD, NS, model, provider, wait_until
+
+ROOT = Path(__file__).resolve().parents[1]
+LEVELS = {"debug", "info", "warning", "error", "exception", "critical"}
+
+
+# ---- the catalogue ---------------------------------------------------------------------------
+
+
+def emitted_events() -> set[str]:
+    """Every event name the package logs: ``log.<level>("…")``, ``Conditions.observe("…")``
+    and the publisher's ``_problem("…")`` (a condition)."""
+    found = set()
+    for path in (ROOT / "controller").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            if node.func.attr in LEVELS | {"observe", "_problem"} and node.args:
+                first = node.args[0]
+                if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                    found.add(first.value)
+                elif node.func.attr in LEVELS:
+                    raise AssertionError(f"{path}:{node.lineno}: an event name must be a literal")
+    return found
+
+
+def catalogued_events() -> set[str]:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("### Event catalogue", 1)[1].split("\n### ", 1)[0]
+    return set(re.findall(r"^\| `([^`]+)` \|", section, re.M))
+
+
+def test_every_emitted_event_is_in_the_readme_catalogue_and_back() -> None:
+    emitted, catalogued = emitted_events(), catalogued_events()
+    assert emitted - catalogued == set(), "emitted but not in the README's catalogue"
+    assert catalogued - emitted == set(), "in the README's catalogue but never emitted"
+
+
+# ---- conditions ------------------------------------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_condition_logs_when_it_starts_at_most_every_repeat_and_when_it_ends() -> None:
+    clock = Clock()
+    log = structlog.get_logger("test")
+    conditions = Conditions(log, repeat=300, clock=clock)
+    with capture_logs() as lines:
+        for _ in range(60):  # ten minutes of ticks every 10 s
+            conditions.observe("cannot read targets", ("api",), error="refused")
+            clock.now += 10
+        conditions.clear(("api",))
+        conditions.clear(("api",))  # already ended: nothing more
+    # seen at 0, 10, ..., 590 s: logged at 0 and again at 300; ended at 600
+    assert [e["event"] for e in lines] == [
+        "cannot read targets",
+        "cannot read targets",
+        "condition ended",
+    ]
+    assert "repeated" not in lines[0]
+    assert lines[1]["repeated"] is True and lines[1]["occurrences"] == 31
+    assert lines[1]["since_seconds"] == 300
+    ended = lines[-1]
+    assert ended["condition"] == "cannot read targets" and ended["occurrences"] == 60
+    assert ended["duration_seconds"] == 600 and "error" not in ended
+
+
+def test_retain_ends_only_the_conditions_of_that_scope_not_seen_again() -> None:
+    conditions = Conditions(structlog.get_logger("test"), clock=Clock())
+    with capture_logs() as lines:
+        for key in (("pod", "a", "u1"), ("pod", "a", "u2"), ("pod", "b", "u1")):
+            conditions.observe("pod failing", key, cluster=key[1], pod=key[2])
+        conditions.retain(("pod", "a"), {("pod", "a", "u2")})
+    ended = [e for e in lines if e["event"] == "condition ended"]
+    assert [(e["cluster"], e["pod"]) for e in ended] == [("a", "u1")]
+    assert conditions.active(("pod", "b", "u1")) and conditions.active(("pod", "a", "u2"))
+
+
+# ---- rendering -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def rendered() -> Iterator[Any]:
+    """Configure the real pipeline into a buffer; put the test defaults back afterwards."""
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+
+    def render(fmt: str) -> io.StringIO:
+        stream = io.StringIO()
+        logs.configure("info", fmt, stream)
+        return stream
+
+    yield render
+    root.handlers[:], root.level = saved
+    structlog.reset_defaults()
+
+
+def logfmt(line: str) -> dict[str, str]:
+    return dict(part.split("=", 1) for part in shlex.split(line))
+
+
+def test_json_and_logfmt_carry_the_same_typed_keys(rendered: Any) -> None:
+    fields = {"cluster": "b", "vram_util": 0.2, "healthy": True, "weight": 80, "reason": None}
+    out = {}
+    for fmt in ("json", "console"):
+        stream = rendered(fmt)
+        with structlog.contextvars.bound_contextvars(tick=7):
+            structlog.get_logger("controller.loop").info("cluster status", **fields)
+        out[fmt] = stream.getvalue().strip()
+    as_json = json.loads(out["json"])
+    assert as_json["vram_util"] == 0.2 and as_json["weight"] == 80 and as_json["healthy"] is True
+    assert as_json["tick"] == 7 and as_json["level"] == "info"
+    stamp = as_json["timestamp"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z", stamp), stamp
+    as_logfmt = logfmt(out["console"])
+    assert set(as_logfmt) == set(as_json)
+    assert out["console"].startswith("timestamp=")
+    assert "cluster=b vram_util=0.2 healthy=true weight=80" in out["console"]
+
+
+# ---- quiet steady state ----------------------------------------------------------------------
+
+
+class Steady:
+    """A cluster whose KV never moves: the world of a quiet night."""
+
+    def __init__(self, name: str, clock: Clock) -> None:
+        self.cluster, self._clock = name, clock
+
+    async def fetch(self) -> ClusterMetrics:
+        return ClusterMetrics(self.cluster, self._clock(), 0.01, 2, 2, kv_mean=0.4, kv_max=0.45)
+
+
+async def test_two_hundred_steady_clusters_write_only_the_summaries() -> None:
+    clock = Clock()
+    names = [f"c{i:03}" for i in range(200)]
+    settings = build_settings(
+        {
+            "interval": 10,
+            "clusters": [{"name": n, "vllm_urls": ["http://127.0.0.1:1/"]} for n in names],
+        }
+    )
+    snapshot = Snapshot()
+    _, metrics = make_registry(snapshot)
+    sources = [Steady(n, clock) for n in names]
+    reconciler = Reconciler(settings, sources, DryRunPublisher(), metrics, snapshot, clock)
+    await reconciler.tick()  # the start: every cluster's first status, the first weights
+    with capture_logs() as lines:
+        for _ in range(60):  # ten minutes
+            clock.now += 10
+            await reconciler.tick()
+    info = [e for e in lines if e["log_level"] != "debug"]
+    summaries = [e for e in info if e["event"] in ("target summary", "cluster status")]
+    besides = [e for e in info if e not in summaries]
+    assert besides == []
+    # two summaries in ten minutes: one line per target and per cluster each
+    assert len([e for e in summaries if e["event"] == "target summary"]) == 2
+    assert len(summaries) == 2 * (1 + 200)
+    assert sum(1 for e in lines if e["event"] == "cluster status") == 60 * 200  # debug: all
+
+
+# ---- the cookbook against the demo's story ---------------------------------------------------
+
+
+def parsed(stream: io.StringIO) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in stream.getvalue().splitlines() if line.startswith("{")]
+
+
+async def test_the_readme_cookbook_answers_what_the_story_did(
+    apiserver: FakeAPIServer, rendered: Any
+) -> None:
+    granite = "ExternalModel/maas-system/granite"
+    for name in ("cluster-a", "cluster-b", "cluster-c"):
+        apiserver.put_object(CRD, "externalproviders", provider(name))
+    refs = [("cluster-a", 34), ("cluster-b", 33), ("cluster-c", 33)]
+    apiserver.put_object(CRD, "externalmodels", model("granite", refs))
+    stream = rendered("json")
+    clock = Clock()
+    async with (
+        demo_fleet() as fleet,
+        client.ApiClient(client.Configuration(host=apiserver.url)) as api,
+    ):
+        settings = build_settings(
+            {
+                "interval": 1,
+                "clusters": fleet.settings_clusters(),
+                "scrape": {"timeout": 0.5, "min_latency_requests": 3},
+                "kubernetes": {"enabled": True, "namespaces": [NS]},
+            }
+        )
+        apply_scenario(fleet, 0)
+        async with Controller(settings, serve=False, api=api, clock=clock) as controller:
+            for tick in range(1, 41):  # the story: b heats from tick 5, c fails at 25..34
+                if tick == 10:
+                    apiserver.fail("PATCH", "externalmodels", 403, times=2)
+                report = await controller.once()
+                only = report.only
+                apply_scenario(fleet, tick, dict(only.outcome.applied) if only else None)
+                clock.now += 1
+        await leadership_moves(api)
+    lines = parsed(stream)
+    final = {r["ref"]["name"]: r["weight"] for r in object_refs(apiserver)}
+
+    # which cluster went unhealthy, and why
+    unhealthy = {(e["cluster"], e["reason"]) for e in lines if e["event"] == "cluster unhealthy"}
+    assert unhealthy == {("cluster-c", "http_status")}
+
+    # every weight change of model X: a chain that ends in what the object holds
+    changes = [
+        e
+        for e in lines
+        if e["event"] in ("weights written", "would write") and e["target"] == granite
+    ]
+    assert changes and all(e["write"] == "done" for e in changes)
+    for before, after in itertools.pairwise(changes):
+        assert after["weights_from"] == before["weights_to"]
+    assert changes[-1]["weights_to"] == final
+    landed = len(apiserver.writes("PATCH", "externalmodels")) - 2  # two were refused
+    assert len(changes) == landed
+    assert min(e["weights_to"]["cluster-b"] for e in changes) <= 5  # b was shed while hot
+    assert any(e["weights_to"]["cluster-c"] == 0 for e in changes)  # c while it failed
+
+    # is anything being refused by the API: one condition, started and ended
+    refused = [
+        e
+        for e in lines
+        if e["event"] == "write refused"
+        or (e["event"] == "condition ended" and e["condition"] == "write refused")
+    ]
+    assert [e["event"] for e in refused] == ["write refused", "condition ended"]
+    assert refused[0]["target"] == granite and refused[0]["reason"] == "forbidden"
+    assert refused[1]["occurrences"] == 2
+
+    # did leadership move
+    moves = [
+        (e["event"], e["identity"])
+        for e in lines
+        if e["event"] in ("leadership acquired", "leadership lost")
+    ]
+    assert moves[0] == ("leadership acquired", "a")
+    assert ("leadership acquired", "b") in moves
+    assert moves.index(("leadership acquired", "b")) > 0
+
+    # typed keys throughout: ticks are numbers, every line has the stable keys
+    assert all({"timestamp", "level", "event"} <= set(e) for e in lines)
+    assert all(isinstance(e["tick"], int) for e in lines if "tick" in e)
+
+
+def object_refs(apiserver: FakeAPIServer) -> list[dict[str, Any]]:
+    obj = apiserver.get(CRD, "externalmodels", NS, "granite")
+    assert obj is not None
+    refs: list[dict[str, Any]] = obj["spec"]["externalProviderRefs"]
+    return refs
+
+
+async def leadership_moves(api: client.ApiClient) -> None:
+    """a leads, then stops (releasing the Lease), and b takes over."""
+    lease = {"lease_duration": 1.5, "renew_deadline": 1.0, "retry_period": 0.1}
+    a = LeaderElector(api, LeaderSettings(identity="a", **lease))
+    b = LeaderElector(api, LeaderSettings(identity="b", **lease))
+    stop_a, stop_b = asyncio.Event(), asyncio.Event()
+    task_a = asyncio.create_task(a.run(stop_a))
+    await wait_until(a.is_leader, 5)
+    task_b = asyncio.create_task(b.run(stop_b))
+    stop_a.set()
+    await task_a
+    began = time.monotonic()
+    await wait_until(b.is_leader, 5)
+    assert time.monotonic() - began < 5
+    stop_b.set()
+    await task_b
