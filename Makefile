@@ -38,6 +38,7 @@ test: lint typecheck unit
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_exposition.py
 	$(BIN)/python benchmarks/bench_fetch.py
+	$(BIN)/python benchmarks/bench_logs.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -10,6 +10,7 @@ before anything is rendered. Every event is listed in the README's event catalog
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import sys
@@ -42,15 +43,26 @@ def redact(_: object, __: str, event: MutableMapping[str, Any]) -> MutableMappin
     return event
 
 
+def _compact_json(_: object, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """On the console, maps and lists as compact JSON (one logfmt value each), not Python repr."""
+    for key, value in event.items():
+        if isinstance(value, dict | list):
+            event[key] = json.dumps(value, separators=(",", ":"), default=str)
+    return event
+
+
 def configure(level: str = "info", fmt: str = "auto", stream: TextIO | None = None) -> None:
     stream = stream or sys.stdout
     use_json = fmt == "json" or (fmt == "auto" and not stream.isatty())
-    renderer: structlog.typing.Processor = (
-        structlog.processors.JSONRenderer()
+    renderers: list[structlog.typing.Processor] = (
+        [structlog.processors.JSONRenderer()]
         if use_json
-        else structlog.processors.LogfmtRenderer(
-            key_order=["timestamp", "level", "event"], drop_missing=True, bool_as_flag=False
-        )
+        else [
+            _compact_json,
+            structlog.processors.LogfmtRenderer(
+                key_order=["timestamp", "level", "event"], drop_missing=True, bool_as_flag=False
+            ),
+        ]
     )
     shared: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,
@@ -74,7 +86,7 @@ def configure(level: str = "info", fmt: str = "auto", stream: TextIO | None = No
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=shared,
-            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *renderers],
         )
     )
     root = logging.getLogger()

@@ -458,8 +458,8 @@ class Reconciler:
         self._metrics.last_reconcile.set(self._snapshot.last_tick_wall)
 
     def _log_tick(self) -> None:
-        """A cluster's status line at info when it changes (health, reason, pods, weight) and
-        in the periodic summary; at debug on every other tick. Plus one summary per target."""
+        """A cluster's status line at info when it changes (health, reason, pods) and in the
+        periodic summary; at debug on every other tick. Plus one summary per target."""
         now = self._clock()
         every = self._settings.log.summary_interval
         if self._last_summary is None:
@@ -470,8 +470,10 @@ class Reconciler:
         for name, view in self._snapshot.clusters.items():
             fields = status_fields(name, view)
             shown = tuple(v for k, v in fields.items() if k in _STATUS_CHANGES)
-            if summary or self._shown.get(name) != shown:
+            if self._shown.get(name) != shown:
                 log.info("cluster status", **fields)
+            elif summary:
+                log.info("cluster status", **fields, summary=True)
             else:
                 log.debug("cluster status", **fields)
             self._shown[name] = shown
@@ -530,7 +532,8 @@ def _cluster_share(outcome: TargetDecision | None, cluster: str) -> int | None:
 
 
 # The fields of a cluster's status line whose change is worth a line at info.
-_STATUS_CHANGES = ("healthy", "reason", "degraded", "pods_answering", "pods_scraped", "weight")
+# (A weight change has its own line, ``weights written``/``would write``.)
+_STATUS_CHANGES = ("healthy", "reason", "degraded", "pods_answering", "pods_scraped")
 
 
 def _weights(values: Mapping[str, int]) -> str:

@@ -1,0 +1,126 @@
+"""Log volume: lines (and bytes) per minute at info, in steady state and during the demo's story.
+
+    python benchmarks/bench_logs.py [--minutes 60]
+
+Steady state: 2, 20 and 200 clusters whose KV never moves (seeded ±1% noise), the real
+Reconciler on a virtual clock at a 10 s interval, logs rendered as JSON by the real pipeline
+(summaries every 5 minutes, the default). The story: the demo's three clusters served over
+loopback, one 60-tick cycle (b heats up and cools, c fails and recovers) at the demo's 1 s
+interval, so one cycle is one minute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import json
+import logging
+import random
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from controller import logs  # noqa: E402
+from controller.app import Controller  # noqa: E402
+from controller.demo.runner import PERIOD, apply_scenario, demo_fleet  # noqa: E402
+from controller.exporter import Snapshot, make_registry  # noqa: E402
+from controller.loop import Reconciler  # noqa: E402
+from controller.model import ClusterMetrics  # noqa: E402
+from controller.publish.dryrun import DryRunPublisher  # noqa: E402
+from controller.settings import build_settings  # noqa: E402
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Steady:
+    def __init__(self, name: str, clock: Clock, rng: random.Random) -> None:
+        self.cluster, self._clock, self._rng = name, clock, rng
+
+    async def fetch(self) -> ClusterMetrics:
+        kv = 0.4 + self._rng.uniform(-0.01, 0.01)
+        return ClusterMetrics(self.cluster, self._clock(), 0.01, 2, 2, kv_mean=kv, kv_max=kv)
+
+
+def capture() -> io.StringIO:
+    stream = io.StringIO()
+    logs.configure("info", "json", stream)
+    return stream
+
+
+def counted(stream: io.StringIO, minutes: float) -> tuple[float, float, float]:
+    lines = [json.loads(x) for x in stream.getvalue().splitlines() if x.startswith("{")]
+    besides = [e for e in lines if e["event"] != "target summary" and not e.get("summary")]
+    size = len(stream.getvalue().encode())
+    return len(lines) / minutes, len(besides) / minutes, size / minutes / 1024
+
+
+async def steady(clusters: int, minutes: float) -> tuple[float, float, float]:
+    clock = Clock()
+    rng = random.Random(f"steady-{clusters}")
+    names = [f"c{i:03}" for i in range(clusters)]
+    settings = build_settings(
+        {
+            "interval": 10,
+            "clusters": [{"name": n, "vllm_urls": ["http://127.0.0.1:1/"]} for n in names],
+        }
+    )
+    snapshot = Snapshot()
+    _, metrics = make_registry(snapshot)
+    sources = [Steady(n, clock, rng) for n in names]
+    reconciler = Reconciler(settings, sources, DryRunPublisher(), metrics, snapshot, clock)
+    stream = capture()
+    for _ in range(6):  # the first minute settles the first weights; not counted
+        await reconciler.tick()
+        clock.now += 10
+    stream.seek(0)
+    stream.truncate()
+    for _ in range(int(minutes * 6)):
+        await reconciler.tick()
+        clock.now += 10
+    return counted(stream, minutes)
+
+
+async def story() -> tuple[float, float, float]:
+    clock = Clock()
+    async with demo_fleet() as fleet:
+        settings = build_settings(
+            {
+                "interval": 1,
+                "clusters": fleet.settings_clusters(),
+                "scrape": {"timeout": 0.5, "min_latency_requests": 3},
+            }
+        )
+        apply_scenario(fleet, 0)
+        stream = capture()
+        async with Controller(settings, serve=False, clock=clock) as controller:
+            for tick in range(1, PERIOD + 1):
+                report = await controller.once()
+                only = report.only
+                apply_scenario(fleet, tick, dict(only.outcome.applied) if only else None)
+                clock.now += 1
+    return counted(stream, PERIOD / 60)
+
+
+async def main(minutes: float) -> None:
+    rows = [(f"steady, {n} clusters", await steady(n, minutes)) for n in (2, 20, 200)]
+    rows.append(("demo story (3 clusters, 1 s ticks)", await story()))
+    logging.getLogger().handlers[:] = []
+    print(f"log volume at info (steady: {minutes:g} virtual minutes, 10 s interval)")
+    print(f"{'':38} {'lines/min':>10} {'besides summaries':>18} {'KiB/min':>8}")
+    for name, (total, besides, kib) in rows:
+        print(f"{name:38} {total:10.1f} {besides:18.1f} {kib:8.1f}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--minutes", type=float, default=60.0)
+    asyncio.run(main(parser.parse_args().minutes))
