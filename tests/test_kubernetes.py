@@ -258,7 +258,8 @@ async def test_api_down_keeps_deciding_and_applies_the_latest_once_back(
         sims["east"].kv = 0.95
         with capture_logs() as logs:
             await ticks(controller, 3)
-        assert any(e["event"] == "cannot read targets" for e in logs)
+        # one line when it starts, not one per tick; and one when it ends (below)
+        assert [e["event"] for e in logs].count("cannot read targets") == 1
         view = controller.snapshot.targets["ExternalModel/maas-system/llama"].outcome
         assert view.desired["west"] > view.applied["west"] == 50
         api_errors = controller.registry.get_sample_value(
@@ -267,7 +268,12 @@ async def test_api_down_keeps_deciding_and_applies_the_latest_once_back(
         assert api_errors is not None and api_errors >= 3
         await apiserver.start()
         before = len(apiserver.writes("PATCH"))
-        await controller.once()
+        with capture_logs() as back:
+            await controller.once()
+        ended = {e["condition"]: e for e in back if e["event"] == "condition ended"}
+        # the API was unreadable for three ticks, and the write failed on each of them
+        assert set(ended) == {"cannot read targets", "write failed"}
+        assert ended["cannot read targets"]["occurrences"] == 3
         assert len(apiserver.writes("PATCH")) == before + 1
         assert weights_of(apiserver)["west"] > 50
 
