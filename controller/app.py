@@ -207,7 +207,7 @@ def install_signal_handlers(stop: asyncio.Event) -> None:
         loop.add_signal_handler(signum, stop.set)
 
 
-def _always() -> bool:
+def _always(margin: float = 0.0) -> bool:
     return True
 
 

@@ -108,6 +108,13 @@ class ControllerMetrics:
             ["target", "result"],
             registry=registry,
         )
+        self.schema_rejections = Counter(
+            f"{PREFIX}_schema_rejections_total",
+            "Writes the API server refused because the object broke the CRD's schema, by the "
+            "field it named. Not retried until the decision changes.",
+            ["target", "field"],
+            registry=registry,
+        )
         self.api_errors = Counter(
             f"{PREFIX}_api_errors_total",
             "Kubernetes API calls that failed, by reason.",
@@ -118,6 +125,7 @@ class ControllerMetrics:
             "not_found",
             "conflict",
             "invalid",
+            "schema",
             "forbidden",
             "server_error",
             "unavailable",

@@ -89,6 +89,7 @@ class _Memory:
 
     shadow: dict[str, int] | None = None
     seeded_from: dict[str, int] | None = None
+    refused: tuple[dict[str, int], WriteResult] | None = None  # a schema rejection, kept
     last_write: float | None = None
     last_change: float | None = None
 
@@ -357,6 +358,15 @@ class Reconciler:
         why = f"{plan.decision.mode.value}: {_change(plan.target.weights, plan.desired)}"
         if plan.target.kind == IMPLICIT_TARGET:  # nothing holds it but us
             return WriteResult(Write.WOULD, plan.target.holding(plan.desired))
+        memory = self._memory.setdefault(plan.found.key, _Memory())
+        if memory.refused is not None and memory.refused[0] == plan.desired:
+            return memory.refused[1]  # the schema refused exactly this: do not send it again
+        result = await self._send(plan, why)
+        schema = result.write is Write.REFUSED and result.reason == "schema"
+        memory.refused = (dict(plan.desired), result) if schema else None
+        return result
+
+    async def _send(self, plan: _Plan, why: str) -> WriteResult:
         try:
             return await self._publisher.write(plan.target, plan.desired, why)
         except Exception as exc:  # one target's failure must not stop the others

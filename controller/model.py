@@ -152,9 +152,12 @@ class Target:
     refs: tuple[Ref, ...]
     has_annotations: bool = False
     last_applied: Mapping[str, int] | None = None
-    last_writer: str | None = None  # the manager of the most recent update, from managedFields
+    # (manager, time) of each managedFields entry that changed the object itself (not a
+    # subresource such as status): who may have edited the weights, and when
+    writers: tuple[tuple[str, str], ...] = ()
     rule: int | None = None  # HTTPRoute: the index of the rule in spec.rules
     total: int | None = 100
+    minimum: int = 0  # the lowest weight the object's schema accepts (1 on MaaS v0.2.0)
 
     @property
     def key(self) -> str:
@@ -187,9 +190,10 @@ class Target:
             refs,
             self.has_annotations,
             self.last_applied,
-            self.last_writer,
+            self.writers,
             self.rule,
             self.total,
+            self.minimum,
         )
 
 

@@ -383,6 +383,12 @@ class KubernetesSettings(_Group):
         le=10,
         description="Re-read and retry a guarded write this often on conflict (409/422).",
     )
+    min_weight: Literal["auto"] | Annotated[int, Field(ge=0, le=100)] = Field(
+        default="auto",
+        description="The lowest weight an ExternalModel ref may be given. auto: read the "
+        "installed CRD's minimum (1 on MaaS v0.2.0, 0 from v0.2.1), or assume 1 when the CRD "
+        "cannot be read; a dead cluster then keeps 1 instead of 0.",
+    )
     field_manager: str = Field(
         default="weight-controller",
         description="Our name in managedFields, so humans see who wrote the weights.",

@@ -58,7 +58,7 @@ def weigh(
     held = target.weights
     mapped = [ref for ref in target.refs if ref.cluster is not None]
     share = budget(target)
-    if not mapped or share < len(mapped):
+    if not mapped or share < len(mapped) * max(1, target.minimum):
         note = "no ref maps to a known cluster" if not mapped else "unmapped refs hold it all"
         return held, Decision(None, {}, Mode.NO_DATA, False, (note,))
     inputs = {ref.name: signals.get(ref.cluster or "") for ref in mapped}
@@ -68,7 +68,23 @@ def weigh(
     decision = replace(decide(inputs, in_force, params), scores=scores(healthy, params))
     if not decision.changed or decision.weights is None:
         return held, decision
-    return {**held, **proportional(decision.weights, share)}, decision
+    scaled = at_least(proportional(decision.weights, share), target.minimum)
+    return {**held, **scaled}, decision
+
+
+def at_least(values: Mapping[str, int], minimum: int) -> dict[str, int]:
+    """``values`` with none below ``minimum`` (the schema's lowest weight: on MaaS v0.2.0 a
+    ref cannot be set to 0, so a dead cluster keeps 1), the points taken one at a time from
+    the largest (ties by name), keeping the sum. The caller ensures the sum allows it."""
+    result = dict(values)
+    for name in sorted(result):
+        while result[name] < minimum:
+            donor = max(result, key=lambda n: (result[n], n))
+            if result[donor] <= minimum:
+                return result
+            result[donor] -= 1
+            result[name] += 1
+    return result
 
 
 def forecast_kv(history: Sequence[tuple[float, float]], horizon: float) -> float:

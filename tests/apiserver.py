@@ -16,7 +16,19 @@ conventions (https://kubernetes.io/docs/reference/using-api/api-concepts/):
   (RFC 7386; lists are replaced whole). Strategic merge patch is ``415`` for custom resources,
   as on a real server.
 - Every write bumps a global ``resourceVersion``, bumps ``metadata.generation`` when ``spec``
-  changed, and records ``managedFields`` (manager from ``?fieldManager=``, operation, time).
+  changed, and records ``managedFields`` (manager from ``?fieldManager=``, operation, time at
+  one-second precision as the server stores it, ``subresource`` for ``/status``).
+- ExternalModels and ExternalProviders are admitted as a CRD-backed server admits them, with
+  the upstream CRDs of ``crd_version`` (``v0.2.0`` or ``v0.2.1``; tests/crds.py): unknown fields
+  pruned, defaults applied, schema violations a ``422 Invalid`` whose ``details.causes`` name the
+  field (``NewInvalid`` in k8s.io/apimachinery). A failed JSON Patch ``test`` is a 422 *without*
+  causes, as in the API server's patch handler. A custom-resource PUT without
+  ``metadata.resourceVersion`` is a 422 (``must be specified for an update``). The ``status``
+  subresource: writes to the main resource keep the old ``status``.
+- Lease ``acquireTime``/``renewTime`` (MicroTime) must match the server's fixed layout
+  ``2006-01-02T15:04:05.000000Z07:00`` (six fractional digits), else ``400 BadRequest``.
+- ``status_writer``: a second client that, after every spec change of an ExternalModel, writes
+  its ``status`` through the subresource, as the payload processor does.
 - Errors are ``Status`` objects (``kind: Status``, ``reason``, ``code``, ``message``).
 - Fault injection: ``fail(method, plural, status, times)`` answers the next matching requests
   with that status; ``before(method, plural, action)`` runs ``action`` (another client's edit,
@@ -24,7 +36,7 @@ conventions (https://kubernetes.io/docs/reference/using-api/api-concepts/):
   controller; ``stop()``/``start()`` make the server unreachable and back (same port).
 
 Not implemented (not used by the controller): watch, field selectors, server-side apply,
-subresources, admission, defaulting beyond the above.
+admission beyond the above.
 """
 
 from __future__ import annotations
@@ -32,15 +44,18 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import re
 import secrets
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import jsonpatch
 from aiohttp import web
+
+from tests import crds
 
 Json = dict[str, Any]
 Key = tuple[str, str, str, str]  # (api prefix, plural, namespace, name)
@@ -54,8 +69,19 @@ KINDS = {
 }
 
 
+# Tests move the double's clock forward (``advance``) so writes land in different seconds.
+_OFFSET = [0.0]
+
+
 def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    """managedFields times: the server stores metav1.Time, whole seconds."""
+    when = datetime.now(UTC) + timedelta(seconds=_OFFSET[0])
+    return when.isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+# metav1.MicroTime's RFC3339Micro layout, "2006-01-02T15:04:05.000000Z07:00": exactly six
+# fractional digits (k8s.io/apimachinery/pkg/apis/meta/v1/micro_time.go).
+MICRO_TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}(Z|[+-]\d\d:\d\d)$")
 
 
 def status(code: int, reason: str, message: str) -> web.Response:
@@ -93,6 +119,10 @@ class FakeAPIServer:
     hooks: list[Hook] = field(default_factory=list)
     requests: list[tuple[str, str, str, Any]] = field(default_factory=list)
     port: int = 0
+    crd_version: str = "v0.2.1"
+    status_writer: str | None = None
+    crd_readable: bool = True
+    rejected: list[Json] = field(default_factory=list)  # every 422 with causes we answered
     _version: itertools.count[int] = field(default_factory=lambda: itertools.count(1000))
     _runner: web.AppRunner | None = None
 
@@ -111,6 +141,11 @@ class FakeAPIServer:
         app.router.add_route(
             "*", "/apis/{group}/{version}/namespaces/{ns}/{plural}/{name}", self._item
         )
+        app.router.add_route(
+            "*", "/apis/{group}/{version}/namespaces/{ns}/{plural}/{name}/status", self._status
+        )
+        app.router.add_route("GET", "/apis/{group}/{version}/{plural}", self._cluster_list)
+        app.router.add_route("GET", "/apis/{group}/{version}/{plural}/{name}", self._cluster_get)
         self._runner = web.AppRunner(
             app, access_log=None, handle_signals=False, shutdown_timeout=0.1
         )
@@ -128,13 +163,21 @@ class FakeAPIServer:
     def fail(self, method: str, plural: str, code: int, times: int = 1) -> None:
         self.faults.append(Fault(method, plural, code, times))
 
+    @staticmethod
+    def advance(seconds: float) -> None:
+        """Move the time the double stamps on writes forward (a later edit by someone else)."""
+        _OFFSET[0] += seconds
+
     def before(self, method: str, plural: str, action: Callable[[], object]) -> None:
         self.hooks.append(Hook(method, plural, action))
 
     def put_object(self, prefix: str, plural: str, obj: Json) -> Json:
-        """Store ``obj`` as if created through the API (for test set-up)."""
+        """Store ``obj`` as if created through the API (for test set-up); it must pass the
+        same admission as a real create."""
         meta = obj.setdefault("metadata", {})
-        stored = self._created(prefix, plural, meta["namespace"], copy.deepcopy(obj), "test-setup")
+        admitted, causes = self._admit(plural, copy.deepcopy(obj))
+        assert not causes, f"test set-up object is invalid for {self.crd_version}: {causes}"
+        stored = self._created(prefix, plural, meta["namespace"], admitted, "test-setup")
         self.objects[(prefix, plural, meta["namespace"], meta["name"])] = stored
         return copy.deepcopy(stored)
 
@@ -213,6 +256,95 @@ class FakeAPIServer:
             return self._patch(key, current, body, request.content_type, manager)
         return status(405, "MethodNotAllowed", request.method)
 
+    async def _status(self, request: web.Request) -> web.Response:
+        """The ``/status`` subresource: only ``status`` changes."""
+        body = await self._record(request)
+        info = request.match_info
+        key = (self._prefix(request), info["plural"], info["ns"], info["name"])
+        current = self.objects.get(key)
+        if current is None:
+            return status(404, "NotFound", f'{info["plural"]} "{info["name"]}" not found')
+        if request.method != "PUT":
+            return status(405, "MethodNotAllowed", request.method)
+        updated = copy.deepcopy(current)
+        updated["status"] = (body or {}).get("status")
+        manager = request.query.get("fieldManager", "unknown")
+        return web.json_response(self._store(key, updated, manager, "Update", "status"))
+
+    async def _cluster_get(self, request: web.Request) -> web.Response:
+        """Cluster-scoped GET: the installed CRDs (``crd_version``'s, unless ``crd_readable``
+        is off, as for a service account without that grant: 403)."""
+        await self._record(request)
+        if (injected := self._fault(request)) is not None:
+            return injected
+        info = request.match_info
+        if info["plural"] != "customresourcedefinitions":
+            return status(404, "NotFound", f"{info['plural']} is not served here")
+        if not self.crd_readable:
+            return status(403, "Forbidden", "customresourcedefinitions is forbidden")
+        for plural in crds.PLURALS:
+            found = crds.crd(self.crd_version, plural)
+            if found["metadata"]["name"] == info["name"]:
+                return web.json_response(found)
+        return status(404, "NotFound", f'customresourcedefinitions "{info["name"]}" not found')
+
+    async def _cluster_list(self, request: web.Request) -> web.Response:
+        """A LIST across every namespace (``/apis/{group}/{version}/{plural}``)."""
+        await self._record(request)
+        if (injected := self._fault(request)) is not None:
+            return injected
+        info = request.match_info
+        prefix = f"{info['group']}/{info['version']}"
+        selector = request.query.get("labelSelector", "")
+        namespaces = sorted(
+            {n for (p, pl, n, _) in self.objects if (p, pl) == (prefix, info["plural"])}
+        )
+        items = []
+        for ns in namespaces:
+            listed = json.loads(self._list(prefix, info["plural"], ns, selector).text or "{}")
+            items += listed["items"]
+        kind = KINDS.get(info["plural"], "Object") + "List"
+        meta = {"resourceVersion": str(next(self._version))}
+        return web.json_response(
+            {"apiVersion": prefix, "kind": kind, "items": items, "metadata": meta}
+        )
+
+    def _admit(self, plural: str, obj: Json) -> tuple[Json, list[Json]]:
+        if plural in crds.PLURALS:
+            return crds.admit(self.crd_version, plural, obj)
+        if plural == "leases":
+            spec = obj.get("spec") or {}
+            bad = [
+                {"reason": "FieldValueInvalid", "field": f"spec.{k}", "message": str(spec[k])}
+                for k in ("acquireTime", "renewTime")
+                if spec.get(k) is not None and not MICRO_TIME.match(str(spec[k]))
+            ]
+            return obj, bad
+        return obj, []
+
+    def _invalid(self, plural: str, name: str, causes: list[Json]) -> web.Response:
+        if plural == "leases":  # a MicroTime that does not parse fails decoding: 400
+            return status(400, "BadRequest", f"Time parse error: {causes[0]['message']}")
+        kind = f"{KINDS.get(plural, 'Object')}.inference.opendatahub.io"
+        body = {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": f'{kind} "{name}" is invalid: '
+            + ", ".join(f"{c['field']}: {c['message']}" for c in causes),
+            "reason": "Invalid",
+            "details": {
+                "name": name,
+                "group": "inference.opendatahub.io",
+                "kind": KINDS.get(plural),
+                "causes": causes,
+            },
+            "code": 422,
+        }
+        self.rejected.append(body)
+        return web.json_response(body, status=422)
+
     async def _record(self, request: web.Request) -> Any:
         raw = await request.read()
         body = json.loads(raw) if raw else None
@@ -254,6 +386,9 @@ class FakeAPIServer:
         return body
 
     def _create(self, prefix: str, plural: str, ns: str, body: Json, manager: str) -> web.Response:
+        body, causes = self._admit(plural, body)
+        if causes:
+            return self._invalid(plural, (body.get("metadata") or {}).get("name", ""), causes)
         obj = self._created(prefix, plural, ns, body, manager)
         key = (prefix, plural, ns, obj["metadata"]["name"])
         if key in self.objects:
@@ -263,6 +398,13 @@ class FakeAPIServer:
 
     def _replace(self, key: Key, current: Json, body: Json, manager: str) -> web.Response:
         given = (body.get("metadata") or {}).get("resourceVersion")
+        if not given and key[1] in crds.PLURALS:  # custom resources: no unconditional update
+            cause = {
+                "reason": "FieldValueInvalid",
+                "field": "metadata.resourceVersion",
+                "message": "Invalid value: 0x0: must be specified for an update",
+            }
+            return self._invalid(key[1], key[3], [cause])
         if given and given != current["metadata"]["resourceVersion"]:
             return status(
                 409,
@@ -270,6 +412,9 @@ class FakeAPIServer:
                 "the object has been modified; please apply your "
                 "changes to the latest version and try again",
             )
+        body, causes = self._admit(key[1], body)
+        if causes:
+            return self._invalid(key[1], key[3], causes)
         return web.json_response(self._store(key, body, manager, "Update"))
 
     def _patch(
@@ -279,15 +424,25 @@ class FakeAPIServer:
             try:
                 patched = jsonpatch.JsonPatch(body).apply(copy.deepcopy(current))
             except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as exc:
+                # NewGenericServerResponse(422, ...) in the patch handler: no causes
                 return status(422, "Invalid", f"the server rejected our request: {exc}")
         elif content_type == "application/merge-patch+json":
             patched = merge_patch(copy.deepcopy(current), body)
         else:
             return status(415, "UnsupportedMediaType", f"{content_type} is not supported here")
+        patched, causes = self._admit(key[1], patched)
+        if causes:
+            return self._invalid(key[1], key[3], causes)
         return web.json_response(self._store(key, patched, manager, "Update"))
 
-    def _store(self, key: Key, obj: Json, manager: str, operation: str) -> Json:
+    def _store(
+        self, key: Key, obj: Json, manager: str, operation: str, subresource: str | None = None
+    ) -> Json:
         old = self.objects[key]
+        if key[1] in crds.PLURALS and subresource is None:
+            obj["status"] = copy.deepcopy(old.get("status"))  # the status subresource owns it
+            if obj["status"] is None:
+                obj.pop("status")
         meta = obj.setdefault("metadata", {})
         for kept in ("uid", "creationTimestamp", "namespace", "name"):
             meta[kept] = old["metadata"][kept]
@@ -295,14 +450,30 @@ class FakeAPIServer:
             obj.get("spec") != old.get("spec")
         )
         meta["resourceVersion"] = str(next(self._version))
-        fields = [f for f in old["metadata"].get("managedFields", []) if f["manager"] != manager]
-        meta["managedFields"] = [*fields, self._managed(manager, key[0], operation)]
+        fields = [
+            f
+            for f in old["metadata"].get("managedFields", [])
+            if (f["manager"], f.get("subresource")) != (manager, subresource)
+        ]
+        entry = self._managed(manager, key[0], operation, subresource)
+        meta["managedFields"] = [*fields, entry]
         self.objects[key] = obj
-        return copy.deepcopy(obj)
+        spec_changed = obj.get("spec") != old.get("spec")
+        if self.status_writer and key[1] == "externalmodels" and spec_changed:
+            self.payload_processor_status(key)
+        return copy.deepcopy(obj)  # as this write left it (a status writer may follow)
+
+    def payload_processor_status(self, key: Key) -> None:
+        """The payload processor reconciles the changed ExternalModel and writes its status."""
+        assert self.status_writer is not None
+        obj = copy.deepcopy(self.objects[key])
+        generation = obj["metadata"]["generation"]
+        obj["status"] = {"phase": "Ready", "observedGeneration": generation}
+        self._store(key, obj, self.status_writer, "Update", "status")
 
     @staticmethod
-    def _managed(manager: str, prefix: str, operation: str) -> Json:
-        return {
+    def _managed(manager: str, prefix: str, operation: str, subresource: str | None = None) -> Json:
+        entry = {
             "manager": manager,
             "operation": operation,
             "apiVersion": prefix,
@@ -310,6 +481,9 @@ class FakeAPIServer:
             "fieldsType": "FieldsV1",
             "fieldsV1": {},
         }
+        if subresource is not None:
+            entry["subresource"] = subresource
+        return entry
 
 
 def merge_patch(target: Any, patch: Any) -> Any:

@@ -23,10 +23,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture
-async def apiserver() -> AsyncIterator[FakeAPIServer]:
-    """The Kubernetes API-server double (tests/apiserver.py) on loopback."""
-    server = FakeAPIServer()
+@pytest.fixture(params=["v0.2.1", "v0.2.0"])
+async def apiserver(request: pytest.FixtureRequest) -> AsyncIterator[FakeAPIServer]:
+    """The Kubernetes API-server double (tests/apiserver.py) on loopback, admitting
+    ExternalModels and ExternalProviders with the upstream CRDs of each MaaS version."""
+    server = FakeAPIServer(crd_version=request.param)
     await server.start()
     yield server
     await server.stop()

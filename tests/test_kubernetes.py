@@ -7,15 +7,17 @@ import asyncio
 import itertools
 import json
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes_asyncio import client
 from structlog.testing import capture_logs
 
 from controller import weights
 from controller.app import Controller
-from controller.fakes.clusters import Fleet, SimCluster
+from controller.fakes.clusters import Fault, Fleet, SimCluster
 from controller.kube.objects import LAST_APPLIED, MANAGED_LABEL, VLLM_URLS_ANNOTATION
 from controller.model import Signals
 from controller.settings import Settings, build_settings
@@ -41,7 +43,12 @@ def provider(name: str, annotations: dict[str, str] | None = None) -> dict[str, 
     meta: dict[str, Any] = {"name": name, "namespace": NS}
     if annotations:
         meta["annotations"] = annotations
-    return {"metadata": meta, "spec": {"provider": "openai", "endpoint": f"{name}.example.com"}}
+    spec = {
+        "provider": "openai",
+        "endpoint": f"{name}.example.com",
+        "auth": {"type": "simple", "secretRef": {"name": f"{name}-api-key"}},
+    }
+    return {"metadata": meta, "spec": spec}
 
 
 def model(name: str, refs: list[tuple[str, int]], managed: bool = True) -> dict[str, Any]:
@@ -53,7 +60,7 @@ def model(name: str, refs: list[tuple[str, int]], managed: bool = True) -> dict[
                 {
                     "ref": {"name": ref},
                     "targetModel": "llama",
-                    "apiFormat": "openai",
+                    "apiFormat": "openai-chat",
                     "path": "/v1/chat/completions",
                     "weight": weight,
                 }
@@ -104,7 +111,7 @@ def test_weigh_keeps_unmapped_refs_and_shares_the_rest() -> None:
         Ref("/spec/externalProviderRefs/1", "/ref/name", "west", 40, "west"),
         Ref("/spec/externalProviderRefs/2", "/ref/name", "saas", 20, None),
     )
-    target = Target("ExternalModel", NS, "m", "uid", "1", refs, True, None, None)
+    target = Target("ExternalModel", NS, "m", "uid", "1", refs, True, None)
     signals: dict[str, Signals | None] = {"east": Signals(kv=0.95), "west": Signals(kv=0.1)}
     desired, decision = weights.weigh(
         target,
@@ -189,6 +196,7 @@ async def test_a_human_edit_is_replaced_from_a_fresh_read_and_logged(
             obj["spec"]["externalProviderRefs"][0]["weight"] = 70
             obj["spec"]["externalProviderRefs"][1]["weight"] = 30
 
+        apiserver.advance(60)  # a minute later, someone edits the weights by hand
         apiserver.edit(CRD, "externalmodels", NS, "llama", "kubectl-edit", edit)
         with capture_logs() as logs:
             await controller.once()
@@ -527,3 +535,126 @@ def test_missing_kubeconfig_is_a_config_error_not_a_traceback(tmp_path: Any) -> 
     assert done.returncode == 2
     assert "config error: kubernetes: cannot load credentials" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+# ---- the upstream schemas --------------------------------------------------------------------
+
+
+async def test_a_dead_cluster_goes_to_the_schema_minimum_never_below(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
+) -> None:
+    from tests import crds
+
+    seed(apiserver, [("east", 50), ("west", 50)])
+    sims["east"].fault = Fault.HTTP_500
+    async with Controller(settings_for(sims), serve=False, api=api) as controller:
+        with capture_logs() as logs:
+            await ticks(controller, 5)
+    lowest = crds.weight_minimum(apiserver.crd_version)
+    assert weights_of(apiserver) == {"east": lowest, "west": 100 - lowest}
+    assert apiserver.rejected == []  # no write broke the schema, so none was retried
+    assert len(apiserver.writes("PATCH")) == 1  # one write moved it; then nothing to do
+    known = [e for e in logs if e["event"] == "weight minimum"]
+    assert [(e["minimum"], e["source"]) for e in known] == [(lowest, "crd")]
+
+
+async def test_a_schema_rejection_is_told_from_a_conflict_and_not_retried(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
+) -> None:
+    if apiserver.crd_version != "v0.2.0":
+        pytest.skip("only MaaS v0.2.0 rejects weight 0")
+    seed(apiserver, [("east", 50), ("west", 50)])
+    sims["east"].fault = Fault.HTTP_500
+    forced = settings_for(sims, kubernetes={"min_weight": 0})  # wrong for this install
+    async with Controller(forced, serve=False, api=api) as controller:
+        with capture_logs() as logs:
+            await ticks(controller, 4)
+        rejected = controller.registry.get_sample_value(
+            "weight_controller_schema_rejections_total",
+            {
+                "target": "ExternalModel/maas-system/llama",
+                "field": "spec.externalProviderRefs[0].weight",
+            },
+        )
+        view = controller.snapshot.targets["ExternalModel/maas-system/llama"].outcome
+    assert len(apiserver.writes("PATCH")) == 1  # refused once, never sent again
+    assert rejected == 1
+    refused = [e for e in logs if e["event"] == "write refused"]
+    assert len(refused) == 1 and refused[0]["reason"] == "schema"
+    assert "spec.externalProviderRefs[0].weight" in refused[0]["detail"]
+    assert "Invalid value: 0" in refused[0]["detail"]
+    assert not any(e["event"] == "write conflict" for e in logs)
+    assert view.write.value == "refused" and view.applied == {"east": 50, "west": 50}
+
+
+async def test_an_unreadable_crd_means_a_minimum_of_one(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
+) -> None:
+    apiserver.crd_readable = False  # no grant on customresourcedefinitions
+    seed(apiserver, [("east", 50), ("west", 50)])
+    sims["east"].fault = Fault.HTTP_500
+    async with Controller(settings_for(sims), serve=False, api=api) as controller:
+        with capture_logs() as logs:
+            await ticks(controller, 3)
+    assert weights_of(apiserver) == {"east": 1, "west": 99}
+    known = [e for e in logs if e["event"] == "weight minimum"]
+    assert [(e["minimum"], e["source"]) for e in known] == [(1, "assumed")]
+
+
+async def test_status_updates_by_the_payload_processor_do_not_hide_who_edited(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
+) -> None:
+    apiserver.status_writer = "payload-processor"
+    seed(apiserver, [("east", 50), ("west", 50)])
+    sims["east"].kv = 0.95
+    async with Controller(settings_for(sims), serve=False, api=api) as controller:
+        await ticks(controller, 3)
+        obj = apiserver.get(CRD, "externalmodels", NS, "llama")
+        assert obj is not None and obj["status"]["phase"] == "Ready"  # it did write status
+
+        def edit(obj: dict[str, Any]) -> None:
+            obj["spec"]["externalProviderRefs"][0]["weight"] = 70
+            obj["spec"]["externalProviderRefs"][1]["weight"] = 30
+
+        apiserver.advance(60)
+        apiserver.edit(CRD, "externalmodels", NS, "llama", "kubectl-edit", edit)
+        apiserver.advance(1)
+        apiserver.payload_processor_status(
+            ("inference.opendatahub.io/v1alpha1", "externalmodels", NS, "llama")
+        )
+        with capture_logs() as logs:
+            await controller.once()
+    replaced = [e for e in logs if e["event"] == "replacing weights changed outside the controller"]
+    assert replaced and replaced[0]["changed_by"] == "kubectl-edit"
+
+
+def test_last_writer_is_unknown_on_a_tie_and_never_ourselves() -> None:
+    from controller.kube.objects import last_writer
+
+    t = "2026-12-01T08:00:00Z"
+    assert last_writer([("a", t), ("b", "2026-12-01T08:00:01Z")], "us") == "b"
+    assert last_writer([("a", t), ("b", t)], "us") == "unknown"
+    assert last_writer([("us", "2026-12-01T09:00:00Z"), ("a", t)], "us") == "a"
+    assert last_writer([], "us") == "unknown"
+
+
+def test_every_sample_and_fixture_object_passes_the_upstream_schemas() -> None:
+    from tests import crds
+
+    samples = Path(__file__).resolve().parents[1] / "manifests" / "samples"
+    objects_ = [
+        doc
+        for path in sorted(samples.glob("*.yaml"))
+        for doc in yaml.safe_load_all(path.read_text())
+        if doc and doc.get("kind") in ("ExternalModel", "ExternalProvider")
+    ]
+    assert {o["kind"] for o in objects_} == {"ExternalModel", "ExternalProvider"}
+    objects_ += [provider("east"), model("llama", [("east", 50), ("west", 50)])]
+    for version in crds.VERSIONS:
+        for obj in objects_:
+            kind = obj.get("kind") or (
+                "ExternalProvider" if "provider" in obj["spec"] else "ExternalModel"
+            )
+            plural = kind.lower() + "s"
+            _, causes = crds.admit(version, plural, obj)
+            assert causes == [], (version, obj["metadata"]["name"], causes)

@@ -1,15 +1,24 @@
-"""Leader election on a ``coordination.k8s.io/v1`` Lease, the client-go way, with a fence.
+"""Leader election on a ``coordination.k8s.io/v1`` Lease, the way client-go's
+``leaderelection`` package does it (tools/leaderelection/leaderelection.go), with a fence.
 
 kubernetes-asyncio ships a leaderelection module, but it cannot tell a caller *now* whether it
 still leads (it only runs callbacks), it takes whole seconds as its smallest period, and it
-does not count lease transitions; so this is a small one of our own.
+does not count lease transitions; so this is a small one of our own, following client-go:
 
-- A follower takes the Lease when its holder has not renewed for ``lease_duration``, measured
-  on the follower's own clock from when it *saw* the last change (no clock-skew trust).
+- A follower takes the Lease when its holder has not renewed it for the **record's**
+  ``leaseDurationSeconds`` (not our own setting: during a rolling update that changes it, the
+  holder's promise is what counts), measured on the follower's own clock from when it *saw*
+  the record change (no clock-skew trust). An empty holder (a released Lease) is free at once.
+- ``leaseTransitions`` goes up by one whenever a replica that was not the holder takes the
+  Lease (a released one included), and is kept on renewal.
 - Writes are optimistic: replace with the read resourceVersion; a 409 means someone else won.
-- ``is_leader()`` is true only until ``renew_deadline`` after the start of our last successful
-  renewal. ``renew_deadline < lease_duration``, so a leader that cannot renew stops writing
-  before any follower may take over.
+- The leader renews every ``retry_period``; a renewal that fails is retried every
+  ``retry_period`` until ``renew_deadline`` after the last success, then leadership is lost.
+- ``is_leader(margin)`` is true only while at least ``margin`` seconds remain before
+  ``renew_deadline`` after the start of the last successful renewal. ``renew_deadline <
+  lease_duration``, so a leader that cannot renew stops writing before any follower may take
+  over, and a writer asks for ``api_timeout`` of margin so no write outlives the fence.
+- Lease times are always written with six fractional digits (``micro_time``).
 - On shutdown the leader releases the Lease (empty holder) so a follower takes over at once.
 """
 
@@ -21,6 +30,7 @@ import socket
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 import structlog
 from kubernetes_asyncio import client
@@ -36,6 +46,19 @@ log = structlog.get_logger("controller.leader")
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+def micro_time(when: object) -> str | None:
+    """A Lease time as the API server parses MicroTime: the fixed layout
+    ``2006-01-02T15:04:05.000000Z07:00`` (k8s.io/apimachinery metav1.MicroTime, RFC3339Micro),
+    six fractional digits always. ``datetime.isoformat()`` drops the fraction when the
+    microseconds are 0, and the server answers 400 to that."""
+    if when is None or isinstance(when, str):
+        return when
+    assert isinstance(when, datetime)
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class LeaderElector:
@@ -57,8 +80,9 @@ class LeaderElector:
         self._observed_at = -math.inf
         self._conditions = Conditions(log, repeat, monotonic)
 
-    def is_leader(self) -> bool:
-        return self._monotonic() < self._valid_until
+    def is_leader(self, margin: float = 0.0) -> bool:
+        """Leading, with at least ``margin`` seconds of the fence left."""
+        return self._monotonic() + margin < self._valid_until
 
     async def run(self, stop: asyncio.Event) -> None:
         """Try to acquire or renew every ``retry_period`` until ``stop``; then release."""
@@ -81,9 +105,15 @@ class LeaderElector:
         await self.release()
 
     async def _attempt(self) -> None:
+        """One try. A leader's is bounded by what is left of its fence (so a renewal keeps
+        being retried until ``renew_deadline``, never cut short at ``retry_period``); a
+        follower's by ``renew_deadline``."""
         started = self._monotonic()
+        budget = self._settings.renew_deadline
+        if self.is_leader():
+            budget = self._valid_until - started
         try:
-            async with asyncio.timeout(self._settings.retry_period):
+            async with asyncio.timeout(budget):
                 if await self._try_acquire_or_renew():
                     self._valid_until = started + self._settings.renew_deadline
         except (TimeoutError, APIError) as exc:
@@ -106,33 +136,42 @@ class LeaderElector:
         spec = lease.spec or client.V1LeaseSpec()
         holder = spec.holder_identity or None
         self._observe(holder, spec.renew_time, lease.metadata.resource_version)
-        fresh = self._monotonic() - self._observed_at < s.lease_duration
-        if holder not in (None, self.identity) and fresh:
+        # The holder's own promise: the record's duration, from when we saw it renew.
+        duration = spec.lease_duration_seconds or s.lease_duration
+        valid = self._monotonic() - self._observed_at < duration
+        if holder not in (None, self.identity) and valid:
             return False  # someone else holds it and has renewed recently enough
-        return await self._replace(lease, spec, taking_over=holder != self.identity)
+        return await self._replace(lease, spec, renewing=holder == self.identity)
 
     def _observe(self, holder: str | None, renewed: object, version: str | None) -> None:
         record = (holder, renewed, version)
         if record != self._observed:
             self._observed, self._observed_at = record, self._monotonic()
 
-    def _spec(self, acquired: datetime, transitions: int) -> client.V1LeaseSpec:
-        return client.V1LeaseSpec(
-            holder_identity=self.identity,
-            lease_duration_seconds=max(1, math.ceil(self._settings.lease_duration)),
-            acquire_time=acquired,
-            renew_time=_now(),
-            lease_transitions=transitions,
-        )
+    def _body(self, acquired: object, transitions: int, version: str | None) -> Any:
+        """A Lease as plain JSON: the client sends a dict as it is, while a V1Lease would
+        serialize its times with ``isoformat()`` (no fraction when microseconds are 0)."""
+        s = self._settings
+        metadata: dict[str, Any] = {"name": s.lease_name, "namespace": s.namespace}
+        if version is not None:
+            metadata["resourceVersion"] = version
+        return {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": metadata,
+            "spec": {
+                "holderIdentity": self.identity,
+                "leaseDurationSeconds": max(1, math.ceil(s.lease_duration)),
+                "acquireTime": micro_time(acquired),
+                "renewTime": micro_time(_now()),
+                "leaseTransitions": transitions,
+            },
+        }
 
     async def _create(self) -> bool:
         s = self._settings
-        body = client.V1Lease(
-            metadata=client.V1ObjectMeta(name=s.lease_name, namespace=s.namespace),
-            spec=self._spec(_now(), 0),
-        )
         try:
-            await self._api.create_namespaced_lease(s.namespace, body)
+            await self._api.create_namespaced_lease(s.namespace, self._body(_now(), 0, None))
         except API_EXCEPTIONS as exc:
             if isinstance(exc, ApiException) and exc.status == 409:
                 return False  # another replica created it first
@@ -140,21 +179,21 @@ class LeaderElector:
         return True
 
     async def _replace(
-        self, lease: client.V1Lease, spec: client.V1LeaseSpec, taking_over: bool
+        self, lease: client.V1Lease, spec: client.V1LeaseSpec, renewing: bool
     ) -> bool:
         s = self._settings
-        transitions = (spec.lease_transitions or 0) + (
-            1 if taking_over and spec.holder_identity else 0
-        )
-        acquired = _now() if taking_over else (spec.acquire_time or _now())
-        lease.spec = self._spec(acquired, transitions)
+        # client-go: a renewal keeps acquireTime and the count; anyone else taking it —
+        # from a holder that expired or from a released (empty) Lease — counts one more.
+        transitions = (spec.lease_transitions or 0) + (0 if renewing else 1)
+        acquired = (spec.acquire_time or _now()) if renewing else _now()
+        body = self._body(acquired, transitions, lease.metadata.resource_version)
         try:
-            await self._api.replace_namespaced_lease(s.lease_name, s.namespace, lease)
+            await self._api.replace_namespaced_lease(s.lease_name, s.namespace, body)
         except API_EXCEPTIONS as exc:
             if isinstance(exc, ApiException) and exc.status == 409:
                 return False  # written by someone else since we read it
             raise translate(exc, f"update lease {s.namespace}/{s.lease_name}") from exc
-        if taking_over:
+        if not renewing:
             log.info("lease taken", identity=self.identity, previous=spec.holder_identity)
         return True
 
@@ -169,10 +208,15 @@ class LeaderElector:
         try:
             async with asyncio.timeout(2):
                 lease = await self._api.read_namespaced_lease(s.lease_name, s.namespace)
-                if lease.spec is not None and lease.spec.holder_identity == self.identity:
-                    lease.spec.holder_identity = ""
-                    lease.spec.lease_duration_seconds = 1
-                    await self._api.replace_namespaced_lease(s.lease_name, s.namespace, lease)
+                spec = lease.spec
+                if spec is not None and spec.holder_identity == self.identity:
+                    body = self._body(
+                        spec.acquire_time,
+                        spec.lease_transitions or 0,
+                        lease.metadata.resource_version,
+                    )
+                    body["spec"].update(holderIdentity="", leaseDurationSeconds=1)
+                    await self._api.replace_namespaced_lease(s.lease_name, s.namespace, body)
                     log.info("lease released", identity=self.identity)
         except API_EXCEPTIONS as exc:
             log.warning("could not release the lease", error=str(exc) or type(exc).__name__)

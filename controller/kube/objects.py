@@ -78,17 +78,35 @@ def _last_applied(annotations: Mapping[str, str], key: str) -> dict[str, int] | 
         return None
 
 
-def _last_writer(obj: Mapping[str, Any]) -> str | None:
+def _writers(obj: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """Who wrote the object itself: managedFields entries without a ``subresource`` (the
+    payload processor's ``status`` updates come after every spec change and say nothing about
+    who set the weights)."""
     entries = obj.get("metadata", {}).get("managedFields") or []
-    timed = [e for e in entries if isinstance(e, dict) and e.get("manager")]
-    if not timed:
-        return None
-    latest = max(timed, key=lambda e: str(e.get("time") or ""))
-    return str(latest["manager"])
+    return tuple(
+        (str(e["manager"]), str(e.get("time") or ""))
+        for e in entries
+        if isinstance(e, dict) and e.get("manager") and not e.get("subresource")
+    )
+
+
+def last_writer(writers: Sequence[tuple[str, str]], ours: str) -> str:
+    """The manager that last wrote the object, other than ``ours``; ``unknown`` when none is
+    recorded or two managers share the latest time (managedFields keep whole seconds)."""
+    others = [(manager, when) for manager, when in writers if manager != ours]
+    if not others:
+        return "unknown"
+    latest = max(when for _, when in others)
+    managers = {manager for manager, when in others if when == latest}
+    return managers.pop() if len(managers) == 1 else "unknown"
 
 
 def _target(
-    kind: Kind, obj: Mapping[str, Any], refs: Sequence[Ref], rule: int | None = None
+    kind: Kind,
+    obj: Mapping[str, Any],
+    refs: Sequence[Ref],
+    rule: int | None = None,
+    minimum: int = 0,
 ) -> Target:
     meta = obj.get("metadata", {})
     annotations = _annotations(obj)
@@ -101,13 +119,15 @@ def _target(
         refs=tuple(refs),
         has_annotations=meta.get("annotations") is not None,
         last_applied=_last_applied(annotations, last_applied_key(rule)),
-        last_writer=_last_writer(obj),
+        writers=_writers(obj),
         rule=rule,
         total=None if kind == "HTTPRoute" else 100,
+        minimum=minimum,
     )
 
 
-def external_model(obj: Mapping[str, Any], providers: ProviderMapping) -> Target:
+def external_model(obj: Mapping[str, Any], providers: ProviderMapping, minimum: int = 0) -> Target:
+    """``minimum``: the lowest weight the installed CRD accepts (see ``weight_minimum``)."""
     entries = obj.get("spec", {}).get("externalProviderRefs") or []
     refs = []
     for index, entry in enumerate(entries):
@@ -121,7 +141,27 @@ def external_model(obj: Mapping[str, Any], providers: ProviderMapping) -> Target
                 cluster=providers.clusters.get(name),
             )
         )
-    return _target("ExternalModel", obj, refs)
+    return _target("ExternalModel", obj, refs, minimum=minimum)
+
+
+EXTERNAL_MODEL_CRD = "externalmodels.inference.opendatahub.io"
+
+
+def weight_minimum(crd: Mapping[str, Any]) -> int:
+    """``externalProviderRefs[].weight.minimum`` of the served version of an ExternalModel CRD
+    (MaaS v0.2.0: 1, v0.2.1 and later: 0; 0 when the schema sets none)."""
+    for version in crd.get("spec", {}).get("versions") or []:
+        if version.get("name") != EXTERNAL_MODEL[1] or not version.get("served", True):
+            continue
+        node = version.get("schema", {}).get("openAPIV3Schema", {})
+        for step in ("spec", "externalProviderRefs", "items", "weight"):
+            node = (
+                node.get("items", {})
+                if step == "items"
+                else node.get("properties", {}).get(step, {})
+            )
+        return int(node.get("minimum", 0))
+    raise KeyError(f"{EXTERNAL_MODEL_CRD} serves no {EXTERNAL_MODEL[1]}")
 
 
 def httproute(obj: Mapping[str, Any], config: HTTPRouteTarget) -> list[Target]:

@@ -38,6 +38,9 @@ from controller.kube.errors import (
     APIForbiddenError,
     APIInvalidError,
     APINotFoundError,
+    APISchemaError,
+    APIServerError,
+    APIUnavailableError,
     translate,
 )
 from controller.kube.objects import ProviderMapping
@@ -54,15 +57,16 @@ T = TypeVar("T")
 class _Cache:
     """Parsed targets by uid, reused while the resourceVersion (and the mapping) is unchanged."""
 
-    parsed: dict[str, tuple[str, ProviderMapping, Target]] = field(default_factory=dict)
+    parsed: dict[str, tuple[tuple[str, int], ProviderMapping, Target]] = field(default_factory=dict)
 
-    def get(self, obj: Mapping[str, Any], mapping: ProviderMapping) -> Target:
+    def get(self, obj: Mapping[str, Any], mapping: ProviderMapping, minimum: int) -> Target:
         meta = obj.get("metadata", {})
-        uid, version = str(meta.get("uid", "")), str(meta.get("resourceVersion", ""))
+        uid = str(meta.get("uid", ""))
+        version = (str(meta.get("resourceVersion", "")), minimum)
         hit = self.parsed.get(uid)
         if hit is not None and hit[0] == version and hit[1] == mapping:
             return hit[2]
-        target = objects.external_model(obj, mapping)
+        target = objects.external_model(obj, mapping, minimum)
         self.parsed[uid] = (version, mapping, target)
         return target
 
@@ -73,7 +77,7 @@ class KubernetesPublisher:
         settings: Settings,
         api: client.ApiClient,
         metrics: ControllerMetrics,
-        is_leader: Callable[[], bool] = lambda: True,
+        is_leader: Callable[[float], bool] = lambda margin: True,
         dry_run: bool = False,
     ) -> None:
         self._settings = settings
@@ -95,6 +99,7 @@ class KubernetesPublisher:
         # one when it ends (see logs.Conditions), not one per tick.
         self._conditions = Conditions(log, settings.log.repeat_interval)
         self._seen: set[tuple[str, ...]] = set()
+        self._minimum: int | None = None  # the ExternalModel CRD's lowest weight, once known
 
     @property
     def targets(self) -> Mapping[str, Target]:
@@ -123,14 +128,49 @@ class KubernetesPublisher:
         self._cache.parsed = {t.uid: v for t in targets if (v := self._cache.parsed.get(t.uid))}
         return Discovery(tuple(targets), defined)
 
+    async def weight_minimum(self) -> int:
+        """The lowest weight an ExternalModel ref accepts: the setting, else the installed
+        CRD's ``minimum`` (MaaS v0.2.0 rejects 0 with a 422), else 1, which every version
+        accepts. Read once; an unreachable API server is asked again next time."""
+        if self._minimum is not None:
+            return self._minimum
+        setting = self._kube.min_weight
+        if setting != "auto":
+            self._minimum = setting
+            log.info("weight minimum", minimum=setting, source="setting")
+            return setting
+        try:
+            crd = await self._call(
+                f"get customresourcedefinitions {objects.EXTERNAL_MODEL_CRD}",
+                lambda: self._custom.get_cluster_custom_object(
+                    "apiextensions.k8s.io",
+                    "v1",
+                    "customresourcedefinitions",
+                    objects.EXTERNAL_MODEL_CRD,
+                ),
+            )
+            self._minimum = objects.weight_minimum(crd)
+        except (APIUnavailableError, APIServerError) as exc:
+            self._count(exc)
+            return 1  # for now; the CRD is read again on the next discovery
+        except (APIError, KeyError, ValueError, TypeError, AttributeError) as exc:
+            if isinstance(exc, APIError):
+                self._count(exc)
+            self._minimum = 1
+            log.info("weight minimum", minimum=1, source="assumed", error=str(exc))
+            return 1
+        log.info("weight minimum", minimum=self._minimum, source="crd")
+        return self._minimum
+
     async def _read_targets(self) -> tuple[list[Target], list[ClusterSettings]]:
         targets: list[Target] = []
         defined: list[ClusterSettings] = []
+        minimum = await self.weight_minimum()
         for namespace in self._kube.namespaces:
             mapping = self._mappings[namespace] = await self._providers(namespace)
             defined += mapping.defined
             for obj in await self._list_models(namespace):
-                model = self._cache.get(obj, mapping)
+                model = self._cache.get(obj, mapping, minimum)
                 if len(model.refs) >= 2 and self._usable(model):
                     targets.append(model)
         for route in self._routes.values():
@@ -210,10 +250,17 @@ class KubernetesPublisher:
         """Patch ``target`` to hold ``desired``. Leadership is checked before every attempt."""
         if self._dry_run:
             return WriteResult(Write.WOULD, target.holding(desired))
-        if not self._is_leader():
+        # Leadership is checked before every attempt (a retry after a conflict included), with
+        # a whole API timeout of the lease left: no patch may land after the fence.
+        if not self._is_leader(self._kube.api_timeout):
             return WriteResult(Write.FOLLOWER, target)
         try:
             return WriteResult(Write.DONE, await self._patch(target, desired, why))
+        except APISchemaError as exc:  # the same body would be refused again: no retry
+            self._count(exc)
+            for cause in exc.causes:
+                self._metrics.schema_rejections.labels(target.key, cause.get("field", "")).inc()
+            return WriteResult(Write.REFUSED, target, exc.fields, exc.reason)
         except (APIConflictError, APIInvalidError) as exc:
             self._count(exc)
             log.info("write conflict", target=target.key, reason=exc.reason, error=str(exc))
@@ -257,7 +304,7 @@ class KubernetesPublisher:
             rules = objects.httproute(obj, self._routes[(like.namespace, like.name)])
             return next((rule for rule in rules if rule.key == like.key), None)
         mapping = self._mappings.get(like.namespace) or await self._providers(like.namespace)
-        return objects.external_model(obj, mapping)
+        return objects.external_model(obj, mapping, like.minimum)
 
     async def _patch(self, target: Target, desired: Mapping[str, int], why: str) -> Target:
         self._note_foreign_change(target, desired)
@@ -288,7 +335,7 @@ class KubernetesPublisher:
             log.warning(
                 "replacing weights changed outside the controller",
                 target=target.key,
-                changed_by=target.last_writer,
+                changed_by=objects.last_writer(target.writers, self._kube.field_manager),
                 found=_fmt(current),
                 last_applied_by_us=_fmt(ours),
                 new=_fmt(desired),
