@@ -41,6 +41,7 @@ admission beyond the above.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import itertools
 import json
@@ -103,6 +104,7 @@ class Fault:
     plural: str
     code: int
     times: int
+    seconds: float = 0.0
 
 
 @dataclass
@@ -117,6 +119,7 @@ class FakeAPIServer:
     objects: dict[Key, Json] = field(default_factory=dict)
     faults: list[Fault] = field(default_factory=list)
     hooks: list[Hook] = field(default_factory=list)
+    delays: list[Fault] = field(default_factory=list)
     requests: list[tuple[str, str, str, Any]] = field(default_factory=list)
     port: int = 0
     crd_version: str = "v0.2.1"
@@ -162,6 +165,10 @@ class FakeAPIServer:
     # ---- test helpers ----------------------------------------------------------------------
     def fail(self, method: str, plural: str, code: int, times: int = 1) -> None:
         self.faults.append(Fault(method, plural, code, times))
+
+    def slow(self, method: str, plural: str, seconds: float, times: int = 1) -> None:
+        """Answer the next ``times`` matching requests ``seconds`` late (a loaded server)."""
+        self.delays.append(Fault(method, plural, 0, times, seconds))
 
     @staticmethod
     def advance(seconds: float) -> None:
@@ -346,6 +353,12 @@ class FakeAPIServer:
         return web.json_response(body, status=422)
 
     async def _record(self, request: web.Request) -> Any:
+        for delay in self.delays:
+            plural = request.match_info.get("plural")
+            if (delay.method, delay.plural) == (request.method, plural) and delay.times > 0:
+                delay.times -= 1
+                await asyncio.sleep(delay.seconds)
+                break
         raw = await request.read()
         body = json.loads(raw) if raw else None
         self.requests.append((request.method, request.path, request.content_type, body))

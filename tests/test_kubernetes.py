@@ -658,3 +658,117 @@ def test_every_sample_and_fixture_object_passes_the_upstream_schemas() -> None:
             plural = kind.lower() + "s"
             _, causes = crds.admit(version, plural, obj)
             assert causes == [], (version, obj["metadata"]["name"], causes)
+
+
+# ---- leader election, the client-go way ------------------------------------------------------
+
+
+def test_lease_times_always_carry_six_fractional_digits() -> None:
+    from datetime import UTC, datetime
+
+    from controller.kube.leader import micro_time
+
+    on_the_second = datetime(2026, 12, 1, 8, 0, 0, 0, tzinfo=UTC)
+    assert micro_time(on_the_second) == "2026-12-01T08:00:00.000000Z"
+    assert micro_time(on_the_second.replace(microsecond=42)) == "2026-12-01T08:00:00.000042Z"
+
+
+async def test_the_fence_refuses_a_write_that_could_outlive_it() -> None:
+    from controller.kube.leader import LeaderElector
+
+    now = [100.0]
+    async with client.ApiClient(client.Configuration(host="http://127.0.0.1:9")) as unused:
+        elector = LeaderElector(unused, elector_settings("a"), monotonic=lambda: now[0])
+        elector._valid_until = 101.0  # renewed; 1 s of the fence left
+        assert elector.is_leader() and elector.is_leader(0.5)
+        assert not elector.is_leader(1.0)  # a write of up to api_timeout=1 s might land after
+        now[0] = 101.0
+        assert not elector.is_leader()
+
+
+async def test_a_rolling_update_that_shortens_the_lease_never_gives_two_writers(
+    apiserver: FakeAPIServer, api: client.ApiClient
+) -> None:
+    from controller.kube.leader import LeaderElector
+    from controller.settings import LeaderSettings
+
+    # the old replica promises 3 s; the new one is configured with 1.5 s
+    old = LeaderElector(
+        api, LeaderSettings(identity="old", lease_duration=3, renew_deadline=2, retry_period=0.2)
+    )
+    new = LeaderElector(api, elector_settings("new"))
+    stop_old, stop_new = asyncio.Event(), asyncio.Event()
+    task_old = asyncio.create_task(old.run(stop_old))
+    await wait_until(old.is_leader, 3)
+    task_new = asyncio.create_task(new.run(stop_new))
+    await asyncio.sleep(0.5)
+    task_old.cancel()  # killed mid-rollout: no release
+    began = asyncio.get_running_loop().time()
+    while not new.is_leader():  # bounded by wait_until below
+        assert not (old.is_leader() and new.is_leader())
+        await asyncio.sleep(0.05)
+        assert asyncio.get_running_loop().time() - began < 6
+    took = asyncio.get_running_loop().time() - began
+    # the record said 3 s: waiting only our own 1.5 s would have meant two writers
+    assert took >= 3 - 0.5 - 0.1, took
+    stop_new.set()
+    await task_new
+
+
+async def test_taking_a_released_lease_counts_a_transition(
+    apiserver: FakeAPIServer, api: client.ApiClient
+) -> None:
+    from controller.kube.leader import LeaderElector
+
+    counts = []
+    for identity in ("a", "b", "c"):
+        elector = LeaderElector(api, elector_settings(identity))
+        stop = asyncio.Event()
+        task = asyncio.create_task(elector.run(stop))
+        await wait_until(elector.is_leader, 3)
+        lease = await client.CoordinationV1Api(api).read_namespaced_lease("weight-controller", NS)
+        counts.append(lease.spec.lease_transitions)
+        stop.set()  # graceful: releases the Lease
+        await task
+    assert counts == [0, 1, 2]
+
+
+async def test_a_renewal_is_retried_until_the_renew_deadline(
+    apiserver: FakeAPIServer, api: client.ApiClient
+) -> None:
+    from controller.kube.leader import LeaderElector
+
+    a = LeaderElector(api, elector_settings("a"))
+    stop = asyncio.Event()
+    task = asyncio.create_task(a.run(stop))
+    await wait_until(a.is_leader, 3)
+    apiserver.fail("PUT", "leases", 500, times=2)  # two renewals fail, well inside 1 s
+    with capture_logs() as logs:
+        for _ in range(12):  # 1.2 s: the failures, then renewals that land again
+            assert a.is_leader(), "a leader that renews within renew_deadline stays leader"
+            await asyncio.sleep(0.1)
+    assert [e["event"] for e in logs].count("lease attempt failed") == 1  # one condition
+    assert not any(e["event"] == "leadership lost" for e in logs)
+    stop.set()
+    await task
+
+
+async def test_a_slow_renewal_is_waited_for_within_the_renew_deadline(
+    apiserver: FakeAPIServer, api: client.ApiClient
+) -> None:
+    from controller.kube.leader import LeaderElector
+
+    a = LeaderElector(api, elector_settings("a"))
+    stop = asyncio.Event()
+    task = asyncio.create_task(a.run(stop))
+    await wait_until(a.is_leader, 3)
+    # every renewal takes 1.5 retry periods, but well under the renew deadline: cutting
+    # each attempt at retry_period would never renew and lose the lease
+    apiserver.slow("PUT", "leases", 1.5 * LEASE["retry_period"], times=6)
+    with capture_logs() as logs:
+        for _ in range(20):  # 2 s: twice the renew deadline
+            assert a.is_leader()
+            await asyncio.sleep(0.1)
+    assert not any(e["event"] in ("leadership lost", "lease attempt failed") for e in logs)
+    stop.set()
+    await task
