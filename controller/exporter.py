@@ -52,6 +52,7 @@ class Snapshot:
 
     clusters: dict[str, ClusterView] = field(default_factory=dict)
     targets: dict[str, TargetView] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)  # objects we will not write, and why
     dry_run: bool = False
     ticks: int = 0
     last_tick_monotonic: float | None = None
@@ -344,6 +345,7 @@ def state_json(snapshot: Snapshot, leader: bool | None) -> dict[str, Any]:
         "dry_run": snapshot.dry_run,
         "clusters": {name: cluster_json(view) for name, view in snapshot.clusters.items()},
         "targets": {key: target_json(view) for key, view in snapshot.targets.items()},
+        "refused": dict(snapshot.refused),
     }
 
 

@@ -181,6 +181,7 @@ class Reconciler:
             self._conditions.observe("discovery failed", ("discover",), "error", exc_info=True)
             return Discovery(tuple(v.outcome.target for v in self._snapshot.targets.values()))
         self._conditions.clear(("discover",))
+        self._snapshot.refused = dict(found.refused)
         self._watch({c.name: c for c in found.clusters if c.name not in self._static})
         return found
 

@@ -358,9 +358,10 @@ class KubernetesSettings(_Group):
         "HTTPRoutes below) are patched.",
     )
     namespaces: list[str] = Field(
-        default_factory=lambda: ["maas-system"],
-        min_length=1,
-        description="Where opted-in ExternalModels are looked for.",
+        default_factory=list,
+        description="Where opted-in ExternalModels are looked for. Empty (the default): every "
+        "namespace, as MaaS keeps ExternalModels in model namespaces (needs the ClusterRole); "
+        "a list: only those (namespaced Roles suffice).",
     )
     label_selector: str = Field(
         default="weight-controller.opendatahub.io/managed=true",

@@ -78,6 +78,8 @@ def render(state: dict[str, Any], now: float | None = None) -> str:
         )
     lines += _table(rows)
     lines += ["", *_targets(state.get("targets") or {}, now)]
+    for key, why in sorted((state.get("refused") or {}).items()):
+        lines.append(f"refused: {key}: {why}")
     return "\n".join(lines)
 
 

@@ -772,3 +772,138 @@ async def test_a_slow_renewal_is_waited_for_within_the_renew_deadline(
     assert not any(e["event"] in ("leadership lost", "lease attempt failed") for e in logs)
     stop.set()
     await task
+
+
+# ---- namespaces ------------------------------------------------------------------------------
+
+
+def in_namespace(obj: dict[str, Any], namespace: str) -> dict[str, Any]:
+    obj["metadata"]["namespace"] = namespace
+    return obj
+
+
+async def test_models_in_every_namespace_are_found_with_no_namespace_configured(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
+) -> None:
+    for namespace in ("llm", "team-b"):
+        for name in ("east", "west"):
+            apiserver.put_object(CRD, "externalproviders", in_namespace(provider(name), namespace))
+        refs = [("east", 50), ("west", 50)]
+        apiserver.put_object(CRD, "externalmodels", in_namespace(model("m", refs), namespace))
+    sims["east"].kv = 0.95
+    async with Controller(settings_for(sims), serve=False, api=api) as controller:
+        await ticks(controller, 2)
+        found = set(controller.snapshot.targets)
+    assert found == {"ExternalModel/llm/m", "ExternalModel/team-b/m"}
+    lists = [
+        path
+        for method, path, _, _ in apiserver.requests
+        if method == "GET" and "/namespaces/" not in path
+    ]
+    assert any(p.endswith("/externalmodels") for p in lists)  # one LIST across the cluster
+    events = apiserver.writes("POST", "events")
+    assert {e[1].split("/")[4] for e in events} == {"llm", "team-b"}  # Events beside the model
+
+
+async def test_an_explicit_namespace_list_reads_only_those(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
+) -> None:
+    for namespace in ("llm", "team-b"):
+        for name in ("east", "west"):
+            apiserver.put_object(CRD, "externalproviders", in_namespace(provider(name), namespace))
+        refs = [("east", 50), ("west", 50)]
+        apiserver.put_object(CRD, "externalmodels", in_namespace(model("m", refs), namespace))
+    settings = settings_for(sims, kubernetes={"namespaces": ["llm"]})
+    async with Controller(settings, serve=False, api=api) as controller:
+        await ticks(controller, 1)
+        assert set(controller.snapshot.targets) == {"ExternalModel/llm/m"}
+    assert all("/namespaces/team-b/" not in path for _, path, _, _ in apiserver.requests)
+
+
+# ---- HTTPRoute rules -------------------------------------------------------------------------
+
+GATEWAY = "gateway.networking.k8s.io/v1"
+
+
+def route(rules: list[list[tuple[str, int]]], **meta: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "llama", "namespace": "apps", **meta},
+        "spec": {
+            "rules": [
+                {"backendRefs": [{"name": n, "port": 8000, "weight": w} for n, w in rule]}
+                for rule in rules
+            ]
+        },
+    }
+
+
+def rules_of(apiserver: FakeAPIServer) -> list[dict[str, int]]:
+    obj = apiserver.get(GATEWAY, "httproutes", "apps", "llama")
+    assert obj is not None
+    return [{b["name"]: b["weight"] for b in r["backendRefs"]} for r in obj["spec"]["rules"]]
+
+
+def route_settings(sims: Fleet) -> Settings:
+    backends = {"svc-east": "east", "svc-west": "west", "east-only": "east", "west-only": "west"}
+    httproutes = [{"namespace": "apps", "name": "llama", "backends": backends}]
+    return settings_for(sims, kubernetes={"httproutes": httproutes})
+
+
+async def test_each_rule_is_weighed_on_its_own_and_keeps_its_total(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
+) -> None:
+    rules = [
+        [("svc-east", 500), ("svc-west", 500), ("saas", 200)],  # unmapped backend, large weight
+        [("svc-east", 1), ("svc-west", 1)],  # the defaults: all ours
+        [("east-only", 1)],  # one backend: nothing to split
+        [("west-only", 3)],
+    ]
+    apiserver.put_object(GATEWAY, "httproutes", route(rules))
+    sims["west"].kv = 0.95
+    sims["east"].fault = Fault.NONE
+    async with Controller(route_settings(sims), serve=False, api=api) as controller:
+        await ticks(controller, 4)
+        keys = set(controller.snapshot.targets)
+    first, second, third, fourth = rules_of(apiserver)
+    assert keys == {"HTTPRoute/apps/llama/rule-0", "HTTPRoute/apps/llama/rule-1"}
+    assert first["saas"] == 200 and first["svc-east"] + first["svc-west"] == 1000
+    assert first["svc-east"] > first["svc-west"]  # the unmapped share (200/1200) is kept
+    assert sum(second.values()) == 100 and second["svc-east"] > second["svc-west"] > 0
+    assert third == {"east-only": 1} and fourth == {"west-only": 3}  # single backends untouched
+
+
+async def test_a_rule_whose_backends_are_ours_never_ends_all_zero(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
+) -> None:
+    apiserver.put_object(GATEWAY, "httproutes", route([[("svc-east", 500), ("svc-west", 500)]]))
+    sims["east"].fault = Fault.HTTP_500
+    sims["west"].fault = Fault.HTTP_500
+    async with Controller(route_settings(sims), serve=False, api=api) as controller:
+        await ticks(controller, 4)
+    assert rules_of(apiserver) == [{"svc-east": 500, "svc-west": 500}]  # fail static
+
+
+async def test_a_route_owned_by_another_controller_is_refused(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
+) -> None:
+    owner = {
+        "apiVersion": "inference.opendatahub.io/v1alpha1",
+        "kind": "ExternalModel",
+        "name": "granite",
+        "uid": "1234",
+        "controller": True,
+    }
+    owned = route([[("svc-east", 50), ("svc-west", 50)]], ownerReferences=[owner])
+    apiserver.put_object(GATEWAY, "httproutes", owned)
+    sims["west"].kv = 0.95
+    async with Controller(route_settings(sims), serve=False, api=api) as controller:
+        with capture_logs() as logs:
+            await ticks(controller, 3)
+        refused = dict(controller.snapshot.refused)
+    assert apiserver.writes("PATCH") == []
+    assert rules_of(apiserver) == [{"svc-east": 50, "svc-west": 50}]
+    assert refused == {
+        "HTTPRoute/apps/llama": "owned by ExternalModel/granite, which rewrites its spec"
+    }
+    lines = [e for e in logs if e["event"] == "route refused: owned by another controller"]
+    assert len(lines) == 1 and lines[0]["owner"] == "ExternalModel/granite"

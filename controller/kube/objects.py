@@ -183,6 +183,15 @@ def httproute(obj: Mapping[str, Any], config: HTTPRouteTarget) -> list[Target]:
     return targets
 
 
+def controller_owner(obj: Mapping[str, Any]) -> str | None:
+    """``Kind/name`` of the controller that owns ``obj`` (an ownerReference with
+    ``controller: true``), or ``None``."""
+    for ref in obj.get("metadata", {}).get("ownerReferences") or []:
+        if isinstance(ref, dict) and ref.get("controller"):
+            return f"{ref.get('kind')}/{ref.get('name')}"
+    return None
+
+
 def map_providers(providers: Sequence[Mapping[str, Any]], configured: set[str]) -> ProviderMapping:
     clusters: dict[str, str] = {}
     defined: list[ClusterSettings] = []

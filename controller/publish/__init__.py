@@ -24,6 +24,7 @@ class Discovery:
 
     targets: Sequence[Target] = ()
     clusters: Sequence[ClusterSettings] = field(default=())
+    refused: Mapping[str, str] = field(default_factory=dict)  # objects not written, and why
 
 
 class Publisher(Protocol):

@@ -100,6 +100,8 @@ class KubernetesPublisher:
         self._conditions = Conditions(log, settings.log.repeat_interval)
         self._seen: set[tuple[str, ...]] = set()
         self._minimum: int | None = None  # the ExternalModel CRD's lowest weight, once known
+        self._refused: dict[str, str] = {}  # objects we will not write, and why
+        self._last_refused: dict[str, str] = {}
 
     @property
     def targets(self) -> Mapping[str, Target]:
@@ -109,6 +111,7 @@ class KubernetesPublisher:
     async def discover(self) -> Discovery:
         """Refresh the targets and the clusters ExternalProviders define by annotation."""
         self._seen = set()
+        self._refused = {}
         try:
             targets, defined = await self._read_targets()
         except APIError as exc:
@@ -120,13 +123,14 @@ class KubernetesPublisher:
                 error=str(exc),
                 kept_targets=len(self._targets),
             )
-            return Discovery(tuple(self._targets.values()), self._defined)
+            return Discovery(tuple(self._targets.values()), self._defined, self._last_refused)
+        self._last_refused = dict(self._refused)
         self._conditions.clear(("api",))
         self._conditions.retain(("discovery",), set(self._seen))
         self._targets = {t.key: t for t in targets}
         self._defined = defined
         self._cache.parsed = {t.uid: v for t in targets if (v := self._cache.parsed.get(t.uid))}
-        return Discovery(tuple(targets), defined)
+        return Discovery(tuple(targets), defined, self._last_refused)
 
     async def weight_minimum(self) -> int:
         """The lowest weight an ExternalModel ref accepts: the setting, else the installed
@@ -166,10 +170,10 @@ class KubernetesPublisher:
         targets: list[Target] = []
         defined: list[ClusterSettings] = []
         minimum = await self.weight_minimum()
-        for namespace in self._kube.namespaces:
-            mapping = self._mappings[namespace] = await self._providers(namespace)
+        for namespace, models in (await self._models()).items():
+            mapping = self._mappings[namespace]
             defined += mapping.defined
-            for obj in await self._list_models(namespace):
+            for obj in models:
                 model = self._cache.get(obj, mapping, minimum)
                 if len(model.refs) >= 2 and self._usable(model):
                     targets.append(model)
@@ -179,26 +183,50 @@ class KubernetesPublisher:
                     targets.append(rule)
         return targets, defined
 
-    async def _list_models(self, namespace: str) -> list[dict[str, Any]]:
-        found = await self._call(
-            f"list externalmodels in {namespace}",
-            lambda: self._custom.list_namespaced_custom_object(
-                *objects.EXTERNAL_MODEL[:2],
-                namespace,
-                objects.EXTERNAL_MODEL[2],
-                label_selector=self._kube.label_selector,
-            ),
-        )
+    async def _models(self) -> dict[str, list[dict[str, Any]]]:
+        """Opted-in ExternalModels by namespace, with each namespace's provider mapping read.
+
+        No namespaces configured (the default): one LIST of each kind across the cluster —
+        MaaS puts ExternalModels in model namespaces (e.g. ``llm``), not in ours. Otherwise two
+        LISTs per configured namespace, which namespaced Roles can grant."""
+        if self._kube.namespaces:
+            found = {}
+            for namespace in self._kube.namespaces:
+                self._mappings[namespace] = await self._providers(namespace)
+                found[namespace] = await self._list(objects.EXTERNAL_MODEL, namespace, True)
+            return found
+        providers = _by_namespace(await self._list(objects.EXTERNAL_PROVIDER, None, False))
+        models = _by_namespace(await self._list(objects.EXTERNAL_MODEL, None, True))
+        for namespace in models:
+            self._mappings[namespace] = self._mapping(providers.get(namespace, []))
+        return models
+
+    async def _list(
+        self, gvp: tuple[str, str, str], namespace: str | None, selected: bool
+    ) -> list[dict[str, Any]]:
+        group, version, plural = gvp
+        selector = self._kube.label_selector if selected else ""  # "": every object
+        if namespace is None:
+            found = await self._call(
+                f"list {plural} in all namespaces",
+                lambda: self._custom.list_cluster_custom_object(
+                    group, version, plural, label_selector=selector
+                ),
+            )
+        else:
+            found = await self._call(
+                f"list {plural} in {namespace}",
+                lambda: self._custom.list_namespaced_custom_object(
+                    group, version, namespace, plural, label_selector=selector
+                ),
+            )
         return list(found.get("items", []))
 
     async def _providers(self, namespace: str) -> ProviderMapping:
-        found = await self._call(
-            f"list externalproviders in {namespace}",
-            lambda: self._custom.list_namespaced_custom_object(
-                *objects.EXTERNAL_PROVIDER[:2], namespace, objects.EXTERNAL_PROVIDER[2]
-            ),
-        )
-        mapping = objects.map_providers(found.get("items", []), self._configured)
+        return self._mapping(await self._list(objects.EXTERNAL_PROVIDER, namespace, False))
+
+    def _mapping(self, providers: list[dict[str, Any]]) -> ProviderMapping:
+        mapping = objects.map_providers(providers, self._configured)
         for problem in mapping.problems:
             self._problem("ignoring provider annotations", ("provider", problem), problem=problem)
         return mapping
@@ -223,6 +251,20 @@ class KubernetesPublisher:
                 "configured HTTPRoute not found",
                 ("route", namespace, name),
                 route=f"{namespace}/{name}",
+            )
+            return []
+        owner = objects.controller_owner(obj)
+        if owner is not None:
+            # e.g. the payload processor's route for an ExternalModel: it rewrites the spec
+            # from its own object, so weights written here would be undone (steer the
+            # ExternalModel instead).
+            why = f"owned by {owner}, which rewrites its spec"
+            self._refused[f"HTTPRoute/{namespace}/{name}"] = why
+            self._problem(
+                "route refused: owned by another controller",
+                ("owned", namespace, name),
+                route=f"{namespace}/{name}",
+                owner=owner,
             )
             return []
         return objects.httproute(obj, config)
@@ -387,6 +429,13 @@ class KubernetesPublisher:
                 return await request()
         except API_EXCEPTIONS as exc:
             raise translate(exc, doing) from exc
+
+
+def _by_namespace(items: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for item in items:
+        grouped.setdefault(str(item.get("metadata", {}).get("namespace", "")), []).append(item)
+    return grouped
 
 
 def _gvp(target: Target) -> tuple[str, str, str]:
