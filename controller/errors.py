@@ -50,6 +50,12 @@ class ScrapeHTTPStatusError(ScrapeError):
     reason = Reason.HTTP_STATUS
 
 
+class ScrapeRedirectError(ScrapeError):
+    """A 3xx: never followed (a redirect could point anywhere, the API server included)."""
+
+    reason = Reason.REDIRECT
+
+
 class ScrapeTooLargeError(ScrapeError):
     reason = Reason.TOO_LARGE
 

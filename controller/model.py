@@ -13,6 +13,7 @@ class Reason(StrEnum):
     TIMEOUT = "timeout"
     CONNECT = "connect"
     HTTP_STATUS = "http_status"
+    REDIRECT = "redirect"
     PARSE = "parse"
     TOO_LARGE = "too_large"
     MISSING_METRIC = "missing_metric"

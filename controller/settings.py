@@ -7,6 +7,7 @@ bare number of seconds. ``load_settings`` turns every validation problem into on
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Mapping
@@ -351,6 +352,42 @@ class HTTPRouteTarget(_Group):
     )
 
 
+class AnnotationURLSettings(_Group):
+    """Where metrics URLs given in ExternalProvider annotations may point."""
+
+    allow: list[str] = Field(
+        default_factory=lambda: [
+            "*.svc",
+            "*.svc.cluster.local",
+            "10.0.0.0/8",
+            "172.16.0.0/12",
+            "192.168.0.0/16",
+            "100.64.0.0/10",
+            "fd00::/8",
+        ],
+        description="Host name patterns (fnmatch) and address ranges (CIDR) a URL from an "
+        "annotation may name: cluster-internal service names and pod networks by default. "
+        "Loopback, link-local, the API server and credentials in URLs are refused whatever "
+        "this says.",
+    )
+    allow_loopback: bool = Field(
+        default=False,
+        description="Allow loopback URLs (127.0.0.0/8, ::1, localhost): for local runs and "
+        "tests only, never in a cluster.",
+    )
+
+    @field_validator("allow")
+    @classmethod
+    def _patterns(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            if "/" in pattern:
+                try:
+                    ipaddress.ip_network(pattern, strict=False)
+                except ValueError as exc:
+                    raise ValueError(f"{pattern!r} is not a CIDR range: {exc}") from None
+        return value
+
+
 class KubernetesSettings(_Group):
     enabled: bool = Field(
         default=False,
@@ -384,6 +421,7 @@ class KubernetesSettings(_Group):
         le=10,
         description="Re-read and retry a guarded write this often on conflict (409/422).",
     )
+    annotation_urls: AnnotationURLSettings = Field(default_factory=AnnotationURLSettings)
     min_weight: Literal["auto"] | Annotated[int, Field(ge=0, le=100)] = Field(
         default="auto",
         description="The lowest weight an ExternalModel ref may be given. auto: read the "

@@ -380,7 +380,9 @@ async def test_providers_can_define_clusters_by_annotation(
         apiserver.put_object(
             CRD, "externalmodels", model("llama", [("east", 50), ("remote-llm", 50)])
         )
-        async with Controller(settings_for(sims), serve=False, api=api) as controller:
+        loopback_ok = {"annotation_urls": {"allow_loopback": True}}  # the test's pods are local
+        settings = settings_for(sims, kubernetes=loopback_ok)
+        async with Controller(settings, serve=False, api=api) as controller:
             await ticks(controller, 4)
             assert "remote-llm" in controller.snapshot.clusters
     final = weights_of(apiserver)
@@ -907,3 +909,80 @@ async def test_a_route_owned_by_another_controller_is_refused(
     }
     lines = [e for e in logs if e["event"] == "route refused: owned by another controller"]
     assert len(lines) == 1 and lines[0]["owner"] == "ExternalModel/granite"
+
+
+# ---- where annotation URLs may point ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("http://169.254.169.254/latest/meta-data/", "link-local address 169.254.169.254"),
+        ("http://[fe80::1]/metrics", "link-local address fe80::1"),
+        ("http://127.0.0.1:8000/metrics", "loopback address 127.0.0.1"),
+        ("http://[::1]:8000/metrics", "loopback address ::1"),
+        ("http://[::ffff:127.0.0.1]/metrics", "loopback address 127.0.0.1"),
+        ("http://localhost:8000/metrics", "loopback (localhost)"),
+        ("https://kubernetes.default.svc/metrics", "it is the Kubernetes API server"),
+        ("https://10.96.0.1:443/metrics", "it is the Kubernetes API server"),
+        ("http://0.0.0.0/metrics", "address 0.0.0.0 is not a host"),
+        (
+            "http://metrics.example.com/metrics",
+            "host 'metrics.example.com' is not on the allow-list",
+        ),
+        ("http://8.8.8.8/metrics", "address 8.8.8.8 is not on the allow-list"),
+        ("http://u:p@vllm.llm.svc/metrics", "credentials in the URL"),
+        ("file:///etc/passwd", "scheme 'file' is not http or https"),
+        ("http://vllm-0.vllm.llm.svc.cluster.local:8000/metrics", None),
+        ("http://llama-epp.llm.svc:9090/metrics", None),
+        ("http://10.128.2.7:8000/metrics", None),
+        ("http://[fd00::7]:8000/metrics", None),
+    ],
+)
+def test_annotation_urls_are_held_to_the_allow_list(url: str, why: str | None) -> None:
+    from controller import addresses
+    from controller.settings import AnnotationURLSettings
+
+    hosts = addresses.api_server_hosts(["10.96.0.1"])
+    found = addresses.refusal(url, AnnotationURLSettings(), hosts)
+    assert (found is None) == (why is None), found
+    if why is not None:
+        assert found is not None and found.startswith(why)
+
+
+async def test_a_hostile_annotation_is_refused_and_never_fetched(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet, serve: Any
+) -> None:
+    from aiohttp import web
+
+    hits: list[str] = []
+
+    async def bounce(request: web.Request) -> web.Response:
+        hits.append(request.path)
+        raise web.HTTPFound(f"{apiserver.url}/api/v1/namespaces/kube-system/secrets")
+
+    bouncer = await serve({"/metrics": bounce})
+    hostile = {
+        "metadata-ip": "http://169.254.169.254/latest/meta-data/",
+        "api-server": f"{apiserver.url}/api/v1/namespaces/kube-system/secrets",
+        "redirector": bouncer.url("/metrics"),
+    }
+    for name, url in hostile.items():
+        apiserver.put_object(CRD, "externalproviders", provider(name, {VLLM_URLS_ANNOTATION: url}))
+    apiserver.put_object(CRD, "externalproviders", provider("east"))
+    refs = [("east", 40), ("metadata-ip", 20), ("api-server", 20), ("redirector", 20)]
+    apiserver.put_object(CRD, "externalmodels", model("llama", refs))
+    # loopback allowed (the test's servers are local): the API server is refused all the same
+    settings = settings_for(sims, kubernetes={"annotation_urls": {"allow_loopback": True}})
+    async with Controller(settings, serve=False, api=api) as controller:
+        with capture_logs() as logs:
+            await ticks(controller, 3)
+        redirector = controller.snapshot.clusters["redirector"]
+    problems = [e["problem"] for e in logs if e["event"] == "ignoring provider annotations"]
+    assert any("metadata-ip" in p and "link-local address 169.254.169.254" in p for p in problems)
+    assert any("api-server" in p and "it is the Kubernetes API server" in p for p in problems)
+    assert all("/secrets" not in path for _, path, _, _ in apiserver.requests)  # never fetched
+    # the redirector is allowed as an address, but its redirect is an error, not followed
+    assert redirector.health is not None and not redirector.health.healthy
+    assert redirector.health.reason is not None and redirector.health.reason.value == "redirect"
+    assert hits  # it was asked once per tick, and nothing beyond it was

@@ -18,7 +18,7 @@ How a ref finds its cluster (first match wins), via annotations on the ExternalP
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -192,7 +192,14 @@ def controller_owner(obj: Mapping[str, Any]) -> str | None:
     return None
 
 
-def map_providers(providers: Sequence[Mapping[str, Any]], configured: set[str]) -> ProviderMapping:
+def map_providers(
+    providers: Sequence[Mapping[str, Any]],
+    configured: set[str],
+    refuse: Callable[[str], str | None] = lambda url: None,
+) -> ProviderMapping:
+    """Provider name → cluster. ``refuse`` says why a metrics URL from an annotation may not
+    be fetched (see ``controller.addresses``); such a provider defines no cluster, is a
+    problem, and its URLs are never fetched."""
     clusters: dict[str, str] = {}
     defined: list[ClusterSettings] = []
     problems: list[str] = []
@@ -203,11 +210,20 @@ def map_providers(providers: Sequence[Mapping[str, Any]], configured: set[str]) 
             clusters[name] = annotations[CLUSTER_ANNOTATION]
         elif VLLM_URLS_ANNOTATION in annotations or EPP_URL_ANNOTATION in annotations:
             try:
-                defined.append(cluster_from_annotations(name, annotations))
-                clusters[name] = name
+                cluster = cluster_from_annotations(name, annotations)
             except ValidationError as exc:
                 reason = "; ".join(e["msg"] for e in exc.errors(include_url=False))
                 problems.append(f"ExternalProvider {name}: bad metrics annotations: {reason}")
+                continue
+            urls = [str(u) for u in (*cluster.vllm_urls, cluster.epp_url) if u is not None]
+            refused = [f"{url} ({why})" for url in urls if (why := refuse(url)) is not None]
+            if refused:
+                problems.append(
+                    f"ExternalProvider {name}: refused metrics URL {', '.join(refused)}"
+                )
+                continue
+            defined.append(cluster)
+            clusters[name] = name
         elif name in configured:
             clusters[name] = name
     return ProviderMapping(clusters, tuple(defined), tuple(problems))

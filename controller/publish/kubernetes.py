@@ -25,10 +25,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import structlog
 from kubernetes_asyncio import client
 
+from controller import addresses
 from controller.exporter import ControllerMetrics
 from controller.kube import objects
 from controller.kube.errors import (
@@ -101,6 +103,10 @@ class KubernetesPublisher:
         self._seen: set[tuple[str, ...]] = set()
         self._minimum: int | None = None  # the ExternalModel CRD's lowest weight, once known
         self._refused: dict[str, str] = {}  # objects we will not write, and why
+        ours = urlsplit(api.configuration.host or "")
+        port = ours.port or (443 if ours.scheme == "https" else 80)
+        where = f"{(ours.hostname or '').lower()}:{port}"
+        self._api_hosts = addresses.api_server_hosts([where])
         self._last_refused: dict[str, str] = {}
 
     @property
@@ -226,10 +232,13 @@ class KubernetesPublisher:
         return self._mapping(await self._list(objects.EXTERNAL_PROVIDER, namespace, False))
 
     def _mapping(self, providers: list[dict[str, Any]]) -> ProviderMapping:
-        mapping = objects.map_providers(providers, self._configured)
+        mapping = objects.map_providers(providers, self._configured, self._refuse)
         for problem in mapping.problems:
             self._problem("ignoring provider annotations", ("provider", problem), problem=problem)
         return mapping
+
+    def _refuse(self, url: str) -> str | None:
+        return addresses.refusal(url, self._kube.annotation_urls, self._api_hosts)
 
     def _problem(self, event: str, key: tuple[str, ...], **fields: Any) -> None:
         """A problem with the objects read in this discovery; it ends when one no longer has it."""

@@ -19,6 +19,7 @@ from controller.errors import (
     ScrapeError,
     ScrapeHTTPStatusError,
     ScrapeParseError,
+    ScrapeRedirectError,
     ScrapeTimeoutError,
     ScrapeTooLargeError,
 )
@@ -84,7 +85,13 @@ async def get_text(session: aiohttp.ClientSession, endpoint: Endpoint, accept: s
             raise ScrapeConnectError(url, f"cannot read the bearer token file: {exc}") from exc
     try:
         async with asyncio.timeout(endpoint.timeout):
-            async with session.get(url, headers=headers, ssl=endpoint.tls) as response:
+            async with session.get(
+                url, headers=headers, ssl=endpoint.tls, allow_redirects=False
+            ) as response:
+                if 300 <= response.status < 400:
+                    where = snippet(response.headers.get("Location", ""), 80)
+                    detail = f"HTTP {response.status} to {where or '(no Location)'}: not followed"
+                    raise ScrapeRedirectError(url, detail)
                 if response.status != 200:
                     raise ScrapeHTTPStatusError(url, await _status_detail(response))
                 body = await _read_capped(response, endpoint)
