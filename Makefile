@@ -20,6 +20,7 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check controller tests benchmarks
 	$(BIN)/ruff format --check controller tests benchmarks
+	$(BIN)/hadolint --failure-threshold info Dockerfile
 
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict controller tests benchmarks

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import ssl
 import time
 from collections.abc import Callable
 from types import TracebackType
@@ -18,6 +19,7 @@ from aiohttp import web
 from controller import server
 from controller.exporter import Snapshot, cluster_json, make_registry
 from controller.kube import client as kube_client
+from controller.kube.access import AccessReviewer
 from controller.kube.leader import LeaderElector
 from controller.loop import Reconciler, TickReport
 from controller.publish import Publisher
@@ -33,6 +35,8 @@ log = structlog.get_logger("controller.app")
 # SIGTERM → the tick in flight gets this long to finish before it is cancelled; the rest of
 # shutdown (server, sessions) takes well under a second, so the process exits within 5 s.
 SHUTDOWN_GRACE = 2.0
+# How often the serving certificate's files are checked for a rotation.
+CERT_CHECK_SECONDS = 60.0
 
 
 def source_factory(
@@ -91,6 +95,8 @@ class Controller:
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
         self.reconciler: Reconciler | None = None
+        self._certificate: server.ServingCertificate | None = None
+        self._cert_watch: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Controller:
         self._session = aiohttp.ClientSession(
@@ -114,15 +120,42 @@ class Controller:
             make_source,
         )
         if self._serve:
-            app = server.make_app(self.registry, self.snapshot, self.settings.interval)
-            bind = self.settings.server
             try:
-                self._runner, self.port = await server.start(app, bind.host, bind.port)
+                await self._start_server()
             except BaseException:
                 await self._close_clients()  # __aexit__ does not run when __aenter__ fails
                 raise
-            log.info("serving", address=f"{bind.host}:{self.port}")
         return self
+
+    async def _start_server(self) -> None:
+        bind = self.settings.server
+        authorize = None
+        if bind.authenticate:
+            if self._api is None:
+                self._api = await kube_client.api_client(self.settings.kubernetes)
+            authorize = AccessReviewer(self._api, self.settings.kubernetes.api_timeout).status
+        tls = None
+        if bind.tls_cert_file is not None and bind.tls_key_file is not None:
+            self._certificate = server.ServingCertificate(bind.tls_cert_file, bind.tls_key_file)
+            tls = self._certificate.context
+            self._cert_watch = asyncio.create_task(self._watch_certificate(), name="cert-watch")
+        app = server.make_app(self.registry, self.snapshot, self.settings.interval, authorize)
+        self._runner, self.port = await server.start(app, bind.host, bind.port, tls)
+        scheme = "https" if tls is not None else "http"
+        log.info(
+            "serving", address=f"{scheme}://{bind.host}:{self.port}", authenticate=bind.authenticate
+        )
+
+    async def _watch_certificate(self) -> None:
+        """Pick up a rotated serving certificate for new connections."""
+        assert self._certificate is not None
+        while True:
+            await asyncio.sleep(CERT_CHECK_SECONDS)
+            try:
+                if self._certificate.reload():
+                    log.info("serving certificate reloaded")
+            except (OSError, ssl.SSLError) as exc:  # mid-rotation: keep the old one
+                log.warning("serving certificate not reloaded", error=str(exc))
 
     async def __aexit__(
         self,
@@ -130,6 +163,10 @@ class Controller:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if self._cert_watch is not None:
+            self._cert_watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._cert_watch
         if self._runner is not None:
             await self._runner.cleanup()
         await self._close_clients()

@@ -259,6 +259,25 @@ class ServerSettings(_Group):
         "can reach the pod.",
     )
 
+    tls_cert_file: Path | None = Field(
+        default=None,
+        description="Serve HTTPS with this certificate (PEM; on OpenShift the service CA's "
+        "serving certificate). Re-read when it changes. Unset: plain HTTP.",
+    )
+    tls_key_file: Path | None = Field(default=None, description="Its private key (PEM).")
+    authenticate: bool = Field(
+        default=False,
+        description="/metrics and /debug/state require a bearer token that the API server "
+        "accepts (TokenReview) and allows to 'get' that path (SubjectAccessReview), as "
+        "controller-runtime's secure metrics do. /healthz and /readyz stay open for probes.",
+    )
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> Self:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together")
+        return self
+
     @field_validator("bind")
     @classmethod
     def _host_port(cls, value: str) -> str:

@@ -125,6 +125,9 @@ class FakeAPIServer:
     crd_version: str = "v0.2.1"
     status_writer: str | None = None
     crd_readable: bool = True
+    # TokenReview: token -> user; SubjectAccessReview: (user, non-resource path) allowed
+    users: dict[str, str] = field(default_factory=dict)
+    grants: set[tuple[str, str]] = field(default_factory=set)
     rejected: list[Json] = field(default_factory=list)  # every 422 with causes we answered
     _version: itertools.count[int] = field(default_factory=lambda: itertools.count(1000))
     _runner: web.AppRunner | None = None
@@ -148,6 +151,7 @@ class FakeAPIServer:
             "*", "/apis/{group}/{version}/namespaces/{ns}/{plural}/{name}/status", self._status
         )
         app.router.add_route("GET", "/apis/{group}/{version}/{plural}", self._cluster_list)
+        app.router.add_route("POST", "/apis/{group}/{version}/{plural}", self._review)
         app.router.add_route("GET", "/apis/{group}/{version}/{plural}/{name}", self._cluster_get)
         self._runner = web.AppRunner(
             app, access_log=None, handle_signals=False, shutdown_timeout=0.1
@@ -294,6 +298,30 @@ class FakeAPIServer:
             if found["metadata"]["name"] == info["name"]:
                 return web.json_response(found)
         return status(404, "NotFound", f'customresourcedefinitions "{info["name"]}" not found')
+
+    async def _review(self, request: web.Request) -> web.Response:
+        """TokenReview (authentication.k8s.io/v1) and SubjectAccessReview
+        (authorization.k8s.io/v1) for non-resource URLs, from ``users`` and ``grants``."""
+        body = await self._record(request) or {}
+        if (injected := self._fault(request)) is not None:
+            return injected
+        plural, spec = request.match_info["plural"], body.get("spec") or {}
+        if plural == "tokenreviews":
+            user = self.users.get(spec.get("token", ""))
+            answer: Json = {"authenticated": user is not None}
+            if user is not None:
+                answer["user"] = {
+                    "username": user,
+                    "uid": f"uid-{user}",
+                    "groups": ["system:authenticated"],
+                }
+        elif plural == "subjectaccessreviews":
+            path = (spec.get("nonResourceAttributes") or {}).get("path", "")
+            verb = (spec.get("nonResourceAttributes") or {}).get("verb", "")
+            answer = {"allowed": verb == "get" and (spec.get("user"), path) in self.grants}
+        else:
+            return status(404, "NotFound", f"{plural} is not served here")
+        return web.json_response({**body, "status": answer}, status=201)
 
     async def _cluster_list(self, request: web.Request) -> web.Response:
         """A LIST across every namespace (``/apis/{group}/{version}/{plural}``)."""

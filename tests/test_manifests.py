@@ -5,79 +5,20 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
-import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
 
 from controller.kube import objects
 from controller.settings import build_settings
+from tests import crds
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S_VERSION = kubernetes_validate.latest_version()
-
-# The ExternalModel / ExternalProvider rules we rely on (inference.opendatahub.io/v1alpha1).
-DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-EXTERNAL_MODEL_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["apiVersion", "kind", "metadata", "spec"],
-    "properties": {
-        "apiVersion": {"const": "inference.opendatahub.io/v1alpha1"},
-        "kind": {"const": "ExternalModel"},
-        "metadata": {
-            "type": "object",
-            "required": ["name"],
-            "properties": {"name": {"type": "string", "pattern": DNS_SUBDOMAIN, "maxLength": 253}},
-        },
-        "spec": {
-            "type": "object",
-            "required": ["externalProviderRefs"],
-            "properties": {
-                "externalProviderRefs": {
-                    "type": "array",
-                    "minItems": 1,
-                    "maxItems": 64,
-                    "items": {
-                        "type": "object",
-                        "required": ["ref", "targetModel", "apiFormat", "path"],
-                        "properties": {
-                            "ref": {
-                                "type": "object",
-                                "required": ["name"],
-                                "properties": {
-                                    "name": {"type": "string", "pattern": DNS_SUBDOMAIN}
-                                },
-                            },
-                            "targetModel": {"type": "string", "minLength": 1},
-                            "apiFormat": {"type": "string", "minLength": 1},
-                            "path": {"type": "string", "pattern": "^/"},
-                            "weight": {"type": "integer", "minimum": 0, "maximum": 100},
-                        },
-                    },
-                }
-            },
-        },
-    },
-}
-EXTERNAL_PROVIDER_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["apiVersion", "kind", "metadata", "spec"],
-    "properties": {
-        "kind": {"const": "ExternalProvider"},
-        "metadata": {"properties": {"name": {"type": "string", "pattern": DNS_SUBDOMAIN}}},
-        "spec": {
-            "type": "object",
-            "required": ["provider", "endpoint"],
-            "properties": {
-                "provider": {"type": "string", "minLength": 1},
-                "endpoint": {"type": "string", "pattern": DNS_SUBDOMAIN},  # a bare hostname
-            },
-        },
-    },
-}
 
 
 def render(path: str) -> list[dict[str, Any]]:
@@ -109,14 +50,17 @@ def test_every_object_validates_against_the_kubernetes_schemas(
         kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
         validated += 1
     expected = {
-        "Namespace/maas-system",
         "ServiceAccount/weight-controller",
-        "Role/weight-controller",
-        "RoleBinding/weight-controller",
+        "ServiceAccount/weight-controller-metrics-scraper",
+        "ClusterRole/weight-controller",
+        "ClusterRoleBinding/weight-controller",
+        "Role/weight-controller-leader-election",
+        "RoleBinding/weight-controller-leader-election",
         "ClusterRole/weight-controller-metrics-reader",
         "ClusterRoleBinding/weight-controller-metrics-reader",
         "Deployment/weight-controller",
         "Service/weight-controller-metrics",
+        "Secret/weight-controller-metrics-scraper-token",
         "ServiceMonitor/weight-controller",
         "NetworkPolicy/weight-controller",
         "PodDisruptionBudget/weight-controller",
@@ -159,73 +103,140 @@ def test_deployment_is_locked_down_and_probed(rendered: dict[str, dict[str, Any]
     assert f"ConfigMap/{config}" in rendered
 
 
-def test_rbac_is_exactly_what_the_controller_uses(rendered: dict[str, dict[str, Any]]) -> None:
-    rules = {
-        (rule["apiGroups"][0], resource): sorted(rule["verbs"])
-        for rule in rendered["Role/weight-controller"]["rules"]
-        for resource in rule["resources"]
-    }
-    assert rules == {
-        ("inference.opendatahub.io", "externalmodels"): ["get", "list", "patch", "watch"],
-        ("inference.opendatahub.io", "externalproviders"): ["get", "list", "watch"],
-        ("gateway.networking.k8s.io", "httproutes"): ["get", "list", "patch", "watch"],
-        ("coordination.k8s.io", "leases"): ["create", "get", "update"],
-        ("", "events"): ["create", "patch"],
-    }
-    reader = rendered["ClusterRole/weight-controller-metrics-reader"]["rules"]
-    assert reader == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
-
-
 def test_the_shipped_config_is_valid_settings(rendered: dict[str, dict[str, Any]]) -> None:
-    config_map = next(o for k, o in rendered.items() if k.startswith("ConfigMap/"))
-    settings = build_settings(yaml.safe_load(config_map["data"]["config.yaml"]))
+    settings = shipped_settings(rendered)
     assert settings.kubernetes.enabled and settings.leader_election.enabled
-    assert settings.server.port == 8080
+    assert settings.kubernetes.namespaces == []  # every namespace, as MaaS lays them out
+    assert settings.server.port == 8443
 
 
-def test_service_and_monitor_point_at_the_metrics_port(rendered: dict[str, dict[str, Any]]) -> None:
-    service = rendered["Service/weight-controller-metrics"]
-    monitor = rendered["ServiceMonitor/weight-controller"]
-    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
-    assert (
-        monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"] == "metrics"
+def shipped_settings(rendered: dict[str, dict[str, Any]]) -> Any:
+    config_map = next(
+        o for k, o in rendered.items() if k.startswith("ConfigMap/weight-controller-config")
     )
+    return build_settings(yaml.safe_load(config_map["data"]["config.yaml"]))
+
+
+def test_openshift_restricted_v2_assigns_the_ids(rendered: dict[str, dict[str, Any]]) -> None:
+    pod = rendered["Deployment/weight-controller"]["spec"]["template"]["spec"]
+    contexts = [pod["securityContext"], *(c["securityContext"] for c in pod["containers"])]
+    for context in contexts:
+        assert not {"runAsUser", "runAsGroup", "fsGroup"} & set(context), context
+
+
+def test_metrics_are_https_with_authentication_and_authorization(
+    rendered: dict[str, dict[str, Any]],
+) -> None:
+    settings = shipped_settings(rendered)
+    assert settings.server.authenticate and settings.server.tls_cert_file is not None
+    service = rendered["Service/weight-controller-metrics"]
+    secret = service["metadata"]["annotations"][
+        "service.beta.openshift.io/serving-cert-secret-name"
+    ]
+    pod = rendered["Deployment/weight-controller"]["spec"]["template"]["spec"]
+    mounted = {v["name"]: v for v in pod["volumes"]}["serving-cert"]["secret"]["secretName"]
+    assert mounted == secret
+    (container,) = pod["containers"]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "serving-cert")
+    assert str(settings.server.tls_cert_file).startswith(mount["mountPath"])
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"]["scheme"] == "HTTPS"
+    monitor = rendered["ServiceMonitor/weight-controller"]
+    assert monitor["metadata"]["labels"]["monitoring.opendatahub.io/scrape"] == "true"
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["scheme"] == "https" and endpoint["port"] == service["spec"]["ports"][0]["name"]
+    token = endpoint["authorization"]["credentials"]["name"]
+    assert rendered[f"Secret/{token}"]["type"] == "kubernetes.io/service-account-token"
+    scraper = rendered[f"Secret/{token}"]["metadata"]["annotations"][
+        "kubernetes.io/service-account.name"
+    ]
+    reader = rendered["ClusterRoleBinding/weight-controller-metrics-reader"]
+    assert scraper in {s["name"] for s in reader["subjects"]}
     labels = service["metadata"]["labels"]
     assert all(labels.get(k) == v for k, v in monitor["spec"]["selector"]["matchLabels"].items())
 
 
-def test_samples_follow_the_crd_rules_and_map_to_clusters(
+def test_network_policy_allows_dns_on_53_and_5353_and_the_monitoring_namespaces(
+    rendered: dict[str, dict[str, Any]],
+) -> None:
+    policy = rendered["NetworkPolicy/weight-controller"]["spec"]
+    dns = next(r for r in policy["egress"] if any(p["port"] == 53 for p in r["ports"]))
+    assert {(p["port"], p["protocol"]) for p in dns["ports"]} == {
+        (53, "UDP"),
+        (53, "TCP"),
+        (5353, "UDP"),
+        (5353, "TCP"),
+    }
+    assert dns["to"], "DNS egress names its destination"
+    (ingress,) = policy["ingress"]
+    namespaces = ingress["from"][0]["namespaceSelector"]["matchExpressions"][0]["values"]
+    assert {
+        "redhat-ods-monitoring",
+        "openshift-monitoring",
+        "openshift-user-workload-monitoring",
+    } <= set(namespaces)
+    assert ingress["ports"] == [{"port": 8443, "protocol": "TCP"}]
+
+
+def test_the_base_leaves_the_namespace_alone_and_carries_maas_labels(
+    rendered: dict[str, dict[str, Any]],
+) -> None:
+    assert not any(k.startswith("Namespace/") for k in rendered)  # delete -k keeps maas-system
+    for obj in rendered.values():
+        assert obj["metadata"]["labels"]["app.kubernetes.io/part-of"] == "models-as-a-service"
+    component = yaml.safe_load(
+        (ROOT / "manifests/components/namespace/kustomization.yaml").read_text()
+    )
+    assert component["kind"] == "Component"
+
+
+def test_samples_pass_the_upstream_crds_and_map_to_clusters(
     rendered: dict[str, dict[str, Any]],
 ) -> None:
     samples = render("manifests/samples")
     models = [s for s in samples if s["kind"] == "ExternalModel"]
     providers = [s for s in samples if s["kind"] == "ExternalProvider"]
+    for version in crds.VERSIONS:
+        for sample in samples:
+            _, causes = crds.admit(version, sample["kind"].lower() + "s", sample)
+            assert causes == [], (version, sample["metadata"]["name"], causes)
     for model in models:
-        jsonschema.validate(model, EXTERNAL_MODEL_SCHEMA)
         assert model["metadata"]["labels"][objects.MANAGED_LABEL] == "true"
-    for provider in providers:
-        jsonschema.validate(provider, EXTERNAL_PROVIDER_SCHEMA)
-    config_map = next(o for k, o in rendered.items() if k.startswith("ConfigMap/"))
-    configured = {
-        c.name for c in build_settings(yaml.safe_load(config_map["data"]["config.yaml"])).clusters
-    }
+    configured = {c.name for c in shipped_settings(rendered).clusters}
     mapping = objects.map_providers(providers, configured)
     assert mapping.problems == ()
     target = objects.external_model(models[0], mapping)
     assert len(target.refs) >= 2 and all(ref.cluster for ref in target.refs)
 
 
-def test_schema_rejects_what_the_crd_rejects() -> None:
+def test_the_upstream_schemas_reject_what_the_crd_rejects() -> None:
     model = yaml.safe_load((ROOT / "manifests/samples/externalmodel.yaml").read_text())
     model["spec"]["externalProviderRefs"][0]["weight"] = 101
-    with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate(model, EXTERNAL_MODEL_SCHEMA)
+    for version in crds.VERSIONS:
+        _, causes = crds.admit(version, "externalmodels", model)
+        assert [c["field"] for c in causes] == ["spec.externalProviderRefs[0].weight"]
+    model["spec"]["externalProviderRefs"][0]["weight"] = 0
+    assert crds.admit("v0.2.0", "externalmodels", model)[1] != []
+    assert crds.admit("v0.2.1", "externalmodels", model)[1] == []
 
 
-def test_dockerfile_is_multi_stage_and_runs_unprivileged() -> None:
+def test_dockerfile_is_multi_stage_and_runs_as_any_non_root_uid() -> None:
     text = (ROOT / "Dockerfile").read_text()
     stages = [line for line in text.splitlines() if line.startswith("FROM ")]
     assert len(stages) >= 2 and all("slim" in s for s in stages)
     final = text[text.rindex(stages[-1]) :]
-    assert "USER 65532" in final
+    user = next(line.split()[1] for line in final.splitlines() if line.startswith("USER "))
+    assert user.split(":")[0].isdigit() and user.split(":")[0] != "0"  # numeric: runAsNonRoot
     assert "apt-get" not in final and "gcc" not in final and "pip install" not in final
+
+
+def test_hadolint_finds_nothing_in_the_dockerfile() -> None:
+    hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    done = subprocess.run(
+        [hadolint, "--failure-threshold", "info", str(ROOT / "Dockerfile")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -1,0 +1,88 @@
+"""Who may read /metrics and /debug/state: the API server decides, as controller-runtime's
+secure metrics server does (``filters.WithAuthenticationAndAuthorization``): the bearer token
+goes to a TokenReview, and the user it names to a SubjectAccessReview for ``get`` on the
+non-resource URL (the path). Grant it with a ClusterRole rule
+``nonResourceURLs: ["/metrics"], verbs: ["get"]``.
+
+Answers are cached for ``ttl`` seconds per token and path (a scrape every 30 s must not cost
+two API calls each time); the cache is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+import structlog
+from kubernetes_asyncio import client
+
+from controller.kube.errors import API_EXCEPTIONS, translate
+
+log = structlog.get_logger("controller.access")
+
+CACHE_ENTRIES = 1024
+
+
+class AccessReviewer:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        timeout: float,
+        ttl: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._authn = client.AuthenticationV1Api(api)
+        self._authz = client.AuthorizationV1Api(api)
+        self._timeout = timeout
+        self._ttl = ttl
+        self._clock = clock
+        self._cache: OrderedDict[tuple[str, str], tuple[float, int]] = OrderedDict()
+
+    async def status(self, token: str | None, path: str) -> int:
+        """200 to serve, 401 without a valid token, 403 when not allowed, 503 when the API
+        server cannot tell."""
+        if not token:
+            return 401
+        key = (hashlib.sha256(token.encode()).hexdigest(), path)
+        cached = self._cache.get(key)
+        if cached is not None and self._clock() - cached[0] < self._ttl:
+            return cached[1]
+        try:
+            async with asyncio.timeout(self._timeout):
+                code = await self._review(token, path)
+        except (TimeoutError, *API_EXCEPTIONS) as exc:
+            error = translate(exc, "review a metrics client's token")
+            log.warning("access review failed", path=path, reason=error.reason, error=str(error))
+            return 503
+        self._cache[key] = (self._clock(), code)
+        self._cache.move_to_end(key)
+        while len(self._cache) > CACHE_ENTRIES:
+            self._cache.popitem(last=False)
+        return code
+
+    async def _review(self, token: str, path: str) -> int:
+        review = await self._authn.create_token_review(
+            client.V1TokenReview(spec=client.V1TokenReviewSpec(token=token))
+        )
+        status = review.status
+        if status is None or not status.authenticated or status.user is None:
+            return 401
+        user = status.user
+        access = await self._authz.create_subject_access_review(
+            client.V1SubjectAccessReview(
+                spec=client.V1SubjectAccessReviewSpec(
+                    user=user.username,
+                    uid=user.uid,
+                    groups=user.groups,
+                    extra=user.extra,
+                    non_resource_attributes=client.V1NonResourceAttributes(path=path, verb="get"),
+                )
+            )
+        )
+        allowed = access.status is not None and access.status.allowed
+        if not allowed:
+            log.info("metrics client not allowed", path=path, user=user.username)
+        return 200 if allowed else 403

@@ -1,0 +1,120 @@
+"""In a cluster /metrics and /debug/state are HTTPS and only for callers the API server
+vouches for (TokenReview) and allows (SubjectAccessReview), as controller-runtime's secure
+metrics are; the probes stay open. Against the API-server double, over real TLS."""
+
+from __future__ import annotations
+
+import ssl
+import subprocess
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from kubernetes_asyncio import client
+
+from controller.app import Controller
+from controller.fakes.clusters import Fleet, SimCluster
+from controller.settings import build_settings
+from tests.apiserver import FakeAPIServer
+
+
+def self_signed(directory: Path) -> tuple[Path, Path]:
+    cert, key = directory / "tls.crt", directory / "tls.key"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    return cert, key
+
+
+@pytest.fixture
+async def secured(
+    apiserver: FakeAPIServer, tmp_path: Path
+) -> AsyncIterator[tuple[str, ssl.SSLContext]]:
+    apiserver.users = {
+        "prom-token": "system:serviceaccount:openshift-monitoring:prometheus-k8s",
+        "nobody-token": "system:serviceaccount:default:nobody",
+    }
+    apiserver.grants = {("system:serviceaccount:openshift-monitoring:prometheus-k8s", "/metrics")}
+    cert, key = self_signed(tmp_path)
+    trust = ssl.create_default_context(cafile=str(cert))
+    async with (
+        Fleet([SimCluster("a", kv=0.3)]) as sims,
+        client.ApiClient(client.Configuration(host=apiserver.url)) as api,
+    ):
+        settings = build_settings(
+            {
+                "interval": 1,
+                "clusters": sims.settings_clusters(),
+                "scrape": {"timeout": 0.5},
+                "server": {
+                    "bind": "127.0.0.1:0",
+                    "tls_cert_file": str(cert),
+                    "tls_key_file": str(key),
+                    "authenticate": True,
+                },
+            }
+        )
+        async with Controller(settings, api=api) as controller:
+            await controller.once()
+            yield f"https://127.0.0.1:{controller.port}", trust
+
+
+async def get(url: str, trust: ssl.SSLContext | bool, token: str | None = None) -> int:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(url, headers=headers, ssl=trust) as r,
+    ):
+        await r.read()
+        return r.status
+
+
+async def test_metrics_need_a_token_the_api_server_accepts_and_allows(
+    secured: tuple[str, ssl.SSLContext], apiserver: FakeAPIServer
+) -> None:
+    base, trust = secured
+    assert await get(f"{base}/metrics", trust) == 401  # no token
+    assert await get(f"{base}/metrics", trust, "forged") == 401  # TokenReview says no
+    assert await get(f"{base}/metrics", trust, "nobody-token") == 403  # authenticated, not allowed
+    assert await get(f"{base}/metrics", trust, "prom-token") == 200
+    assert await get(f"{base}/debug/state", trust, "prom-token") == 403  # only /metrics granted
+    for probe in ("/healthz", "/readyz"):
+        assert await get(f"{base}{probe}", trust) == 200  # the kubelet sends no token
+    reviews = [path for method, path, _, _ in apiserver.requests if method == "POST"]
+    assert any(p.endswith("/tokenreviews") for p in reviews)
+    assert any(p.endswith("/subjectaccessreviews") for p in reviews)
+
+
+async def test_the_answer_is_cached_and_plain_http_is_refused(
+    secured: tuple[str, ssl.SSLContext], apiserver: FakeAPIServer
+) -> None:
+    base, trust = secured
+    for _ in range(5):
+        assert await get(f"{base}/metrics", trust, "prom-token") == 200
+    reviews = [
+        p for m, p, _, _ in apiserver.requests if m == "POST" and p.endswith("/tokenreviews")
+    ]
+    assert len(reviews) == 1  # one review for five scrapes
+    with pytest.raises(aiohttp.ClientError):
+        await get(base.replace("https://", "http://") + "/metrics", False, "prom-token")
