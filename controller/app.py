@@ -108,6 +108,7 @@ class Controller:
         except BaseException:
             await self._session.close()
             raise
+        self._warn_about_opt_outs()
         make_source = source_factory(self.settings, self._session, self._clock)
         self.reconciler = Reconciler(
             self.settings,
@@ -126,6 +127,19 @@ class Controller:
                 await self._close_clients()  # __aexit__ does not run when __aenter__ fails
                 raise
         return self
+
+    def _warn_about_opt_outs(self) -> None:
+        """Risks an operator chose: said once at start-up, and kept visible as a gauge."""
+        for cluster in self.settings.clusters:
+            if cluster.tls_insecure_skip_verify:
+                self.metrics.insecure.labels(cluster.name, "tls_unverified").set(1)
+                log.warning("tls verification off", cluster=cluster.name)
+            urls = [*cluster.vllm_urls, *([cluster.epp_url] if cluster.epp_url else [])]
+            token = cluster.bearer_token_file or cluster.epp_bearer_token_file
+            plain = [str(u) for u in urls if u.scheme == "http"]
+            if cluster.allow_token_over_http and token and plain:
+                self.metrics.insecure.labels(cluster.name, "token_over_http").set(1)
+                log.warning("bearer token over plain http", cluster=cluster.name, urls=plain)
 
     async def _start_server(self) -> None:
         bind = self.settings.server

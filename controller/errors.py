@@ -50,6 +50,19 @@ class ScrapeHTTPStatusError(ScrapeError):
     reason = Reason.HTTP_STATUS
 
 
+class ScrapeTruncatedError(ScrapeError):
+    """A body that ended early: empty, cut mid-line, or a gzip stream that stopped. Never
+    read as values (``…usage_perc 0.`` cut from ``0.97`` would be a lie)."""
+
+    reason = Reason.TRUNCATED
+
+
+class ScrapeAuthError(ScrapeError):
+    """The token could not be read, or the endpoint refused it (401/403)."""
+
+    reason = Reason.AUTH
+
+
 class ScrapeRedirectError(ScrapeError):
     """A 3xx: never followed (a redirect could point anywhere, the API server included)."""
 

@@ -133,6 +133,13 @@ class ControllerMetrics:
             "error",
         ):
             self.api_errors.labels(reason)
+        self.insecure = Gauge(
+            f"{PREFIX}_cluster_insecure",
+            "1 for a risk an operator opted into for a cluster: TLS not verified "
+            "(tls_insecure_skip_verify), or a bearer token over plain http.",
+            ["cluster", "risk"],
+            registry=registry,
+        )
         self.leader = Gauge(
             f"{PREFIX}_leader",
             "1 while this replica holds the Lease and may write.",

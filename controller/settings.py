@@ -106,7 +106,19 @@ class ClusterSettings(_Group):
     )
     bearer_token_file: Path | None = Field(
         default=None,
-        description="Sent as 'Authorization: Bearer'; re-read when it changes (tokens rotate).",
+        description="Sent as 'Authorization: Bearer' to every URL of this cluster; re-read when "
+        "it changes (tokens rotate). Refused with a plain http:// URL unless "
+        "allow_token_over_http is set.",
+    )
+    epp_bearer_token_file: Path | None = Field(
+        default=None,
+        description="A token for the EPP only (it asks for one by default; vLLM pods do not), "
+        "so it is never sent to the pods.",
+    )
+    allow_token_over_http: bool = Field(
+        default=False,
+        description="Send a bearer token over plain http:// anyway (anyone on the path can "
+        "read it); warned about at start-up.",
     )
     ca_file: Path | None = Field(
         default=None, description="CA bundle for https URLs; the system store when unset."
@@ -121,6 +133,27 @@ class ClusterSettings(_Group):
         default=None,
         description="Read this cluster's signals with PromQL instead of scraping its pods.",
     )
+
+    @model_validator(mode="after")
+    def _no_secret_in_the_open(self) -> Self:
+        urls = [*self.vllm_urls, *([self.epp_url] if self.epp_url else [])]
+        if any(u.username or u.password for u in urls):
+            raise ValueError(
+                "credentials in a URL would be shown and logged: use bearer_token_file"
+            )
+        if self.allow_token_over_http:
+            return self
+        tokened = [
+            *(urls if self.bearer_token_file else []),
+            *([self.epp_url] if self.epp_bearer_token_file and self.epp_url else []),
+        ]
+        plain = [str(u) for u in tokened if u.scheme == "http"]
+        if plain:
+            raise ValueError(
+                f"a bearer token would go over plain http to {plain[0]}: use https, "
+                "epp_bearer_token_file for an https EPP only, or allow_token_over_http: true"
+            )
+        return self
 
     @model_validator(mode="after")
     def _has_a_source(self) -> Self:

@@ -209,7 +209,12 @@ async def test_bearer_token_is_reread_when_rotated(
     token.write_text("first\n")
     page = Mutable(v1_page([0.5]))
     server = await serve({"/p": page.handle})
-    src = source(session, vllm_urls=[server.url("/p")], bearer_token_file=str(token))
+    src = source(
+        session,
+        vllm_urls=[server.url("/p")],
+        bearer_token_file=str(token),
+        allow_token_over_http=True,  # loopback
+    )
     await src.fetch()
     token.write_text("second-and-longer\n")
     await src.fetch()
@@ -247,9 +252,40 @@ FAILURES: list[tuple[str, Handler | None, Reason]] = [
     (
         "cut-mid-line",
         text_handler('vllm:kv_cache_usage_perc{engine="0"} 0.5\nvllm:kv_cache_usage_perc{engi'),
-        Reason.PARSE,
+        Reason.TRUNCATED,
     ),
-    ("cut-body", _truncated, Reason.PARSE),
+    (
+        "cut-mid-value",  # '0.' of '0.97', with the connection closed: never read as 0.0
+        text_handler('vllm:kv_cache_usage_perc{engine="0"} 0.'),
+        Reason.TRUNCATED,
+    ),
+    ("empty", text_handler(""), Reason.TRUNCATED),
+    ("cut-body", _truncated, Reason.TRUNCATED),
+    ("unauthorized", text_handler("denied", status=401), Reason.AUTH),
+    ("forbidden", text_handler("denied", status=403), Reason.AUTH),
+    ("redirect", text_handler("moved", status=302), Reason.REDIRECT),
+    (
+        "percent",
+        text_handler('vllm:kv_cache_usage_perc{engine="0"} 95\n'),
+        Reason.OUT_OF_RANGE,
+    ),
+    (
+        "nan",
+        text_handler('vllm:kv_cache_usage_perc{engine="0"} NaN\n'),
+        Reason.OUT_OF_RANGE,
+    ),
+    (
+        "negative",
+        text_handler('vllm:kv_cache_usage_perc{engine="0"} -0.1\n'),
+        Reason.OUT_OF_RANGE,
+    ),
+    (
+        "duplicate",
+        text_handler(
+            'vllm:kv_cache_usage_perc{engine="0"} 0.1\nvllm:kv_cache_usage_perc{engine="0"} 0.99\n'
+        ),
+        Reason.DUPLICATE_SERIES,
+    ),
     (
         "oversized",
         text_handler(v1_page([0.5]) + "# padding " + "x" * 5000 + "\n"),
@@ -284,7 +320,7 @@ async def test_invalid_kv_values_are_counted_never_used(
     assert metrics.invalid_samples == 3
 
 
-@pytest.mark.parametrize("page", ["vllm:kv_cache_usage_ratio 0.5\n", "# nothing here\n", ""])
+@pytest.mark.parametrize("page", ["vllm:kv_cache_usage_ratio 0.5\n", "# nothing here\n"])
 async def test_missing_or_renamed_metric_is_unknown_not_zero(
     serve: Serve, session: aiohttp.ClientSession, page: str
 ) -> None:
@@ -302,3 +338,68 @@ async def test_one_pod_down_keeps_the_others(serve: Serve, session: aiohttp.Clie
     assert metrics.kv_mean == 0.3
     assert (metrics.pods_scraped, metrics.pods_answering) == (2, 1)
     assert [e.reason for e in metrics.errors] == [Reason.HTTP_STATUS]
+
+
+async def test_a_nan_in_the_new_kv_name_falls_back_to_the_old_name_for_that_series(
+    serve: Serve, session: aiohttp.ClientSession
+) -> None:
+    page = (
+        'vllm:kv_cache_usage_perc{engine="0"} NaN\n'
+        'vllm:kv_cache_usage_perc{engine="1"} 0.2\n'
+        'vllm:gpu_cache_usage_perc{engine="0"} 0.6\n'
+        'vllm:gpu_cache_usage_perc{engine="1"} 0.9\n'
+    )
+    server = await serve({"/p": text_handler(page)})
+    metrics = await source(session, vllm_urls=[server.url("/p")]).fetch()
+    # engine 0 from the old name (its new value is NaN), engine 1 from the new one
+    assert metrics.kv_mean == pytest.approx(0.4) and metrics.kv_max == 0.6
+    assert metrics.errors == () and metrics.invalid_samples == 0
+
+
+async def test_an_out_of_range_kv_names_the_value(
+    serve: Serve, session: aiohttp.ClientSession
+) -> None:
+    server = await serve({"/p": text_handler('vllm:kv_cache_usage_perc{engine="0"} 95\n')})
+    metrics = await source(session, vllm_urls=[server.url("/p")]).fetch()
+    (error,) = metrics.errors
+    assert error.reason is Reason.OUT_OF_RANGE
+    assert 'engine="0"' in error.detail and "=95 is outside 0..1" in error.detail
+    assert "percentage" in error.detail
+
+
+async def test_a_token_that_cannot_be_read_is_an_auth_fault_without_the_token(
+    serve: Serve, session: aiohttp.ClientSession, tmp_path: Any
+) -> None:
+    token = tmp_path / "token"
+    token.write_bytes(b"s3cr\xff\xfet")  # not UTF-8
+    server = await serve({"/p": text_handler(v1_page([0.3]))})
+    src = source(
+        session,
+        vllm_urls=[server.url("/p")],
+        bearer_token_file=str(token),
+        allow_token_over_http=True,  # loopback
+    )
+    (error,) = (await src.fetch()).errors
+    assert error.reason is Reason.AUTH and "s3cr" not in error.detail
+    token.write_text("line\nbreak")
+    (error,) = (await src.fetch()).errors
+    assert error.reason is Reason.AUTH and "line" not in error.detail
+    token.unlink()
+    (error,) = (await src.fetch()).errors
+    assert error.reason is Reason.AUTH and "No such file" in error.detail
+
+
+def test_a_token_over_plain_http_or_credentials_in_a_url_are_refused_at_start_up() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="plain http"):
+        ClusterSettings(name="c", vllm_urls=["http://pod:8000/metrics"], bearer_token_file="/t")
+    with pytest.raises(ValidationError, match="credentials in a URL"):
+        ClusterSettings(name="c", vllm_urls=["https://u:p@pod:8000/metrics"])
+    # the EPP's token goes to the (https) EPP only: fine beside plain-http pods
+    ClusterSettings(
+        name="c",
+        vllm_urls=["http://pod:8000/metrics"],
+        epp_url="https://epp:9090/metrics",
+        epp_bearer_token_file="/t",
+    )

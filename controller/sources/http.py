@@ -15,13 +15,14 @@ from pathlib import Path
 import aiohttp
 
 from controller.errors import (
+    ScrapeAuthError,
     ScrapeConnectError,
     ScrapeError,
     ScrapeHTTPStatusError,
-    ScrapeParseError,
     ScrapeRedirectError,
     ScrapeTimeoutError,
     ScrapeTooLargeError,
+    ScrapeTruncatedError,
 )
 
 # The classic text format: prometheus-client >= 0.23 would rename vllm: metrics for OpenMetrics.
@@ -46,7 +47,11 @@ class TokenFile:
         stat = os.stat(self._path)
         stamp = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
         if stamp != self._stamp:
-            self._token = self._path.read_text(encoding="utf-8").strip()
+            token = self._path.read_text(encoding="utf-8").strip()
+            if not token or not all(33 <= ord(c) < 127 for c in token):
+                # RFC 6750 tokens are visible ASCII; anything else cannot go in a header
+                raise ValueError("the token is empty or holds characters a header cannot carry")
+            self._token = token
             self._stamp = stamp
         return f"Bearer {self._token}"
 
@@ -81,8 +86,12 @@ async def get_text(session: aiohttp.ClientSession, endpoint: Endpoint, accept: s
     if endpoint.token is not None:
         try:
             headers["Authorization"] = endpoint.token.header()
-        except OSError as exc:
-            raise ScrapeConnectError(url, f"cannot read the bearer token file: {exc}") from exc
+        except (OSError, ValueError) as exc:
+            # the kind of failure, never the file's content
+            what = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+            if isinstance(exc, ValueError) and not isinstance(exc, UnicodeDecodeError):
+                what = str(exc)
+            raise ScrapeAuthError(url, f"cannot read the bearer token file: {what}") from None
     try:
         async with asyncio.timeout(endpoint.timeout):
             async with session.get(
@@ -92,13 +101,17 @@ async def get_text(session: aiohttp.ClientSession, endpoint: Endpoint, accept: s
                     where = snippet(response.headers.get("Location", ""), 80)
                     detail = f"HTTP {response.status} to {where or '(no Location)'}: not followed"
                     raise ScrapeRedirectError(url, detail)
+                if response.status in (401, 403):
+                    detail = await _status_detail(response)
+                    raise ScrapeAuthError(url, f"{detail} (is the bearer token valid and allowed?)")
                 if response.status != 200:
                     raise ScrapeHTTPStatusError(url, await _status_detail(response))
                 body = await _read_capped(response, endpoint)
     except TimeoutError as exc:
         raise ScrapeTimeoutError(url, f"no complete answer within {endpoint.timeout:g}s") from exc
     except aiohttp.ClientPayloadError as exc:
-        raise ScrapeParseError(url, f"body cut short or badly encoded: {exc}") from exc
+        detail = f"body cut short or badly encoded: {type(exc).__name__}"
+        raise ScrapeTruncatedError(url, detail) from exc
     except (aiohttp.ClientConnectionError, OSError) as exc:
         raise ScrapeConnectError(url, f"{type(exc).__name__}: {exc}") from exc
     except aiohttp.ClientError as exc:

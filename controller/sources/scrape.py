@@ -15,10 +15,10 @@ from dataclasses import dataclass, replace
 import aiohttp
 
 from controller import histograms
-from controller.errors import ScrapeError, ScrapeParseError
+from controller.errors import ScrapeError, ScrapeParseError, ScrapeTruncatedError
 from controller.exposition import Extractor, Sample
 from controller.histograms import Histogram, SeriesKey
-from controller.model import ClusterMetrics, Latency, PodError
+from controller.model import ClusterMetrics, Latency, PodError, Reason
 from controller.settings import ClusterSettings, ScrapeSettings
 from controller.sources.http import ACCEPT_TEXT, Endpoint, TokenFile, get_text, ssl_context
 
@@ -76,6 +76,25 @@ def _kept(samples: Sequence[Sample], keep: Mapping[str, str] | None) -> list[Sam
     if not keep:
         return list(samples)
     return [s for s in samples if all(s.labels.get(k) == v for k, v in keep.items())]
+
+
+def _series(sample: Sample) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(sample.labels.items()))
+
+
+def _labels_text(series: tuple[tuple[str, str], ...]) -> str:
+    return ",".join(f'{k}="{v}"' for k, v in series)
+
+
+def pod_kv(page: ByName, keep: Mapping[str, str] | None) -> tuple[str | None, list[Sample]]:
+    """A pod's KV series: the newer name's, each replaced by the older name's same series
+    when its own value is unusable (NaN, out of range) and the older one is good."""
+    newer, older = (_kept(page.get(f, ()), keep) for f in VLLM_KV)
+    if not newer:
+        return (VLLM_KV[1], older) if older else (None, [])
+    fallback = {_series(s): s for s in older if valid_fraction(s.value)}
+    chosen = [s if valid_fraction(s.value) else fallback.get(_series(s), s) for s in newer]
+    return VLLM_KV[0], chosen
 
 
 def first_family(
@@ -180,6 +199,8 @@ class PageReader:
         duration: float,
     ) -> ClusterMetrics:
         """``results``: one entry per configured vLLM pod; ``epp``: the EPP's, if configured."""
+        if self._has_pods:
+            results = [self._check(r) if isinstance(r, Page) else r for r in results]
         pods = [r for r in results if isinstance(r, Page)]
         errors = [r for r in (*results, epp) if isinstance(r, PodError)]
         epp_page = epp if isinstance(epp, Page) else None
@@ -212,12 +233,30 @@ class PageReader:
         waiting: list[float] = []
         running: list[float] = []
         for pod in pods:
-            found = first_family(pod.samples, VLLM_KV, self._model_keep)
-            if found is not None:
-                kv.add(*found)
+            family, samples = pod_kv(pod.samples, self._model_keep)
+            if family is not None:
+                kv.add(family, samples)
             waiting += _pod_total(pod.samples, VLLM_WAITING, self._model_keep)
             running += _pod_total(pod.samples, VLLM_RUNNING, self._model_keep)
         return _summary(kv, waiting, running, per_pod=len(waiting) or None)
+
+    def _check(self, page: Page) -> Page | PodError:
+        """A vLLM page whose KV series repeat, or are all out of range, is an error of its
+        own: its pod does not count as answering."""
+        for family in VLLM_KV:
+            samples = _kept(page.samples.get(family, ()), self._model_keep)
+            keys = [_series(s) for s in samples]
+            if len(set(keys)) != len(keys):
+                twice = next(k for k in keys if keys.count(k) > 1)
+                detail = f"{family}{{{_labels_text(twice)}}} appears more than once"
+                return PodError(page.url, Reason.DUPLICATE_SERIES, detail)
+        name, chosen = pod_kv(page.samples, self._model_keep)
+        if name is not None and chosen and not any(valid_fraction(s.value) for s in chosen):
+            bad = chosen[0]
+            hint = " (a percentage? it must be a fraction 0..1)" if 1 < bad.value <= 100 else ""
+            detail = f"{name}{{{_labels_text(_series(bad))}}}={bad.value:g} is outside 0..1{hint}"
+            return PodError(page.url, Reason.OUT_OF_RANGE, detail)
+        return page
 
     def _from_epp_pool(self, page: Page | None) -> Summary:
         kv = _KV(values=[])
@@ -255,8 +294,14 @@ def read_page(url: str, text: str, extractor: Extractor) -> Page | PodError:
 
 
 def _page(url: str, text: str, extractor: Extractor) -> Page:
+    if not text:
+        raise ScrapeTruncatedError(url, "empty body")
     if not looks_like_exposition(text):
         raise ScrapeParseError(url, "not Prometheus text format")
+    if not text.endswith("\n"):
+        # The text format ends every line with a newline: a last line without one was cut,
+        # and its value may be a prefix of the real one (``0.`` of ``0.97``).
+        raise ScrapeTruncatedError(url, f"no final newline after {len(text)} bytes: cut short")
     found = extractor.extract(text)
     if found.invalid_lines:
         raise ScrapeParseError(
@@ -277,14 +322,17 @@ class ScrapeSource:
         clock: Callable[[], float] = time.time,
     ) -> None:
         token = TokenFile(cluster.bearer_token_file) if cluster.bearer_token_file else None
+        epp_token = (
+            TokenFile(cluster.epp_bearer_token_file) if cluster.epp_bearer_token_file else token
+        )
         tls = ssl_context(cluster.ca_file, cluster.tls_insecure_skip_verify)
 
-        def endpoint(url: object) -> Endpoint:
-            return Endpoint(str(url), timeout, scrape.max_body_bytes, token, tls)
+        def endpoint(url: object, credential: TokenFile | None) -> Endpoint:
+            return Endpoint(str(url), timeout, scrape.max_body_bytes, credential, tls)
 
         self._name = cluster.name
-        self._vllm = [endpoint(url) for url in cluster.vllm_urls]
-        self._epp = endpoint(cluster.epp_url) if cluster.epp_url else None
+        self._vllm = [endpoint(url, token) for url in cluster.vllm_urls]
+        self._epp = endpoint(cluster.epp_url, epp_token) if cluster.epp_url else None
         self._session = session
         self._clock = clock
         self._reader = PageReader(cluster, scrape.min_latency_requests)
