@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 import aiohttp
 import structlog
@@ -21,21 +22,28 @@ import yaml
 from controller import __version__, logs
 from controller.app import Controller, report_json, serve_forever
 from controller.errors import ConfigError
-from controller.settings import CONFIG_ENV, Settings, load_settings
+from controller.settings import CONFIG_ENV, Settings, file_problems, load_settings
 from controller.status import STATE_PATH, fetch_state, render
 
 EXIT_CONFIG = 2
 
 
+class _Parser(argparse.ArgumentParser):
+    """Argument errors as one line and exit status 2, like every other bad input."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_CONFIG, f"{self.prog}: error: {message} (see --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument("--config", type=Path, help=f"YAML settings file (default: ${CONFIG_ENV})")
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="weight-controller",
         description="Steer LLM traffic away from clusters under KV-cache pressure.",
     )
     parser.add_argument("--version", action="version", version=__version__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     run = sub.add_parser("run", parents=[common], help="the daemon: reconcile every interval")
     run.add_argument("--dry-run", action="store_true", help="compute and export, write nothing")
     run.add_argument(
@@ -111,6 +119,8 @@ def _command(args: argparse.Namespace) -> int:
 
         return asyncio.run(run_demo(args.duration, args.interval, args.bind, args.verbose))
     settings = load_settings(args.config)
+    if problems := file_problems(settings):
+        raise ConfigError(problems)  # before anything starts: one line each, exit 2
     if args.command == "once":  # stdout carries the JSON; logs go to stderr
         logs.configure(settings.log.level, settings.log.format, sys.stderr)
         return asyncio.run(_once(settings, args.apply))
@@ -164,6 +174,10 @@ async def _simulate(args: argparse.Namespace) -> int:
     if unknown:
         print(f"unknown scenario {unknown[0]!r}; known: {', '.join(SCENARIOS)}", file=sys.stderr)
         return EXIT_CONFIG
+    bad = [item for item in args.set if "=" not in item or not item.split("=", 1)[0]]
+    if bad:
+        print(f"weight-controller: error: --set {bad[0]!r}: expected KEY=VALUE", file=sys.stderr)
+        return EXIT_CONFIG
     overrides = dict(item.split("=", 1) for item in args.set)
     results = [
         await run_scenario(n, args.seed, args.interval, args.delay, overrides, args.duration)
@@ -190,6 +204,9 @@ async def _status(url: str) -> int:
 
 def _check_config(path: Path) -> int:
     settings = load_settings(path)
+    problems = file_problems(settings)
+    if problems:
+        raise ConfigError(problems)
     print(yaml.safe_dump(settings.model_dump(mode="json"), sort_keys=False), end="")
     return 0
 

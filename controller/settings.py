@@ -10,6 +10,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+import ssl
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
@@ -25,7 +26,12 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
 
 from controller.errors import ConfigError
 
@@ -46,7 +52,7 @@ def parse_duration(value: object) -> object:
     return value
 
 
-Duration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0)]
+Duration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0, allow_inf_nan=False)]
 """Seconds, written as ``10s``/``500ms``/``2m`` or a number."""
 
 
@@ -575,23 +581,102 @@ class Settings(BaseSettings):
         # The YAML file arrives as init kwargs; the environment overrides it.
         return env_settings, init_settings
 
+    @model_validator(mode="before")
+    @classmethod
+    def _derived_defaults(cls, data: Any) -> Any:
+        """Defaults that depend on the interval follow it: a config of just ``interval: 1s``
+        and clusters works (scrape.timeout defaults to min(3s, interval / 2))."""
+        if not isinstance(data, dict):
+            return data
+        interval = _seconds(data.get("interval", 10.0))
+        scrape = data.get("scrape") or {}
+        if interval is not None and isinstance(scrape, dict) and "timeout" not in scrape:
+            data = {**data, "scrape": {**scrape, "timeout": min(3.0, interval / 2)}}
+        return data
+
     @model_validator(mode="after")
     def _consistent(self) -> Self:
-        names = [cluster.name for cluster in self.clusters]
-        duplicates = sorted({name for name in names if names.count(name) > 1})
-        if duplicates:
-            raise ValueError(f"cluster names must be unique: {', '.join(duplicates)}")
-        if self.scrape.timeout >= self.interval:
-            raise ValueError("scrape.timeout must be shorter than interval")
-        for cluster in self.clusters:
-            own = cluster.prometheus.timeout if cluster.prometheus else cluster.timeout
-            if own is not None and own >= self.interval:
-                name = cluster.name
-                raise ValueError(f"clusters '{name}': timeout must be shorter than interval")
+        problems = cross_field_problems(self.model_dump(mode="json"))
+        if problems:
+            raise ValueError("\n".join(problems))
         return self
 
     def cluster_timeout(self, cluster: ClusterSettings) -> float:
         return cluster.timeout if cluster.timeout is not None else self.scrape.timeout
+
+
+def _seconds(value: object) -> float | None:
+    try:
+        parsed = parse_duration(value)
+    except ValueError:
+        return None
+    if isinstance(parsed, int | float) and not isinstance(parsed, bool) and parsed > 0:
+        return float(parsed)
+    return None
+
+
+def cross_field_problems(data: Mapping[str, Any]) -> list[str]:
+    """Problems between fields, found leniently on raw data, so that they are reported in the
+    same run as the field errors (every problem of a file at once, not one per attempt)."""
+    problems: list[str] = []
+    interval = _seconds(data.get("interval", 10.0))
+    clusters = [c for c in data.get("clusters") or [] if isinstance(c, dict)]
+    names = [str(c.get("name")) for c in clusters if c.get("name")]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        problems.append(f"clusters: names must be unique: {', '.join(duplicates)}")
+    scrape = data.get("scrape") or {}
+    timeout = _seconds(scrape.get("timeout", 3.0)) if isinstance(scrape, dict) else None
+    if interval is not None and timeout is not None and timeout >= interval:
+        problems.append("scrape.timeout: must be shorter than interval")
+    for index, cluster in enumerate(clusters):
+        prometheus = cluster.get("prometheus")
+        own = prometheus.get("timeout") if isinstance(prometheus, dict) else cluster.get("timeout")
+        seconds = _seconds(own) if own is not None else None
+        if interval is not None and seconds is not None and seconds >= interval:
+            problems.append(f"clusters[{index}].timeout: must be shorter than interval")
+    kubernetes = data.get("kubernetes") or {}
+    routes = kubernetes.get("httproutes") if isinstance(kubernetes, dict) else None
+    for index, route in enumerate(routes or []):
+        backends = route.get("backends") if isinstance(route, dict) else None
+        for backend, cluster_name in (backends or {}).items() if isinstance(backends, dict) else ():
+            if cluster_name not in names:
+                problems.append(
+                    f"kubernetes.httproutes[{index}].backends.{backend}: "
+                    f"no cluster named {cluster_name!r}"
+                )
+    return problems
+
+
+def file_problems(settings: Settings) -> list[str]:
+    """Files the settings name that cannot be used here: tokens, CA bundles, the kubeconfig,
+    the serving certificate. ``check-config`` reports them with the rest, and ``run`` refuses
+    to start on them (one line each) instead of failing later mid-tick."""
+    problems: list[str] = []
+
+    def readable(where: str, path: Path | None, ca: bool = False) -> None:
+        if path is None:
+            return
+        try:
+            path.read_bytes()
+            if ca:
+                ssl.create_default_context(cafile=str(path))
+        except OSError as exc:
+            problems.append(f"{where}: cannot read {path}: {exc.strerror or exc}")
+        except ssl.SSLError as exc:
+            problems.append(f"{where}: {path} is not a CA bundle: {exc.reason or exc}")
+
+    for i, c in enumerate(settings.clusters):
+        readable(f"clusters[{i}].bearer_token_file", c.bearer_token_file)
+        readable(f"clusters[{i}].epp_bearer_token_file", c.epp_bearer_token_file)
+        readable(f"clusters[{i}].ca_file", c.ca_file, ca=True)
+        if c.prometheus is not None:
+            readable(f"clusters[{i}].prometheus.bearer_token_file", c.prometheus.bearer_token_file)
+            readable(f"clusters[{i}].prometheus.ca_file", c.prometheus.ca_file, ca=True)
+    readable("kubernetes.kubeconfig", settings.kubernetes.kubeconfig)
+    readable("server.tls_cert_file", settings.server.tls_cert_file)
+    readable("server.tls_key_file", settings.server.tls_key_file)
+    return problems
 
 
 def _format_loc(loc: tuple[int | str, ...]) -> str:
@@ -610,7 +695,9 @@ def _error_lines(exc: ValidationError) -> list[str]:
     lines = []
     for error in exc.errors(include_url=False):
         message = error["msg"].removeprefix("Value error, ")
-        lines.append(f"{_format_loc(tuple(error['loc']))}: {message}")
+        where = _format_loc(tuple(error["loc"]))
+        for part in message.split("\n"):  # a cross-field check reports all it found
+            lines.append(part if where == "(top level)" and ": " in part else f"{where}: {part}")
     return lines
 
 
@@ -619,6 +706,8 @@ def read_yaml(path: Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError([f"{path}: cannot read: {exc.strerror or exc}"]) from exc
+    except UnicodeDecodeError:
+        raise ConfigError([f"{path}: not a YAML file (not UTF-8 text)"]) from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -631,11 +720,18 @@ def read_yaml(path: Path) -> dict[str, Any]:
 
 
 def build_settings(data: Mapping[str, Any]) -> Settings:
-    """Validate a mapping (plus the environment) into Settings, or raise ConfigError."""
+    """Validate a mapping (plus the environment) into Settings, or raise ConfigError with
+    every problem: field errors and cross-field ones together, one line each."""
     try:
         return Settings(**data)
     except ValidationError as exc:
-        raise ConfigError(_error_lines(exc)) from exc
+        lines = _error_lines(exc)
+        lines += [p for p in cross_field_problems(data) if p not in lines]
+        raise ConfigError(lines) from None
+    except SettingsError as exc:  # a malformed WEIGHT_CONTROLLER_* variable
+        cause = exc.__cause__
+        detail = f": {cause}" if cause is not None else ""
+        raise ConfigError([f"environment: {exc}{detail}".replace("\n", " ")]) from None
 
 
 def load_settings(path: Path | None = None) -> Settings:

@@ -13,6 +13,8 @@ STATE_PATH = "/debug/state"
 
 
 async def fetch_state(base_url: str, seconds: float = 5.0) -> dict[str, Any]:
+    if "://" not in base_url:  # 127.0.0.1:8080 means http://127.0.0.1:8080
+        base_url = "http://" + base_url
     url = base_url.rstrip("/") + STATE_PATH
     async with (
         asyncio.timeout(seconds),

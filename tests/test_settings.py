@@ -78,7 +78,7 @@ def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.Monk
         ("interval: soon\n" + MINIMAL.split("\n", 1)[1], "interval: not a duration: 'soon'"),
         (
             "interval: 2s\nscrape: {timeout: 5s}\n" + MINIMAL.split("\n", 1)[1],
-            "scrape.timeout must be shorter than interval",
+            "scrape.timeout: must be shorter than interval",
         ),
         (
             "clusters:\n  - name: Bad_Name\n    vllm_urls: [x]\n",
@@ -104,7 +104,7 @@ def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.Monk
         (MINIMAL + "weights: {flor: 3}\n", "weights.flor: Extra inputs are not permitted"),
         (MINIMAL + "weights: {deadband: 30}\n", "deadband must be smaller than max_step"),
         (MINIMAL + "server: {bind: 'localhost'}\n", "server.bind: expected host:port"),
-        (MINIMAL.replace("cluster-c", "cluster-b"), "cluster names must be unique: cluster-b"),
+        (MINIMAL.replace("cluster-c", "cluster-b"), "clusters: names must be unique: cluster-b"),
         ("- just\n- a list\n", "the top level must be a mapping"),
         ("clusters: [\n", "not valid YAML"),
     ],
@@ -149,3 +149,98 @@ def test_check_config_prints_normalised_settings(tmp_path: Path) -> None:
     printed = yaml.safe_load(done.stdout)
     assert printed["interval"] == 10.0 and printed["scrape"]["timeout"] == 3.0
     assert printed["weights"]["floor"] == 2
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    import os
+
+    return subprocess.run(
+        [sys.executable, "-m", "controller", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, **(env or {})},
+    )
+
+
+CHECKS = [
+    # (config text, a line that must appear) — each exits 2 with one line per problem
+    (
+        "interval: .inf\nclusters: [{name: a, vllm_urls: ['http://127.0.0.1:1/']}]\n",
+        "interval: Input should be a finite number",
+    ),
+    (
+        "clusters: [{name: a, vllm_urls: ['http://127.0.0.1:1/'], ca_file: /nonexistent/ca.pem}]\n",
+        "clusters[0].ca_file: cannot read /nonexistent/ca.pem: No such file or directory",
+    ),
+    (
+        "clusters: [{name: a, vllm_urls: ['https://127.0.0.1:1/'], bearer_token_file: /nonexistent/t}]\n",
+        "clusters[0].bearer_token_file: cannot read /nonexistent/t: No such file or directory",
+    ),
+    (
+        "clusters: [{name: a, vllm_urls: ['http://127.0.0.1:1/']}]\n"
+        "kubernetes: {httproutes: [{namespace: n, name: r, backends: {svc: ghost}}]}\n",
+        "kubernetes.httproutes[0].backends.svc: no cluster named 'ghost'",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "line"), CHECKS)
+def test_check_config_finds_what_run_would_trip_on(tmp_path: Path, text: str, line: str) -> None:
+    done = cli("check-config", str(write(tmp_path, text)))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"config error: {line}" in done.stderr.splitlines()
+
+
+def test_every_problem_of_a_file_in_one_run(tmp_path: Path) -> None:
+    text = (
+        "interval: 5s\nscrape: {timeout: 9s}\nweights: {floor: -1}\n"
+        "clusters: [{name: a, vllm_urls: ['http://127.0.0.1:1/']}, {name: a, epp_url: 'http://x/'}]\n"
+    )
+    lines = cli("check-config", str(write(tmp_path, text))).stderr.strip().splitlines()
+    assert "config error: clusters: names must be unique: a" in lines
+    assert "config error: scrape.timeout: must be shorter than interval" in lines
+    assert any(line.startswith("config error: weights.floor") for line in lines)
+
+
+def test_garbage_files_bad_environment_and_bad_arguments_are_one_line_each(tmp_path: Path) -> None:
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(bytes(range(256)))
+    for done in (
+        cli("check-config", str(binary)),
+        cli(
+            "check-config",
+            str(write(tmp_path, MINIMAL)),
+            env={"WEIGHT_CONTROLLER_CLUSTERS": "[{bad"},
+        ),
+        cli("simulate", "--set", "gain"),
+        cli("no-such-command"),
+        cli("run", "--no-such-flag"),
+    ):
+        assert done.returncode == 2, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+        assert "Traceback" not in done.stderr
+
+
+def test_a_config_of_just_a_short_interval_works(tmp_path: Path) -> None:
+    done = cli(
+        "check-config",
+        str(
+            write(
+                tmp_path,
+                "interval: 1s\nclusters: [{name: a, vllm_urls: ['http://127.0.0.1:1/']}]\n",
+            )
+        ),
+    )
+    assert done.returncode == 0, done.stderr
+    assert yaml.safe_load(done.stdout)["scrape"]["timeout"] == 0.5  # derived from the interval
+
+
+def test_run_refuses_a_missing_file_before_starting(tmp_path: Path) -> None:
+    text = "clusters: [{name: a, vllm_urls: ['http://127.0.0.1:1/'], ca_file: /nonexistent/ca.pem}]\nserver: {bind: '127.0.0.1:0'}\n"
+    done = cli("run", "--config", str(write(tmp_path, text)))
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "config error: clusters[0].ca_file: cannot read /nonexistent/ca.pem: No such file or directory"
+    ]
