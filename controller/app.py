@@ -233,7 +233,10 @@ class Controller:
         finally:
             elector_stop.set()
             if elector is not None:
-                await asyncio.wait_for(elector, SHUTDOWN_GRACE)
+                try:
+                    await asyncio.wait_for(elector, SHUTDOWN_GRACE)
+                except TimeoutError:  # cancelled by wait_for: the fence expires on its own
+                    log.warning("lease not released in time")
 
     async def _run_loop(self, stop: asyncio.Event) -> None:
         assert self.reconciler is not None
@@ -246,10 +249,12 @@ class Controller:
             try:
                 await asyncio.wait_for(asyncio.shield(task), SHUTDOWN_GRACE)
             except TimeoutError:
+                log.info("tick still running at the end of the grace; cancelled")
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        task.result()  # surface a crash of the loop itself (it catches per tick)
+        if not task.cancelled():
+            task.result()  # surface a crash of the loop itself (it catches per tick)
 
 
 def install_signal_handlers(stop: asyncio.Event) -> None:

@@ -328,3 +328,58 @@ async def test_a_taken_metrics_port_is_a_clear_error(tmp_path: Path) -> None:
     assert "address already in use" in stderr.decode()
     assert "Traceback" not in stderr.decode()
     assert "Unclosed" not in stderr.decode()
+
+
+async def test_sigterm_in_the_middle_of_a_hung_tick_exits_0_quickly_without_a_traceback(
+    tmp_path: Any,
+) -> None:
+    import signal
+    import sys
+
+    from aiohttp import web
+
+    from tests.conftest import free_port
+
+    arrived = asyncio.Event()
+
+    async def hang(_: web.Request) -> web.Response:
+        arrived.set()
+        await asyncio.sleep(60)
+        return web.Response(text="late\n")
+
+    app = web.Application()
+    app.router.add_get("/metrics", hang)
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "interval: 30s\nscrape: {timeout: 20s}\n"
+        f"clusters: [{{name: a, vllm_urls: ['http://127.0.0.1:{port}/metrics']}}]\n"
+        f"server: {{bind: '127.0.0.1:{free_port()}'}}\n"
+    )
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "controller",
+        "run",
+        "--config",
+        str(config),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        await asyncio.wait_for(arrived.wait(), 30)  # the tick is now stuck in the fetch
+        child.send_signal(signal.SIGTERM)
+        began = asyncio.get_running_loop().time()
+        out, err = await asyncio.wait_for(child.communicate(), 15)
+        took = asyncio.get_running_loop().time() - began
+    finally:
+        if child.returncode is None:
+            child.kill()
+        await runner.cleanup()
+    assert child.returncode == 0, err.decode()
+    assert took < 5, took
+    assert b"Traceback" not in out + err and b"CancelledError" not in out + err
