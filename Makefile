@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+RUNTIME := $(VENV)/.runtime
 
 .PHONY: demo test lint typecheck unit bench clean prometheus
 
@@ -10,11 +11,16 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(STAMP): $(BIN)/python pyproject.toml
+# What running needs (make demo), and on top of it what testing needs (make test).
+$(RUNTIME): $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install --quiet -e .
+	touch $(RUNTIME)
+
+$(STAMP): $(RUNTIME) pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(RUNTIME)
 	$(BIN)/weight-controller demo $(DEMO_ARGS)
 
 lint: $(STAMP)

@@ -13,17 +13,15 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
-import aiohttp
-import structlog
-import yaml
-
-from controller import __version__, logs
-from controller.app import Controller, report_json, serve_forever
+from controller import CONFIG_ENV, __version__
 from controller.errors import ConfigError
-from controller.settings import CONFIG_ENV, Settings, file_problems, load_settings
-from controller.status import STATE_PATH, fetch_state, render
+
+# Everything else is imported where a command needs it: --version, check-config and status
+# start fast, without loading the Kubernetes client, aiohttp's server or pydantic-settings.
+if TYPE_CHECKING:
+    from controller.settings import Settings
 
 EXIT_CONFIG = 2
 
@@ -83,6 +81,9 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--interval", type=float, default=1.0, help="reconcile period, seconds")
     demo.add_argument("--bind", default="127.0.0.1:8080", help="our /metrics address")
     demo.add_argument("--verbose", action="store_true", help="also print the structured logs")
+    demo.add_argument(
+        "--seed", type=int, default=0, help="the simulated clusters' noise (same seed: same story)"
+    )
     return parser
 
 
@@ -117,7 +118,13 @@ def _command(args: argparse.Namespace) -> int:
     if args.command == "demo":
         from controller.demo.runner import run_demo
 
-        return asyncio.run(run_demo(args.duration, args.interval, args.bind, args.verbose))
+        return asyncio.run(
+            run_demo(args.duration, args.interval, args.bind, args.verbose, seed=args.seed)
+        )
+    from controller import logs
+    from controller.app import serve_forever
+    from controller.settings import file_problems, load_settings
+
     settings = load_settings(args.config)
     if problems := file_problems(settings):
         raise ConfigError(problems)  # before anything starts: one line each, exit 2
@@ -133,7 +140,9 @@ def _command(args: argparse.Namespace) -> int:
 
 def _log_config(settings: Settings, path: Path | None, dry_run: bool) -> None:
     """What this process runs with: a digest to compare replicas by, never a secret (tokens
-    live in files the settings only name, and URL credentials are masked in every log line)."""
+    live in files the settings only name, and URL credentials are refused)."""
+    import structlog
+
     normalised = json.dumps(settings.model_dump(mode="json"), sort_keys=True)
     structlog.get_logger("controller.cli").info(
         "config loaded",
@@ -164,6 +173,7 @@ def with_flags(settings: Settings, args: argparse.Namespace) -> Settings:
 
 
 async def _simulate(args: argparse.Namespace) -> int:
+    from controller import logs
     from controller.simulation.plot import plot
     from controller.simulation.report import as_json, run_scenario, table
     from controller.simulation.scenarios import SCENARIOS
@@ -193,6 +203,10 @@ async def _simulate(args: argparse.Namespace) -> int:
 
 
 async def _status(url: str) -> int:
+    import aiohttp
+
+    from controller.status import STATE_PATH, fetch_state, render
+
     try:
         state = await fetch_state(url)
     except (aiohttp.ClientError, TimeoutError) as exc:
@@ -203,6 +217,10 @@ async def _status(url: str) -> int:
 
 
 def _check_config(path: Path) -> int:
+    import yaml
+
+    from controller.settings import file_problems, load_settings
+
     settings = load_settings(path)
     problems = file_problems(settings)
     if problems:
@@ -212,6 +230,8 @@ def _check_config(path: Path) -> int:
 
 
 async def _once(settings: Settings, apply: bool) -> int:
+    from controller.app import Controller, report_json
+
     async with Controller(settings, serve=False, dry_run=not apply) as controller:
         report = await controller.once()
     print(json.dumps(report_json(report), indent=2))

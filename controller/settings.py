@@ -33,10 +33,11 @@ from pydantic_settings import (
     SettingsError,
 )
 
+from controller import CONFIG_ENV as _CONFIG_ENV
 from controller.errors import ConfigError
 
 ENV_PREFIX = "WEIGHT_CONTROLLER_"
-CONFIG_ENV = ENV_PREFIX + "CONFIG"
+CONFIG_ENV = _CONFIG_ENV
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}

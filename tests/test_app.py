@@ -383,3 +383,26 @@ async def test_sigterm_in_the_middle_of_a_hung_tick_exits_0_quickly_without_a_tr
     assert child.returncode == 0, err.decode()
     assert took < 5, took
     assert b"Traceback" not in out + err and b"CancelledError" not in out + err
+
+
+def test_quick_commands_do_not_load_the_kubernetes_client(tmp_path: Any) -> None:
+    """--version, check-config and status start without importing the Kubernetes client or
+    the daemon (measured in the README: well under half a second)."""
+    config = tmp_path / "c.yaml"
+    config.write_text("clusters: [{name: a, vllm_urls: ['http://127.0.0.1:1/']}]\n")
+    probe = (
+        "import sys, contextlib, io\n"
+        "from controller import cli\n"
+        "for argv in (['--version'], ['check-config', sys.argv[1]], ['status', '--url', '127.0.0.1:9']):\n"
+        "    with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+        "        cli.main(argv)\n"
+        "print(sorted(m for m in ('kubernetes_asyncio', 'controller.app', 'controller.loop', 'prometheus_client') if m in sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr

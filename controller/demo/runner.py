@@ -49,10 +49,13 @@ def apply_scenario(fleet: Fleet, tick: int, weights: dict[str, int] | None = Non
             cluster.share = weights.get(name, 0) / equal
 
 
-def demo_fleet() -> Fleet:
+def demo_fleet(seed: int = 0) -> Fleet:
+    """The three clusters; their noise is seeded, so a seed always tells the same story."""
     return Fleet(
         [
-            SimCluster("cluster-a", style="v1", pods=2, engines=2, kv=0.05, routed_kv=ROUTED_KV),
+            SimCluster(
+                "cluster-a", style="v1", pods=2, engines=2, kv=0.05, routed_kv=ROUTED_KV, seed=seed
+            ),
             SimCluster(
                 "cluster-b",
                 style="v1",
@@ -61,8 +64,9 @@ def demo_fleet() -> Fleet:
                 kv=0.10,
                 routed_kv=ROUTED_KV,
                 with_epp=True,
+                seed=seed,
             ),
-            SimCluster("cluster-c", style="v0", pods=1, kv=0.25, routed_kv=ROUTED_KV),
+            SimCluster("cluster-c", style="v0", pods=1, kv=0.25, routed_kv=ROUTED_KV, seed=seed),
         ]
     )
 
@@ -105,12 +109,17 @@ def print_table(report: TickReport, out: TextIO) -> None:
 
 
 async def run_demo(
-    duration: float | None, interval: float, bind: str, verbose: bool, out: TextIO = sys.stdout
+    duration: float | None,
+    interval: float,
+    bind: str,
+    verbose: bool,
+    out: TextIO = sys.stdout,
+    seed: int = 0,
 ) -> int:
     logs.configure("info" if verbose else "warning", "console", sys.stderr)
     stop = asyncio.Event()
     install_signal_handlers(stop)
-    async with demo_fleet() as fleet:
+    async with demo_fleet(seed) as fleet:
         settings = build_settings(
             {
                 "interval": interval,
