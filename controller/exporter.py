@@ -80,6 +80,13 @@ class ControllerMetrics:
             ["cluster", "reason"],
             registry=registry,
         )
+        self.scrape_pages = Counter(
+            f"{PREFIX}_scrape_pages_total",
+            "Pages (or PromQL queries) fetched, failed or not: with scrape_errors_total, the "
+            "share of a cluster's pages that fail.",
+            ["cluster"],
+            registry=registry,
+        )
         self.invalid_samples = Counter(
             f"{PREFIX}_invalid_samples_total",
             "KV-cache samples ignored because they were NaN, infinite or outside 0..1.",
@@ -165,6 +172,7 @@ class ControllerMetrics:
             self.scrape_errors.labels(cluster, reason.value)
         for to in ("healthy", "unhealthy"):
             self.health_transitions.labels(cluster, to)
+        self.scrape_pages.labels(cluster)
         self.invalid_samples.labels(cluster)
 
     def add_target(self, target: str) -> None:
@@ -174,6 +182,7 @@ class ControllerMetrics:
 
     def count_fetch(self, metrics: ClusterMetrics) -> None:
         self.scrape_duration.labels(metrics.cluster).observe(metrics.duration)
+        self.scrape_pages.labels(metrics.cluster).inc(max(metrics.pages, len(metrics.errors)))
         for error in metrics.errors:
             self.scrape_errors.labels(metrics.cluster, error.reason.value).inc()
         if metrics.invalid_samples:

@@ -65,6 +65,7 @@ class ClusterMetrics:
     observed_at: float | None = None
     invalid_samples: int = 0
     errors: tuple[PodError, ...] = ()
+    pages: int = 1  # pages (or queries) this fetch asked for: the denominator of error ratios
 
     @classmethod
     def failed(cls, cluster: str, now: float, reason: Reason, detail: str) -> ClusterMetrics:

@@ -74,7 +74,8 @@ def test_every_alert_has_summary_description_and_a_runbook_in_the_readme() -> No
     for rule in alert_rules():
         annotations = rule["annotations"]
         assert annotations["summary"] and annotations["description"]
-        anchor = annotations["runbook"].split("#", 1)[1]
+        assert annotations["runbook_url"].startswith("https://"), rule["alert"]
+        anchor = annotations["runbook_url"].split("#", 1)[1]
         assert anchor in anchors, f"README has no runbook section for {rule['alert']}"
 
 
@@ -102,10 +103,19 @@ def test_dashboard_has_the_panels_units_and_variable_operators_need() -> None:
         "Scrape errors by reason",
         "Reconcile duration",
         "Leader",
+        "Weight changes per hour (churn)",
+        "Decision mode per target",
+        "Degraded clusters",
+        "Fail static",
     ):
         assert needed in panels
+    # one unit per panel: no 0/1 gauge beside rates, no seconds-ago beside durations
+    assert all("time()" not in t["expr"] for t in panels["Reconcile duration"]["targets"])
+    assert all("fail_static" not in t["expr"] for t in panels["API errors"]["targets"])
+    for target in panels["Latency quantiles"]["targets"]:
+        assert target["legendFormat"] == "{{cluster}} q{{quantile}}"
     for title, expr in dashboard_queries():
-        if "cluster" in expr and title != "Reconcile duration":
+        if "cluster" in expr and title not in ("Reconcile duration", "Seconds since the last tick"):
             assert "$cluster" in expr, title
 
 

@@ -226,6 +226,7 @@ class PageReader:
             observed_at=values.observed_at,
             invalid_samples=values.invalid_samples,
             errors=tuple(errors),
+            pages=len(results) + (epp is not None),
         )
 
     def _from_vllm(self, pods: Sequence[Page]) -> Summary:
