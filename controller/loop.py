@@ -332,7 +332,24 @@ class Reconciler:
             )
         else:
             self._conditions.clear(("fail static", found.key))
+        self._log_control(found.key, decision)
         return _Plan(found, target, desired, decision)
+
+    def _log_control(self, key: str, decision: Decision) -> None:
+        """An operator's hand on a target (pause, pin, freeze): one line when it starts and
+        one when it ends, with how long it lasted."""
+        control = ("control", key)
+        note = decision.notes[0] if decision.notes else None
+        if decision.mode is Mode.PAUSED:
+            self._conditions.observe("target paused", control, "info", target=key, note=note)
+        elif decision.mode is Mode.PINNED:
+            self._conditions.observe(
+                "target pinned", control, "info", target=key, weights=dict(decision.weights or {})
+            )
+        elif decision.mode is Mode.FROZEN:
+            self._conditions.observe("target frozen", control, "info", target=key, note=note)
+        else:
+            self._conditions.clear(control)
 
     # ---- publish -----------------------------------------------------------------------------
     async def _publish(self, plan: _Plan, signals: Mapping[str, Signals | None]) -> TargetDecision:

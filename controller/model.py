@@ -111,6 +111,9 @@ class Mode(StrEnum):
     SATURATED = "saturated"
     FAIL_STATIC = "fail_static"
     NO_DATA = "no_data"
+    PAUSED = "paused"  # an annotation on the target holds its weights
+    PINNED = "pinned"  # an annotation on the target sets its weights by hand
+    FROZEN = "frozen"  # weights.freeze holds every target
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +167,8 @@ class Target:
     rule: int | None = None  # HTTPRoute: the index of the rule in spec.rules
     total: int | None = 100
     minimum: int = 0  # the lowest weight the object's schema accepts (1 on MaaS v0.2.0)
+    paused: str | None = None  # why an operator paused it (the pause annotation), or None
+    pinned: Mapping[str, int] | None = None  # weights an operator pinned (the pin annotation)
 
     @property
     def key(self) -> str:
@@ -200,6 +205,8 @@ class Target:
             self.rule,
             self.total,
             self.minimum,
+            self.paused,
+            self.pinned,
         )
 
 

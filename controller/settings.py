@@ -215,6 +215,11 @@ class HealthSettings(_Group):
 
 
 class WeightSettings(_Group):
+    freeze: bool = Field(
+        default=False,
+        description="Hold every target's weights as they are (an incident switch): signals "
+        "are still read, judged and exported; nothing is written.",
+    )
     floor: int = Field(
         default=2,
         ge=0,

@@ -56,6 +56,12 @@ def weigh(
     decision over the mapped refs on a 0..100 scale. ``target.weights`` is what is in force;
     a mapped ref whose cluster has no signals this tick counts as unhealthy."""
     held = target.weights
+    if params.freeze:
+        return held, Decision(held, {}, Mode.FROZEN, False, ("weights.freeze is on",))
+    if target.paused is not None:
+        return held, Decision(held, {}, Mode.PAUSED, False, (target.paused,))
+    if target.pinned is not None:
+        return _pinned(target, held)
     mapped = [ref for ref in target.refs if ref.cluster is not None]
     share = budget(target)
     if not mapped or share < len(mapped) * max(1, target.minimum):
@@ -70,6 +76,37 @@ def weigh(
         return held, decision
     scaled = at_least(proportional(decision.weights, share), target.minimum)
     return {**held, **scaled}, decision
+
+
+def pin_problem(target: Target) -> str | None:
+    """Why ``target``'s pin cannot be applied, or ``None``."""
+    pinned = target.pinned
+    if pinned is None:
+        return None
+    if not pinned:
+        return "the pin annotation is not a JSON map of ref name to integer weight"
+    unknown = sorted(set(pinned) - set(target.weights))
+    if unknown:
+        return f"the pin names refs the target does not have: {', '.join(unknown)}"
+    if any(w < target.minimum for w in pinned.values()):
+        return f"a pinned weight is below the schema's minimum of {target.minimum}"
+    total = target.total
+    if total is not None and sum({**target.weights, **pinned}.values()) != total:
+        return f"the pinned weights (with any refs not named) must add up to {total}"
+    if sum({**target.weights, **pinned}.values()) <= 0:
+        return "the pinned weights would send all traffic nowhere"
+    return None
+
+
+def _pinned(target: Target, held: dict[str, int]) -> tuple[dict[str, int], Decision]:
+    """An operator's pin, applied as it is; a pin that cannot be applied holds instead."""
+    problem = pin_problem(target)
+    if problem is not None:
+        note = f"pin ignored, weights held: {problem}"
+        return held, Decision(held, {}, Mode.PAUSED, False, (note,))
+    assert target.pinned is not None
+    desired = {**held, **target.pinned}
+    return desired, Decision(desired, {}, Mode.PINNED, desired != held, ("pinned by annotation",))
 
 
 def at_least(values: Mapping[str, int], minimum: int) -> dict[str, int]:

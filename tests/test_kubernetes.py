@@ -986,3 +986,82 @@ async def test_a_hostile_annotation_is_refused_and_never_fetched(
     assert redirector.health is not None and not redirector.health.healthy
     assert redirector.health.reason is not None and redirector.health.reason.value == "redirect"
     assert hits  # it was asked once per tick, and nothing beyond it was
+
+
+# ---- during an incident: pause, pin, freeze --------------------------------------------------
+
+
+def annotate(apiserver: FakeAPIServer, key: str, value: str | None) -> None:
+    def change(obj: dict[str, Any]) -> None:
+        notes = obj["metadata"].setdefault("annotations", {})
+        if value is None:
+            notes.pop(key, None)
+        else:
+            notes[key] = value
+
+    apiserver.edit(CRD, "externalmodels", NS, "llama", "oncall", change)
+
+
+async def test_a_paused_target_holds_its_weights_until_unpaused(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
+) -> None:
+    from controller.kube.objects import PAUSE_ANNOTATION
+
+    seed(apiserver, [("east", 50), ("west", 50)])
+    annotate(apiserver, PAUSE_ANNOTATION, "INC-42: investigating east")
+    sims["east"].kv = 0.95
+    async with Controller(settings_for(sims), serve=False, api=api) as controller:
+        with capture_logs() as logs:
+            await ticks(controller, 3)
+            view = controller.snapshot.targets["ExternalModel/maas-system/llama"].outcome
+            assert weights_of(apiserver) == {"east": 50, "west": 50}
+            assert view.decision.mode.value == "paused"
+            assert view.decision.notes == ("INC-42: investigating east",)
+            mode = controller.registry.get_sample_value(
+                "weight_controller_target_mode",
+                {"target": "ExternalModel/maas-system/llama", "mode": "paused"},
+            )
+            assert mode == 1
+            annotate(apiserver, PAUSE_ANNOTATION, None)
+            await ticks(controller, 2)
+    assert weights_of(apiserver)["west"] > 50  # released: back to steering
+    paused = [e for e in logs if e["event"] == "target paused"]
+    ended = [
+        e for e in logs if e["event"] == "condition ended" and e["condition"] == "target paused"
+    ]
+    assert len(paused) == 1 and paused[0]["note"] == "INC-42: investigating east"
+    assert len(ended) == 1
+
+
+async def test_a_pin_sets_the_weights_and_a_bad_pin_holds(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
+) -> None:
+    from controller.kube.objects import PIN_ANNOTATION
+
+    seed(apiserver, [("east", 50), ("west", 50)])
+    sims["west"].kv = 0.95  # the loop would move traffic to east; the pin says otherwise
+    async with Controller(settings_for(sims), serve=False, api=api) as controller:
+        annotate(apiserver, PIN_ANNOTATION, '{"east": 10, "west": 90}')
+        await ticks(controller, 3)
+        assert weights_of(apiserver) == {"east": 10, "west": 90}
+        view = controller.snapshot.targets["ExternalModel/maas-system/llama"].outcome
+        assert view.decision.mode.value == "pinned"
+        annotate(apiserver, PIN_ANNOTATION, '{"east": 10, "west": 10}')  # adds up to 20
+        await ticks(controller, 2)
+        view = controller.snapshot.targets["ExternalModel/maas-system/llama"].outcome
+    assert weights_of(apiserver) == {"east": 10, "west": 90}  # held, not half-applied
+    assert view.decision.mode.value == "paused"
+    assert "must add up to 100" in view.decision.notes[0]
+
+
+async def test_a_global_freeze_holds_every_target(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
+) -> None:
+    seed(apiserver, [("east", 50), ("west", 50)])
+    sims["east"].kv = 0.95
+    frozen = settings_for(sims, weights={"freeze": True})
+    async with Controller(frozen, serve=False, api=api) as controller:
+        await ticks(controller, 3)
+        view = controller.snapshot.targets["ExternalModel/maas-system/llama"].outcome
+    assert apiserver.writes("PATCH") == []
+    assert view.decision.mode.value == "frozen"

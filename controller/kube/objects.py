@@ -34,6 +34,8 @@ CLUSTER_ANNOTATION = f"{DOMAIN}/cluster"
 VLLM_URLS_ANNOTATION = f"{DOMAIN}/vllm-metrics-urls"
 EPP_URL_ANNOTATION = f"{DOMAIN}/epp-metrics-url"
 MODEL_NAME_ANNOTATION = f"{DOMAIN}/model-name"
+PAUSE_ANNOTATION = f"{DOMAIN}/pause"
+PIN_ANNOTATION = f"{DOMAIN}/pin"
 
 EXTERNAL_MODEL = ("inference.opendatahub.io", "v1alpha1", "externalmodels")
 EXTERNAL_PROVIDER = ("inference.opendatahub.io", "v1alpha1", "externalproviders")
@@ -123,7 +125,34 @@ def _target(
         rule=rule,
         total=None if kind == "HTTPRoute" else 100,
         minimum=minimum,
+        paused=_paused(annotations),
+        pinned=_pinned(annotations),
     )
+
+
+def _paused(annotations: Mapping[str, str]) -> str | None:
+    """``weight-controller.opendatahub.io/pause: "<why>"`` (any value but ``false``)."""
+    value = annotations.get(PAUSE_ANNOTATION)
+    if value is None or value.strip().lower() in ("", "false", "no", "0"):
+        return None
+    return "paused by annotation" if value.strip().lower() in ("true", "yes", "1") else value
+
+
+def _pinned(annotations: Mapping[str, str]) -> dict[str, int] | None:
+    """``weight-controller.opendatahub.io/pin: '{"east": 80, "west": 20}'`` (by ref name).
+    Unreadable pins count as no pin; ``weights.pin_problem`` says why."""
+    value = annotations.get(PIN_ANNOTATION)
+    if value is None:
+        return None
+    try:
+        pinned = json.loads(value)
+    except ValueError:
+        return {}
+    if not isinstance(pinned, dict) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in pinned.values()
+    ):
+        return {}
+    return {str(k): int(v) for k, v in pinned.items()}
 
 
 def external_model(obj: Mapping[str, Any], providers: ProviderMapping, minimum: int = 0) -> Target:
