@@ -76,6 +76,13 @@ def _parser() -> argparse.ArgumentParser:
     simulate.add_argument("--plot", type=Path, help="draw weight, KV and latency (PNG)")
     status = sub.add_parser("status", help="a running controller's state, as tables")
     status.add_argument("--url", default="http://127.0.0.1:8080", help="its metrics address")
+    status.add_argument(
+        "--explain", action="store_true", help="also each ref's score and its factors"
+    )
+    status.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    status.add_argument(
+        "--watch", type=float, metavar="SECONDS", help="redraw every SECONDS until Ctrl-C"
+    )
     demo = sub.add_parser("demo", help="simulated clusters on loopback + the controller")
     demo.add_argument("--duration", type=float, default=None, help="seconds, then exit")
     demo.add_argument("--interval", type=float, default=1.0, help="reconcile period, seconds")
@@ -114,7 +121,7 @@ def _command(args: argparse.Namespace) -> int:
     if args.command == "simulate":
         return asyncio.run(_simulate(args))
     if args.command == "status":
-        return asyncio.run(_status(args.url))
+        return asyncio.run(_status(args.url, args.explain, args.output, args.watch))
     if args.command == "demo":
         from controller.demo.runner import run_demo
 
@@ -202,18 +209,24 @@ async def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _status(url: str) -> int:
+async def _status(url: str, explain: bool, output: str, watch: float | None) -> int:
     import aiohttp
 
     from controller.status import STATE_PATH, fetch_state, render
 
-    try:
-        state = await fetch_state(url)
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        print(f"error: cannot read {url}{STATE_PATH}: {exc or type(exc).__name__}", file=sys.stderr)
-        return EXIT_RUNTIME
-    print(render(state))
-    return 0
+    while True:
+        try:
+            state = await fetch_state(url)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            error = exc or type(exc).__name__
+            print(f"error: cannot read {url}{STATE_PATH}: {error}", file=sys.stderr)
+            return EXIT_RUNTIME
+        if watch is not None and output == "table":
+            print("\033[2J\033[H", end="")  # clear the terminal between frames
+        print(json.dumps(state, indent=2) if output == "json" else render(state, explain=explain))
+        if watch is None:
+            return 0
+        await asyncio.sleep(max(0.5, watch))
 
 
 def _check_config(path: Path) -> int:

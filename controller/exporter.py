@@ -53,6 +53,7 @@ class Snapshot:
     clusters: dict[str, ClusterView] = field(default_factory=dict)
     targets: dict[str, TargetView] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)  # objects we will not write, and why
+    kubernetes: tuple[bool | None, str | None] = (None, None)  # reachable, and why not
     dry_run: bool = False
     ticks: int = 0
     last_tick_monotonic: float | None = None
@@ -219,6 +220,12 @@ class SnapshotCollector(Collector):
         mode = _family(
             "target_mode", "1 for how the target's weights were decided.", ("target", "mode")
         )
+        factor = _family(
+            "target_factor",
+            "Why a ref gets its weight: its cluster's score and the score's parts "
+            "(kv_headroom × queue_penalty × latency_penalty), for healthy clusters.",
+            ("target", "ref", "cluster", "factor"),
+        )
         unmapped = _family(
             "target_unmapped_refs",
             "Refs of a target that map to no known cluster (they keep their weight).",
@@ -231,11 +238,15 @@ class SnapshotCollector(Collector):
                 _add(desired, row, outcome.desired.get(ref))
                 _add(applied, row, outcome.applied.get(ref))
                 _add(share, row, outcome.share(ref))
+            for ref, parts in outcome.decision.factors.items():
+                cluster = outcome.target.clusters.get(ref) or ""
+                for name, value in parts.items():
+                    factor.add_metric([key, ref, cluster, name], value)
             for m in Mode:
                 mode.add_metric([key, m.value], float(outcome.decision.mode is m))
             missing = sum(1 for c in outcome.target.clusters.values() if c is None)
             unmapped.add_metric([key], missing)
-        yield from (desired, applied, share, mode, unmapped)
+        yield from (desired, applied, share, mode, factor, unmapped)
 
     def _signals(self) -> Iterator[Metric]:
         kv = _family("cluster_vram_utilization", "Mean KV-cache use over pods/engines, 0..1.")
@@ -345,6 +356,7 @@ def target_json(view: TargetView) -> dict[str, Any]:
                 "applied": outcome.applied.get(ref),
                 "share": outcome.share(ref),
                 "goal": decision.targets.get(ref),
+                "factors": dict(decision.factors.get(ref, {})) or None,
             }
             for ref, cluster in target.clusters.items()
         },
@@ -362,6 +374,7 @@ def state_json(snapshot: Snapshot, leader: bool | None) -> dict[str, Any]:
         "clusters": {name: cluster_json(view) for name, view in snapshot.clusters.items()},
         "targets": {key: target_json(view) for key, view in snapshot.targets.items()},
         "refused": dict(snapshot.refused),
+        "kubernetes": {"reachable": snapshot.kubernetes[0], "error": snapshot.kubernetes[1]},
     }
 
 

@@ -182,6 +182,7 @@ class Reconciler:
             return Discovery(tuple(v.outcome.target for v in self._snapshot.targets.values()))
         self._conditions.clear(("discover",))
         self._snapshot.refused = dict(found.refused)
+        self._snapshot.kubernetes = (found.reachable, found.error)
         self._watch({c.name: c for c in found.clusters if c.name not in self._static})
         return found
 

@@ -126,6 +126,7 @@ class Decision:
     changed: bool
     notes: tuple[str, ...] = field(default=())
     scores: Mapping[str, float] = field(default_factory=dict)  # healthy ones: why this weight
+    factors: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # the score's parts
 
 
 # ---- routing targets: the unit of decision ---------------------------------------------------

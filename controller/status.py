@@ -9,6 +9,8 @@ from typing import Any
 
 import aiohttp
 
+from controller.logs import mask_url
+
 STATE_PATH = "/debug/state"
 
 
@@ -49,13 +51,23 @@ def _table(rows: list[list[str]]) -> list[str]:
     ]
 
 
-def render(state: dict[str, Any], now: float | None = None) -> str:
+def _kubernetes(state: dict[str, Any]) -> str:
+    kube = state.get("kubernetes") or {}
+    if kube.get("reachable") is None:
+        return "not used"
+    if kube["reachable"]:
+        return "reachable"
+    return f"UNREACHABLE ({kube.get('error') or 'no answer'}): last known targets kept"
+
+
+def render(state: dict[str, Any], now: float | None = None, explain: bool = False) -> str:
     now = time.time() if now is None else now
     leader = {True: "yes", False: "no", None: "unknown"}[state.get("leader")]
     dry = "; dry run (writes nothing)" if state.get("dry_run") else ""
     lines = [
         f"tick {state['ticks']} at {_when(state.get('last_tick'), now)}; leader: {leader}; "
         f"last weight change: {_when(state.get('last_change'), now)}{dry}",
+        f"kubernetes: {_kubernetes(state)}",
         "",
     ]
     rows = [["CLUSTER", "KV", "KV MAX", "QUEUE", "P50", "P90", "PODS", "HEALTH", "WEIGHT"]]
@@ -79,7 +91,13 @@ def render(state: dict[str, Any], now: float | None = None) -> str:
             ]
         )
     lines += _table(rows)
+    for name, c in sorted(state["clusters"].items()):
+        for error in c.get("errors") or []:  # which pod failed, and how (URLs masked)
+            url = mask_url(str(error.get("url")))
+            lines.append(f"  {name}: {url}: {error.get('reason')}: {error.get('detail')}")
     lines += ["", *_targets(state.get("targets") or {}, now)]
+    if explain:
+        lines += ["", *_explain(state.get("targets") or {})]
     for key, why in sorted((state.get("refused") or {}).items()):
         lines.append(f"refused: {key}: {why}")
     return "\n".join(lines)
@@ -106,3 +124,36 @@ def _targets(targets: dict[str, Any], now: float) -> list[str]:
                 ]
             )
     return [*_table(rows), *notes]
+
+
+def _explain(targets: dict[str, Any]) -> list[str]:
+    """Why each ref has its weight: its cluster's score and the score's parts."""
+    rows = [
+        ["TARGET", "REF", "CLUSTER", "SCORE", "KV HEADROOM", "QUEUE", "LATENCY", "GOAL", "DESIRED"]
+    ]
+    for key, t in sorted(targets.items()):
+        for ref, r in t["refs"].items():
+            f = r.get("factors") or {}
+            rows.append(
+                [
+                    key,
+                    ref,
+                    r["cluster"] or "(unmapped)",
+                    _num(f.get("score"), ".3f"),
+                    _num(f.get("kv_headroom"), ".3f"),
+                    _num(f.get("queue_penalty"), ".3f"),
+                    _num(f.get("latency_penalty"), ".3f"),
+                    _num(r.get("goal"), ".1f"),
+                    _num(r["desired"], "d"),
+                ]
+            )
+    lines = _table(rows)
+    lines.append(
+        "score = kv headroom × queue penalty × latency penalty (relative to the best cluster);"
+        " '-' for an unhealthy or unmapped ref"
+    )
+    for key, t in sorted(targets.items()):
+        lines.append(
+            f"{key}: mode {t['mode']}" + (f" ({'; '.join(t['notes'])})" if t.get("notes") else "")
+        )
+    return lines

@@ -71,7 +71,12 @@ def weigh(
     current = {ref.name: ref.weight for ref in mapped}
     in_force = proportional(current, TOTAL) if sum(current.values()) > 0 else None
     healthy = {name: s for name, s in inputs.items() if s is not None}
-    decision = replace(decide(inputs, in_force, params), scores=scores(healthy, params))
+    why = factors(healthy, params)
+    decision = replace(
+        decide(inputs, in_force, params),
+        scores={n: f["score"] for n, f in why.items()},
+        factors=why,
+    )
     if not decision.changed or decision.weights is None:
         return held, decision
     scaled = at_least(proportional(decision.weights, share), target.minimum)
@@ -141,8 +146,10 @@ def forecast_kv(history: Sequence[tuple[float, float]], horizon: float) -> float
     return min(1.0, last + max(0.0, slope) * horizon)
 
 
-def scores(healthy: Mapping[str, Signals], params: WeightSettings) -> dict[str, float]:
-    """How much each healthy cluster deserves traffic, ≥ 0; 0 means saturated."""
+def factors(healthy: Mapping[str, Signals], params: WeightSettings) -> dict[str, dict[str, float]]:
+    """Why each healthy cluster deserves the traffic it gets: ``score`` = ``kv_headroom`` ×
+    ``queue_penalty`` × ``latency_penalty`` (penalties relative to the best cluster, 1 when
+    unknown). Exported and logged so an operator can answer "why this weight?"."""
     queues = [s.queue_per_pod for s in healthy.values() if s.queue_per_pod is not None]
     latencies = [s.latency for s in healthy.values() if s.latency is not None and s.latency > 0]
     shortest = min(queues, default=0.0)
@@ -150,16 +157,27 @@ def scores(healthy: Mapping[str, Signals], params: WeightSettings) -> dict[str, 
     result = {}
     for name, signal in healthy.items():
         headroom = max(0.0, 1.0 - signal.kv / params.kv_saturation) ** params.kv_exponent
-        penalty = 1.0
+        queue = 1.0
         if signal.queue_per_pod is not None:
             ratio = (params.queue_reference + shortest) / (
                 params.queue_reference + signal.queue_per_pod
             )
-            penalty *= ratio**params.queue_sensitivity
+            queue = ratio**params.queue_sensitivity
+        latency = 1.0
         if signal.latency is not None and signal.latency > 0:
-            penalty *= (fastest / signal.latency) ** params.latency_sensitivity
-        result[name] = headroom * penalty
+            latency = (fastest / signal.latency) ** params.latency_sensitivity
+        result[name] = {
+            "kv_headroom": headroom,
+            "queue_penalty": queue,
+            "latency_penalty": latency,
+            "score": headroom * queue * latency,
+        }
     return result
+
+
+def scores(healthy: Mapping[str, Signals], params: WeightSettings) -> dict[str, float]:
+    """How much each healthy cluster deserves traffic, ≥ 0; 0 means saturated."""
+    return {name: f["score"] for name, f in factors(healthy, params).items()}
 
 
 def targets(

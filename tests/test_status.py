@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 
@@ -42,24 +43,48 @@ async def test_state_and_status_table_show_clusters_targets_and_leader() -> None
                     stderr=subprocess.PIPE,
                 )
                 stdout, stderr = await asyncio.wait_for(done.communicate(), 30)
+                as_json = await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    "-m",
+                    "controller",
+                    "status",
+                    "--url",
+                    url.removeprefix("http://"),  # no scheme: http is meant
+                    "-o",
+                    "json",
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                )
+                printed_json, _ = await asyncio.wait_for(as_json.communicate(), 30)
     finally:
         await server.stop()
     assert state["ticks"] == 3 and state["leader"] is True
     assert state["clusters"]["east"]["healthy"] is False
     assert state["clusters"]["east"]["reason"] == "http_status"
     refs = state["targets"]["ExternalModel/maas-system/llama"]["refs"]
-    assert refs["west"] | {"goal": None} == {
+    assert refs["west"] | {"goal": None, "factors": None} == {
         "cluster": "west",
         "desired": 100,
         "applied": 100,
         "share": 100.0,
         "goal": None,
+        "factors": None,
     }
+    assert refs["west"]["factors"]["score"] > 0 and refs["east"]["factors"] is None  # unhealthy
+    assert state["kubernetes"] == {"reachable": True, "error": None}
     assert refs["east"]["applied"] == 0
     table = render(state)
     assert "UNHEALTHY (http_status)" in table and "leader: yes" in table
+    assert "kubernetes: reachable" in table
+    assert any(
+        "east: http://127.0.0.1:" in line and "http_status: HTTP 500" in line
+        for line in table.splitlines()
+    )
+    explained = render(state, explain=True)
+    assert "KV HEADROOM" in explained and "score = kv headroom" in explained
     assert "ExternalModel/maas-system/llama" in table
     assert done.returncode == 0, stderr.decode()
+    assert json.loads(printed_json)["ticks"] == 3
     printed = stdout.decode()
     assert "CLUSTER" in printed and "east" in printed and "TARGET" in printed
 
@@ -78,3 +103,14 @@ async def test_status_of_nothing_running_is_a_clear_error() -> None:
     _, stderr = await asyncio.wait_for(done.communicate(), 30)
     assert done.returncode == 1
     assert "cannot read http://127.0.0.1:9/debug/state" in stderr.decode()
+
+
+def test_status_json_and_unreachable_kubernetes() -> None:
+    state = {
+        "ticks": 3,
+        "leader": None,
+        "clusters": {},
+        "targets": {},
+        "kubernetes": {"reachable": False, "error": "list externalmodels: HTTP 503"},
+    }
+    assert "kubernetes: UNREACHABLE (list externalmodels: HTTP 503)" in render(state, now=0)

@@ -25,6 +25,9 @@ class Discovery:
     targets: Sequence[Target] = ()
     clusters: Sequence[ClusterSettings] = field(default=())
     refused: Mapping[str, str] = field(default_factory=dict)  # objects not written, and why
+    # Could the Kubernetes API be read this time (None: no Kubernetes), and if not, why.
+    reachable: bool | None = None
+    error: str | None = None
 
 
 class Publisher(Protocol):

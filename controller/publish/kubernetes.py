@@ -129,14 +129,16 @@ class KubernetesPublisher:
                 error=str(exc),
                 kept_targets=len(self._targets),
             )
-            return Discovery(tuple(self._targets.values()), self._defined, self._last_refused)
+            return Discovery(
+                tuple(self._targets.values()), self._defined, self._last_refused, False, str(exc)
+            )
         self._last_refused = dict(self._refused)
         self._conditions.clear(("api",))
         self._conditions.retain(("discovery",), set(self._seen))
         self._targets = {t.key: t for t in targets}
         self._defined = defined
         self._cache.parsed = {t.uid: v for t in targets if (v := self._cache.parsed.get(t.uid))}
-        return Discovery(tuple(targets), defined, self._last_refused)
+        return Discovery(tuple(targets), defined, self._last_refused, True)
 
     async def weight_minimum(self) -> int:
         """The lowest weight an ExternalModel ref accepts: the setting, else the installed
