@@ -233,7 +233,12 @@ class Reconciler:
             self._conditions.observe(
                 "fetch raised", key, "error", cluster=source.cluster, exc_info=True
             )
-            return ClusterMetrics.failed(source.cluster, self._clock(), Reason.INTERNAL, repr(exc))
+            return ClusterMetrics.failed(
+                source.cluster,
+                self._clock(),
+                Reason.INTERNAL,
+                f"{type(exc).__name__} (the log has the traceback)",
+            )
 
     def _judge(self, fetched: Sequence[ClusterMetrics]) -> None:
         now = self._clock()

@@ -210,6 +210,17 @@ class PageReader:
         else:
             values = self._from_epp_pool(epp_page)
             scraped, answering = 1, int(epp_page is not None)
+        answered = pods if self._has_pods else ([epp_page] if epp_page else [])
+        if answered and values.kv_mean is None:
+            # pages came back but none carries KV use: say which names were looked for
+            names = " or ".join(VLLM_KV if self._has_pods else EPP_KV)
+            scope = (
+                f" for {self._model_keep or self._pool_keep}"
+                if (self._model_keep or self._pool_keep)
+                else ""
+            )
+            detail = f"no {names} series{scope} on {len(answered)} page(s) that answered"
+            errors.append(PodError("*", Reason.MISSING_METRIC, detail))
         return ClusterMetrics(
             cluster=self._name,
             scraped_at=started,

@@ -1,0 +1,263 @@
+"""The fault matrix: the real daemon, as a subprocess, against hostile servers on loopback.
+
+One daemon watches one cluster per fault plus an honest one. After a few ticks every row must
+show its own reason, the weights must sum to 100 and never be all zero (the honest cluster
+carries the traffic), and the process must still be alive; a SIGTERM while a request hangs
+ends it with status 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from tests.conftest import free_port
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+KV = 'vllm:kv_cache_usage_perc{engine="0",model_name="m"}'
+GOOD = f"# TYPE vllm:kv_cache_usage_perc gauge\n{KV} 0.3\n"
+MAX_BODY = 64 * 1024
+TOKEN_NOW = ["first-token"]
+
+
+def page(text: str, status: int = 200, **headers: str) -> Handler:
+    async def handler(_: web.Request) -> web.Response:
+        return web.Response(text=text, status=status, headers=headers, content_type="text/plain")
+
+    return handler
+
+
+def raw(body: bytes, **headers: str) -> Handler:
+    async def handler(_: web.Request) -> web.Response:
+        return web.Response(body=body, headers=headers)
+
+    return handler
+
+
+async def hang(_: web.Request) -> web.Response:
+    await asyncio.sleep(3600)
+    return web.Response(text=GOOD)
+
+
+async def slow_headers(_: web.Request) -> web.Response:
+    await asyncio.sleep(5)  # longer than the scrape timeout, shorter than forever
+    return web.Response(text=GOOD)
+
+
+async def slow_body(request: web.Request) -> web.StreamResponse:
+    response = web.StreamResponse()
+    await response.prepare(request)
+    for _ in range(20):  # a byte every half second: the request timeout still ends it
+        await response.write(b"#")
+        await asyncio.sleep(0.5)
+    return response
+
+
+async def cut_mid_value(request: web.Request) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Length": "4096"})
+    await response.prepare(request)
+    await response.write(f"{KV} 0.".encode())  # the connection closes mid-value
+    assert request.transport is not None
+    request.transport.close()
+    return response
+
+
+def histogram(buckets: list[tuple[str, float]], count: float) -> str:
+    name = "vllm:e2e_request_latency_seconds"
+    lines = [GOOD.rstrip("\n")]
+    lines += [f'{name}_bucket{{model_name="m",le="{le}"}} {v}' for le, v in buckets]
+    lines += [f'{name}_sum{{model_name="m"}} {count}', f'{name}_count{{model_name="m"}} {count}']
+    return "\n".join(lines) + "\n"
+
+
+def reset() -> Handler:
+    """A histogram whose counters fall back to near zero (a restarted pod) on the third scrape."""
+    calls = [0]
+
+    async def handler(_: web.Request) -> web.Response:
+        calls[0] += 1
+        n = 1000.0 * calls[0] if calls[0] < 3 else 5.0 * calls[0]
+        return web.Response(text=histogram([("1.0", n / 2), ("+Inf", n)], n))
+
+    return handler
+
+
+async def rotating_token(request: web.Request) -> web.Response:
+    if request.headers.get("Authorization") != f"Bearer {TOKEN_NOW[0]}":
+        return web.Response(status=401, text="bad token")
+    return web.Response(text=GOOD)
+
+
+# (cluster, handler or "refused", reason after a few ticks; None: healthy)
+ROWS: list[tuple[str, Handler | str, str | None]] = [
+    ("refused", "refused", "connect"),
+    ("hang", hang, "timeout"),
+    ("slowloris-headers", slow_headers, "timeout"),
+    ("slowloris-body", slow_body, "timeout"),
+    ("http-500", page("boom", status=500), "http_status"),
+    ("redirect-loop", page("", status=302, Location="/redirect-loop"), "redirect"),
+    ("redirect-cross-host", page("", status=302, Location="http://169.254.169.254/"), "redirect"),
+    ("garbage", page("<html><body>Bad Gateway</body></html>\n"), "parse"),
+    ("binary", raw(bytes(range(256)) * 8), "parse"),
+    ("cut-mid-line", page(f"{KV} 0.3\nvllm:kv_cache_us"), "truncated"),
+    ("cut-mid-value", cut_mid_value, "truncated"),
+    ("empty", page(""), "truncated"),
+    ("oversized", page(GOOD + "# pad " + "x" * MAX_BODY + "\n"), "too_large"),
+    (
+        "gzip-bomb",
+        raw(gzip.compress(b"# " + b"0" * (20 * MAX_BODY) + b"\n"), **{"Content-Encoding": "gzip"}),
+        "too_large",
+    ),
+    ("nan", page(f"{KV} NaN\n"), "out_of_range"),
+    ("plus-inf", page(f"{KV} +Inf\n"), "out_of_range"),
+    ("minus-inf", page(f"{KV} -Inf\n"), "out_of_range"),
+    ("negative", page(f"{KV} -0.2\n"), "out_of_range"),
+    ("above-one", page(f"{KV} 1.5\n"), "out_of_range"),
+    ("percent", page(f"{KV} 95\n"), "out_of_range"),
+    ("duplicate-series", page(f"{KV} 0.1\n{KV} 0.99\n"), "duplicate_series"),
+    ("renamed-metric", page('vllm:kv_cache_usage_ratio{engine="0"} 0.3\n'), "missing_metric"),
+    ("counter-reset", reset(), None),
+    ("non-monotonic-buckets", page(histogram([("1.0", 50), ("2.0", 10), ("+Inf", 40)], 40)), None),
+    ("token-rotation", rotating_token, None),
+    ("token-missing", page(GOOD), "auth"),  # its token file is deleted while it runs
+]
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return asyncio.run(run_matrix(tmp_path_factory.mktemp("matrix")))
+
+
+async def run_matrix(tmp: Path) -> dict[str, Any]:
+    app = web.Application()
+    app.router.add_get("/honest", page(GOOD.replace(" 0.3", " 0.2")))
+    for name, handler, _ in ROWS:
+        if not isinstance(handler, str):
+            app.router.add_get(f"/{name}", handler)
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    token, doomed = tmp / "token", tmp / "doomed-token"
+    token.write_text(TOKEN_NOW[0])
+    doomed.write_text("soon-gone")  # present at start-up (run checks), deleted mid-run
+    clusters: list[dict[str, Any]] = [
+        {"name": "honest", "vllm_urls": [f"http://127.0.0.1:{port}/honest"]}
+    ]
+    for name, handler, _ in ROWS:
+        where = (
+            f"http://127.0.0.1:{free_port()}/metrics"
+            if handler == "refused"
+            else f"http://127.0.0.1:{port}/{name}"
+        )
+        cluster: dict[str, Any] = {"name": name, "vllm_urls": [where]}
+        if name.startswith("token-"):
+            cluster["bearer_token_file"] = str(token if name == "token-rotation" else doomed)
+            cluster["allow_token_over_http"] = True  # loopback
+        clusters.append(cluster)
+    metrics_port = free_port()
+    config = tmp / "config.yaml"
+    config.write_text(
+        json.dumps(
+            {
+                "interval": "2s",
+                "clusters": clusters,
+                "scrape": {"timeout": "1s", "max_body_bytes": MAX_BODY, "min_latency_requests": 1},
+                "server": {"bind": f"127.0.0.1:{metrics_port}"},
+                "log": {"format": "json"},
+            }
+        )
+    )
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "controller",
+        "run",
+        "--config",
+        str(config),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        state = await wait_for_ticks(metrics_port, 3, child)
+        TOKEN_NOW[0] = "second-token"  # rotated: file and server change together
+        token.write_text(TOKEN_NOW[0])
+        doomed.unlink()
+        state = await wait_for_ticks(metrics_port, state["ticks"] + 3, child)
+        alive = child.returncode is None
+        child.send_signal(signal.SIGTERM)  # the hang and slowloris requests are in flight
+        began = asyncio.get_running_loop().time()
+        out, err = await asyncio.wait_for(child.communicate(), 20)
+        took = asyncio.get_running_loop().time() - began
+    finally:
+        if child.returncode is None:
+            child.kill()
+            await child.wait()
+        await runner.cleanup()
+    return {
+        "state": state,
+        "alive": alive,
+        "code": child.returncode,
+        "took": took,
+        "out": out + err,
+    }
+
+
+async def wait_for_ticks(
+    port: int, ticks: int, child: asyncio.subprocess.Process
+) -> dict[str, Any]:
+    url = f"http://127.0.0.1:{port}/debug/state"
+    async with aiohttp.ClientSession() as session:
+        for _ in range(300):  # bounded: 60 s
+            if child.returncode is not None:
+                _, err = await child.communicate()
+                raise AssertionError(f"the daemon exited {child.returncode}: {err.decode()}")
+            try:
+                async with session.get(url) as response:
+                    state: dict[str, Any] = await response.json()
+                if state["ticks"] >= ticks:
+                    return state
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.2)
+    raise AssertionError(f"the daemon did not reach tick {ticks}")
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"), [(n, r) for n, _, r in ROWS], ids=[n for n, _, _ in ROWS]
+)
+def test_each_fault_has_its_own_reason(
+    matrix: dict[str, Any], name: str, reason: str | None
+) -> None:
+    cluster = matrix["state"]["clusters"][name]
+    assert cluster["reason"] == reason, cluster["errors"]
+    assert cluster["healthy"] is (reason is None), cluster
+    if reason is not None:
+        assert cluster["errors"] and cluster["errors"][0]["detail"]
+
+
+def test_the_weights_always_send_traffic_somewhere(matrix: dict[str, Any]) -> None:
+    target = matrix["state"]["targets"]["configured"]
+    for weights in (target["desired"], target["applied"]):
+        assert sum(weights.values()) == 100 and max(weights.values()) > 0
+    faulty = {n for n, _, r in ROWS if r is not None}
+    assert all(target["applied"][n] == 0 for n in faulty)
+    assert target["applied"]["honest"] > 0
+
+
+def test_the_daemon_survives_all_of_it_and_stops_cleanly(matrix: dict[str, Any]) -> None:
+    assert matrix["alive"]
+    assert matrix["code"] == 0 and matrix["took"] < 5
+    assert b"Traceback" not in matrix["out"]
+    assert b"first-token" not in matrix["out"] and b"second-token" not in matrix["out"]
