@@ -406,3 +406,34 @@ def test_quick_commands_do_not_load_the_kubernetes_client(tmp_path: Any) -> None
         check=True,
     )
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+async def test_opted_in_risks_are_warned_about_at_start_up_and_exported() -> None:
+    from structlog.testing import capture_logs
+
+    settings = build_settings(
+        {
+            "clusters": [
+                {
+                    "name": "lax",
+                    "vllm_urls": ["https://127.0.0.1:1/m"],
+                    "tls_insecure_skip_verify": True,
+                },
+                {
+                    "name": "plain",
+                    "vllm_urls": ["http://127.0.0.1:1/m"],
+                    "bearer_token_file": "/dev/null",
+                    "allow_token_over_http": True,
+                },
+            ],
+            "server": {"bind": "127.0.0.1:0"},
+        }
+    )
+    with capture_logs() as logs:
+        async with Controller(settings, serve=False) as controller:
+            registry = controller.registry
+    events = {(e["event"], e["cluster"]) for e in logs if e["log_level"] == "warning"}
+    assert events == {("tls verification off", "lax"), ("bearer token over plain http", "plain")}
+    for cluster, risk in (("lax", "tls_unverified"), ("plain", "token_over_http")):
+        labels = {"cluster": cluster, "risk": risk}
+        assert registry.get_sample_value("weight_controller_cluster_insecure", labels) == 1
