@@ -49,12 +49,20 @@ def apply_scenario(fleet: Fleet, tick: int, weights: dict[str, int] | None = Non
             cluster.share = weights.get(name, 0) / equal
 
 
-def demo_fleet(seed: int = 0) -> Fleet:
-    """The three clusters; their noise is seeded, so a seed always tells the same story."""
+def demo_fleet(seed: int = 0, seconds_per_scrape: float | None = 1.0) -> Fleet:
+    """The three clusters; their noise is seeded and their traffic counted per scrape, not by
+    the wall clock, so a seed always tells the same story."""
     return Fleet(
         [
             SimCluster(
-                "cluster-a", style="v1", pods=2, engines=2, kv=0.05, routed_kv=ROUTED_KV, seed=seed
+                "cluster-a",
+                style="v1",
+                pods=2,
+                engines=2,
+                kv=0.05,
+                routed_kv=ROUTED_KV,
+                seed=seed,
+                seconds_per_scrape=seconds_per_scrape,
             ),
             SimCluster(
                 "cluster-b",
@@ -65,8 +73,17 @@ def demo_fleet(seed: int = 0) -> Fleet:
                 routed_kv=ROUTED_KV,
                 with_epp=True,
                 seed=seed,
+                seconds_per_scrape=seconds_per_scrape,
             ),
-            SimCluster("cluster-c", style="v0", pods=1, kv=0.25, routed_kv=ROUTED_KV, seed=seed),
+            SimCluster(
+                "cluster-c",
+                style="v0",
+                pods=1,
+                kv=0.25,
+                routed_kv=ROUTED_KV,
+                seed=seed,
+                seconds_per_scrape=seconds_per_scrape,
+            ),
         ]
     )
 
@@ -119,7 +136,7 @@ async def run_demo(
     logs.configure("info" if verbose else "warning", "console", sys.stderr)
     stop = asyncio.Event()
     install_signal_handlers(stop)
-    async with demo_fleet(seed) as fleet:
+    async with demo_fleet(seed, seconds_per_scrape=interval) as fleet:
         settings = build_settings(
             {
                 "interval": interval,

@@ -52,6 +52,9 @@ class SimCluster:
     model: str = "meta-llama/Llama-3.1-8B-Instruct"
     seed: int = 0
     noise: float = 0.02  # ± jitter on each engine's KV reading, like a busy server's
+    # Requests completed between two scrapes follow this many seconds per scrape instead of
+    # the wall clock, so a seed replays exactly (the demo sets it to its interval).
+    seconds_per_scrape: float | None = None
     port: int | None = None
     _pods: list[_Pod] = field(default_factory=list, repr=False)
     _epp: CumulativeHistogram = field(default_factory=CumulativeHistogram, repr=False)
@@ -85,6 +88,8 @@ class SimCluster:
 
     def _advance(self, pod: _Pod, now: float) -> int:
         elapsed = 0.0 if pod.last is None else now - pod.last
+        if self.seconds_per_scrape is not None:  # virtual time: the same story every run
+            elapsed = 0.0 if pod.last is None else self.seconds_per_scrape
         pod.last = now
         pod.carry += elapsed * self.requests_per_second / self.pods
         done, pod.carry = int(pod.carry), pod.carry - int(pod.carry)
@@ -109,8 +114,11 @@ class SimCluster:
         )
 
     def epp_page(self, now: float) -> str:
-        for pod in self._pods:
-            self._advance(pod, now)
+        # In virtual time only pod pages move the traffic on, so the EPP's page does not
+        # depend on whether it was fetched before or after them.
+        if self.seconds_per_scrape is None:
+            for pod in self._pods:
+                self._advance(pod, now)
         return epp_page(self.model, f"{self.name}-pool", self.load(), self.waiting(), self._epp)
 
     # ---- where to find it --------------------------------------------------------------------
