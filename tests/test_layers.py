@@ -9,7 +9,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "controller"
 
 # Lowest first. A module may import its own layer and the ones below, never one above.
 LAYERS = [
-    {"controller", "__version__", "model", "errors", "logs", "exposition", "fakes"},
+    {"controller", "__version__", "CONFIG_ENV", "model", "errors", "logs", "exposition", "fakes"},
     {"settings", "histograms", "addresses"},
     {"sources", "health", "weights", "kube"},
     {"exporter"},
