@@ -105,10 +105,23 @@ class Extractor:
     def extract(self, text: str) -> Extraction:
         result = Extraction()
         canonical, labels_of, rest_re = self._canonical, self._labels_of, self._rest_re
+        # Where the last hit was: a later hit with no newline since is on the same line, and a
+        # line holds at most one sample, at its start. So each stretch of text is looked at
+        # a bounded number of times, and a hostile line that repeats a wanted name a million
+        # times costs what its length costs, not its length squared.
+        last = -1
         for hit in self._scan_re.finditer(text):
             start = hit.start()
-            if start and text[start - 1] != "\n" and not _starts_line(text, start):
-                continue  # the name inside a comment or a label value
+            if start and text[start - 1] != "\n":
+                newline = text.rfind("\n", last + 1, start)
+                if newline < 0 and last >= 0:
+                    last = start
+                    continue  # on the line of the previous hit: inside it, not a sample
+                line_start = newline + 1 if newline >= 0 else text.rfind("\n", 0, start) + 1
+                last = start
+                if text[line_start:start].strip(" \t"):
+                    continue  # the name inside a comment or a label value
+            last = start
             rest = rest_re.match(text, hit.end())
             try:
                 if rest is None:
@@ -157,12 +170,6 @@ def _trie_pattern(words: Iterable[str]) -> str:
         return f"(?:{body})?" if "" in node else body
 
     return build(trie)
-
-
-def _starts_line(text: str, start: int) -> bool:
-    """Only blanks between the previous newline (or the page start) and ``start``."""
-    line_start = text.rfind("\n", 0, start) + 1
-    return not text[line_start:start].strip(" \t")
 
 
 def _parse_labels(body: str) -> dict[str, str]:

@@ -240,3 +240,26 @@ def test_label_cache_does_not_leak_between_different_bodies() -> None:
     assert (
         [s.labels for s in first] == [s.labels for s in again] == [{"engine": "0"}, {"engine": "1"}]
     )
+
+
+def test_a_hostile_long_line_costs_linear_time_in_its_size() -> None:
+    """One line that repeats a wanted name over and over (the extractor used to scan back to
+    the line start from every hit: 1 MB took 1.6 s, 10 MB minutes). Quadrupling the size must
+    cost about four times as much, not sixteen: measured in this process's CPU time, the best
+    of three, so other load on the machine barely matters."""
+    import time
+
+    from controller.sources.scrape import VLLM_EXTRACTOR
+
+    def cost(size: int) -> float:
+        line = "x " + 'vllm:kv_cache_usage_perc{a="b"} 1 ' * (size // 34) + "\n"
+        best = float("inf")
+        for _ in range(3):
+            began = time.process_time()
+            found = VLLM_EXTRACTOR.extract(line)
+            best = min(best, time.process_time() - began)
+        assert found.samples == []  # none of it is a sample: it is all one line
+        return max(best, 1e-4)
+
+    small, large = cost(500_000), cost(2_000_000)
+    assert large / small < 8, (small, large)
