@@ -4,6 +4,7 @@ API-server double in tests/apiserver.py (its docstring lists the behaviours it i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 from collections.abc import AsyncIterator, Callable
@@ -442,6 +443,22 @@ async def wait_until(check: Callable[[], bool], seconds: float) -> float:
     raise AssertionError("condition not met in time")
 
 
+@contextlib.asynccontextmanager
+async def leading(api: client.ApiClient, identity: str = "a") -> AsyncIterator[Any]:
+    """An elector that has taken the Lease; stopped (and the Lease released) on exit."""
+    from controller.kube.leader import LeaderElector
+
+    elector = LeaderElector(api, elector_settings(identity))
+    stop = asyncio.Event()
+    task = asyncio.create_task(elector.run(stop))
+    await wait_until(elector.is_leader, 3)
+    try:
+        yield elector
+    finally:
+        stop.set()
+        await task
+
+
 async def test_two_electors_race_and_exactly_one_leads(
     apiserver: FakeAPIServer, api: client.ApiClient
 ) -> None:
@@ -494,19 +511,12 @@ async def test_lease_expiry_takeover_and_release(
 async def test_leader_stops_writing_when_it_cannot_renew(
     apiserver: FakeAPIServer, api: client.ApiClient
 ) -> None:
-    from controller.kube.leader import LeaderElector
-
-    a = LeaderElector(api, elector_settings("a"))
-    stop = asyncio.Event()
-    task = asyncio.create_task(a.run(stop))
-    await wait_until(a.is_leader, 3)
-    await apiserver.stop()  # the API server goes away: renewals fail
-    took = await wait_until(lambda: not a.is_leader(), 3)
-    assert took <= LEASE["renew_deadline"] + 0.3
-    await apiserver.start()
-    await wait_until(a.is_leader, 3)
-    stop.set()
-    await task
+    async with leading(api) as a:
+        await apiserver.stop()  # the API server goes away: renewals fail
+        took = await wait_until(lambda: not a.is_leader(), 3)
+        assert took <= LEASE["renew_deadline"] + 0.3
+        await apiserver.start()
+        await wait_until(a.is_leader, 3)
 
 
 def test_missing_kubeconfig_is_a_config_error_not_a_traceback(tmp_path: Any) -> None:
@@ -738,42 +748,28 @@ async def test_taking_a_released_lease_counts_a_transition(
 async def test_a_renewal_is_retried_until_the_renew_deadline(
     apiserver: FakeAPIServer, api: client.ApiClient
 ) -> None:
-    from controller.kube.leader import LeaderElector
-
-    a = LeaderElector(api, elector_settings("a"))
-    stop = asyncio.Event()
-    task = asyncio.create_task(a.run(stop))
-    await wait_until(a.is_leader, 3)
-    apiserver.fail("PUT", "leases", 500, times=2)  # two renewals fail, well inside 1 s
-    with capture_logs() as logs:
-        for _ in range(12):  # 1.2 s: the failures, then renewals that land again
-            assert a.is_leader(), "a leader that renews within renew_deadline stays leader"
-            await asyncio.sleep(0.1)
+    async with leading(api) as a:
+        apiserver.fail("PUT", "leases", 500, times=2)  # two renewals fail, well inside 1 s
+        with capture_logs() as logs:
+            for _ in range(12):  # 1.2 s: the failures, then renewals that land again
+                assert a.is_leader(), "a leader that renews within renew_deadline stays leader"
+                await asyncio.sleep(0.1)
     assert [e["event"] for e in logs].count("lease attempt failed") == 1  # one condition
     assert not any(e["event"] == "leadership lost" for e in logs)
-    stop.set()
-    await task
 
 
 async def test_a_slow_renewal_is_waited_for_within_the_renew_deadline(
     apiserver: FakeAPIServer, api: client.ApiClient
 ) -> None:
-    from controller.kube.leader import LeaderElector
-
-    a = LeaderElector(api, elector_settings("a"))
-    stop = asyncio.Event()
-    task = asyncio.create_task(a.run(stop))
-    await wait_until(a.is_leader, 3)
-    # every renewal takes 1.5 retry periods, but well under the renew deadline: cutting
-    # each attempt at retry_period would never renew and lose the lease
-    apiserver.slow("PUT", "leases", 1.5 * LEASE["retry_period"], times=6)
-    with capture_logs() as logs:
-        for _ in range(20):  # 2 s: twice the renew deadline
-            assert a.is_leader()
-            await asyncio.sleep(0.1)
+    async with leading(api) as a:
+        # every renewal takes 1.5 retry periods, but well under the renew deadline: cutting
+        # each attempt at retry_period would never renew and lose the lease
+        apiserver.slow("PUT", "leases", 1.5 * LEASE["retry_period"], times=6)
+        with capture_logs() as logs:
+            for _ in range(20):  # 2 s: twice the renew deadline
+                assert a.is_leader()
+                await asyncio.sleep(0.1)
     assert not any(e["event"] in ("leadership lost", "lease attempt failed") for e in logs)
-    stop.set()
-    await task
 
 
 # ---- namespaces ------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from dataclasses import replace
 from typing import TextIO
 
 from controller import logs
@@ -52,38 +53,15 @@ def apply_scenario(fleet: Fleet, tick: int, weights: dict[str, int] | None = Non
 def demo_fleet(seed: int = 0, seconds_per_scrape: float | None = 1.0) -> Fleet:
     """The three clusters; their noise is seeded and their traffic counted per scrape, not by
     the wall clock, so a seed always tells the same story."""
+    shapes = [
+        SimCluster("cluster-a", style="v1", pods=2, engines=2, kv=0.05),
+        SimCluster("cluster-b", style="v1", pods=2, engines=2, kv=0.10, with_epp=True),
+        SimCluster("cluster-c", style="v0", pods=1, kv=0.25),
+    ]
     return Fleet(
         [
-            SimCluster(
-                "cluster-a",
-                style="v1",
-                pods=2,
-                engines=2,
-                kv=0.05,
-                routed_kv=ROUTED_KV,
-                seed=seed,
-                seconds_per_scrape=seconds_per_scrape,
-            ),
-            SimCluster(
-                "cluster-b",
-                style="v1",
-                pods=2,
-                engines=2,
-                kv=0.10,
-                routed_kv=ROUTED_KV,
-                with_epp=True,
-                seed=seed,
-                seconds_per_scrape=seconds_per_scrape,
-            ),
-            SimCluster(
-                "cluster-c",
-                style="v0",
-                pods=1,
-                kv=0.25,
-                routed_kv=ROUTED_KV,
-                seed=seed,
-                seconds_per_scrape=seconds_per_scrape,
-            ),
+            replace(c, routed_kv=ROUTED_KV, seed=seed, seconds_per_scrape=seconds_per_scrape)
+            for c in shapes
         ]
     )
 
