@@ -42,6 +42,10 @@ CERT_CHECK_SECONDS = 60.0
 def source_factory(
     settings: Settings, session: aiohttp.ClientSession, clock: Callable[[], float]
 ) -> Callable[[ClusterSettings], ClusterMetricsSource]:
+    # One limiter for every page of every cluster: bounded and first come, first served, so
+    # one big cluster's pages queue among the others' instead of starving them.
+    limiter = asyncio.Semaphore(settings.scrape.max_concurrency)
+
     def make(cluster: ClusterSettings) -> ClusterMetricsSource:
         if cluster.prometheus is not None:
             return PrometheusQuerySource(
@@ -53,16 +57,16 @@ def source_factory(
                 clock,
             )
         timeout = settings.cluster_timeout(cluster)
-        return ScrapeSource(cluster, settings.scrape, timeout, session, clock)
+        return ScrapeSource(cluster, settings.scrape, timeout, session, clock, limiter)
 
     return make
 
 
 def _connector(settings: Settings) -> aiohttp.TCPConnector:
-    pods = sum(len(c.vllm_urls) + (c.epp_url is not None) for c in settings.clusters)
-    # One connection per endpoint is enough (one request per endpoint per tick), and keep-alive
-    # saves a handshake per scrape.
-    return aiohttp.TCPConnector(limit=max(100, pods), limit_per_host=0, ttl_dns_cache=60)
+    # As many connections as requests may run at once (scrape.max_concurrency), kept alive to
+    # save a handshake per scrape; a few more for PromQL sources and the Kubernetes client.
+    limit = settings.scrape.max_concurrency + 8
+    return aiohttp.TCPConnector(limit=limit, limit_per_host=0, ttl_dns_cache=60)
 
 
 class Controller:

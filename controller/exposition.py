@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-__all__ = ["Extraction", "Extractor", "Sample", "parse_le"]
+__all__ = ["Extraction", "Extractor", "PageStream", "Sample", "parse_le"]
 
 # Unrolled loops ("normal* (special normal*)*"): the regex engine eats runs of plain
 # characters in one step instead of trying an alternation per character.
@@ -104,6 +104,11 @@ class Extractor:
 
     def extract(self, text: str) -> Extraction:
         result = Extraction()
+        self.extract_into(text, result)
+        return result
+
+    def extract_into(self, text: str, result: Extraction) -> None:
+        """The wanted samples of ``text`` (whole lines) appended to ``result``."""
         canonical, labels_of, rest_re = self._canonical, self._labels_of, self._rest_re
         # Where the last hit was: a later hit with no newline since is on the same line, and a
         # line holds at most one sample, at its start. So each stretch of text is looked at
@@ -140,7 +145,6 @@ class Extractor:
                     result.first_error = f"{exc}: {text[start : end if end >= 0 else None][:120]!r}"
                 continue
             result.samples.append(sample)
-        return result
 
     def _labels_of(self, body: str) -> dict[str, str]:
         labels = self._labels.get(body)
@@ -150,6 +154,78 @@ class Extractor:
                 self._labels.clear()
             self._labels[body] = labels
         return labels
+
+
+# No real sample line comes near this (labels are short); a longer "line" is a hostile or
+# broken page, refused without being scanned.
+MAX_LINE = 1024 * 1024
+# The text is handed on in pieces of at most this size, so no single step holds the event
+# loop for long whatever the page is like.
+PIECE = 64 * 1024
+
+
+class PageStream:
+    """A page fed in pieces as it arrives: each complete line is extracted once, so memory
+    holds only the wanted samples and the one incomplete line, never the page.
+
+    ``finish`` says what a whole page would: whether it was empty, whether it ended with a
+    newline (a cut page does not), whether a line was over-long, and its first bytes (to tell
+    text format from an HTML error page)."""
+
+    def __init__(self, extractor: Extractor, max_line: int = MAX_LINE) -> None:
+        self._extractor = extractor
+        self._max_line = max_line
+        self._parts: list[str] = []
+        self._pending = 0
+        self._skipping = False
+        self.result = Extraction()
+        self.head = ""
+        self.size = 0
+        self.long_line = False
+        self.last_char = ""
+
+    def feed(self, text: str) -> None:
+        for start in range(0, len(text), PIECE):
+            self._piece(text[start : start + PIECE])
+
+    def _piece(self, text: str) -> None:
+        if not text:
+            return
+        self.size += len(text)
+        self.last_char = text[-1]
+        if len(self.head) < 4096:
+            self.head += text[: 4096 - len(self.head)]
+        if self._skipping:  # inside an over-long line: drop it up to its end
+            newline = text.find("\n")
+            if newline < 0:
+                return
+            self._skipping, text = False, text[newline + 1 :]
+        newline = text.rfind("\n")
+        if newline < 0:
+            self._parts.append(text)
+            self._pending += len(text)
+            if self._pending > self._max_line:
+                self.long_line, self._skipping = True, True
+                self._parts, self._pending = [], 0
+            return
+        complete = (
+            "".join([*self._parts, text[: newline + 1]]) if self._parts else text[: newline + 1]
+        )
+        rest = text[newline + 1 :]
+        self._parts, self._pending = ([rest], len(rest)) if rest else ([], 0)
+        if self._longest_line(complete) > self._max_line:
+            self.long_line = True
+            return
+        self._extractor.extract_into(complete, self.result)
+
+    def _longest_line(self, text: str) -> int:
+        """Only the first line can exceed a piece (it carries the pending parts)."""
+        first = text.find("\n")
+        return first if first >= 0 else len(text)
+
+    @property
+    def ended_with_newline(self) -> bool:
+        return self.last_char == "\n"
 
 
 def _trie_pattern(words: Iterable[str]) -> str:

@@ -184,6 +184,14 @@ class ScrapeSettings(_Group):
         description="A /metrics page larger than this is refused while reading (10 MiB is ~50x "
         "a busy vLLM page).",
     )
+    max_concurrency: int = Field(
+        default=64,
+        ge=1,
+        le=10000,
+        description="Requests in flight at once, over all clusters. A request's timeout starts "
+        "when it gets its turn, so a large fleet queues instead of timing itself out; one "
+        "connection per slot is kept alive.",
+    )
     min_pod_fraction: float = Field(
         default=0.5,
         gt=0,

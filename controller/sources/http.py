@@ -6,9 +6,11 @@ aiohttp's exceptions are translated here into our ScrapeError tree, so callers c
 from __future__ import annotations
 
 import asyncio
+import codecs
 import os
 import re
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from controller.errors import (
     ScrapeTooLargeError,
     ScrapeTruncatedError,
 )
+from controller.exposition import PageStream
 
 # The classic text format: prometheus-client >= 0.23 would rename vllm: metrics for OpenMetrics.
 ACCEPT_TEXT = "text/plain;version=0.0.4;q=1.0,*/*;q=0.1"
@@ -70,17 +73,54 @@ def ssl_context(ca_file: Path | None, insecure: bool) -> ssl.SSLContext | bool:
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
-    """How to GET one URL: its timeout, size cap, credentials and TLS settings."""
+    """How to GET one URL: its timeout, size cap, credentials and TLS settings, and the
+    limiter shared by every endpoint of the process (how many requests may run at once)."""
 
     url: str
     timeout: float
     max_bytes: int
     token: TokenFile | None = None
     tls: ssl.SSLContext | bool = True
+    limiter: asyncio.Semaphore | None = None
 
 
 async def get_text(session: aiohttp.ClientSession, endpoint: Endpoint, accept: str) -> str:
     """The body of a 200 response as text, or a ScrapeError saying what went wrong."""
+    chunks: list[str] = []
+    await _get(session, endpoint, accept, chunks.append)
+    return "".join(chunks)
+
+
+async def get_page(
+    session: aiohttp.ClientSession, endpoint: Endpoint, accept: str, stream: PageStream
+) -> PageStream:
+    """A 200 response fed into ``stream`` as it arrives (the page is never held whole)."""
+    await _get(session, endpoint, accept, stream.feed)
+    return stream
+
+
+async def _get(
+    session: aiohttp.ClientSession,
+    endpoint: Endpoint,
+    accept: str,
+    sink: Callable[[str], None],
+) -> None:
+    """GET ``endpoint`` and hand its decoded body to ``sink`` piece by piece. The request's
+    timeout starts once the limiter lets it run, so time spent queued behind other pages
+    never counts against it (the tick deadline bounds the whole)."""
+    if endpoint.limiter is None:
+        await _request(session, endpoint, accept, sink)
+        return
+    async with endpoint.limiter:
+        await _request(session, endpoint, accept, sink)
+
+
+async def _request(
+    session: aiohttp.ClientSession,
+    endpoint: Endpoint,
+    accept: str,
+    sink: Callable[[str], None],
+) -> None:
     url = endpoint.url
     headers = {"Accept": accept, "Accept-Encoding": "gzip"}
     if endpoint.token is not None:
@@ -106,7 +146,7 @@ async def get_text(session: aiohttp.ClientSession, endpoint: Endpoint, accept: s
                     raise ScrapeAuthError(url, f"{detail} (is the bearer token valid and allowed?)")
                 if response.status != 200:
                     raise ScrapeHTTPStatusError(url, await _status_detail(response))
-                body = await _read_capped(response, endpoint)
+                await _read_capped(response, endpoint, sink)
     except TimeoutError as exc:
         raise ScrapeTimeoutError(url, f"no complete answer within {endpoint.timeout:g}s") from exc
     except aiohttp.ClientPayloadError as exc:
@@ -116,7 +156,6 @@ async def get_text(session: aiohttp.ClientSession, endpoint: Endpoint, accept: s
         raise ScrapeConnectError(url, f"{type(exc).__name__}: {exc}") from exc
     except aiohttp.ClientError as exc:
         raise ScrapeError(url, f"{type(exc).__name__}: {exc}") from exc
-    return body.decode("utf-8", errors="replace")
 
 
 async def _status_detail(response: aiohttp.ClientResponse) -> str:
@@ -142,17 +181,20 @@ def snippet(text: str, limit: int = SNIPPET_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-async def _read_capped(response: aiohttp.ClientResponse, endpoint: Endpoint) -> bytes:
+async def _read_capped(
+    response: aiohttp.ClientResponse, endpoint: Endpoint, sink: Callable[[str], None]
+) -> None:
     limit = endpoint.max_bytes
     declared = response.content_length
     if declared is not None and declared > limit:
         raise ScrapeTooLargeError(endpoint.url, f"Content-Length {declared} > {limit}")
-    chunks: list[bytes] = []
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     size = 0
     # Counted after decompression, so a small gzip bomb is refused too.
     async for chunk in response.content.iter_chunked(_CHUNK):
         size += len(chunk)
         if size > limit:
             raise ScrapeTooLargeError(endpoint.url, f"body larger than {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+        sink(decoder.decode(chunk))
+        await asyncio.sleep(0)  # one piece at a time: /healthz and other pages go on
+    sink(decoder.decode(b"", final=True))

@@ -16,11 +16,11 @@ import aiohttp
 
 from controller import histograms
 from controller.errors import ScrapeError, ScrapeParseError, ScrapeTruncatedError
-from controller.exposition import Extractor, Sample
+from controller.exposition import MAX_LINE, Extractor, PageStream, Sample
 from controller.histograms import Histogram, SeriesKey
 from controller.model import ClusterMetrics, Latency, PodError, Reason
 from controller.settings import ClusterSettings, ScrapeSettings
-from controller.sources.http import ACCEPT_TEXT, Endpoint, TokenFile, get_text, ssl_context
+from controller.sources.http import ACCEPT_TEXT, Endpoint, TokenFile, get_page, ssl_context
 
 # Preference order matters: the first name present on a page wins.
 VLLM_KV = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
@@ -66,10 +66,10 @@ async def fetch_page(
     session: aiohttp.ClientSession, endpoint: Endpoint, extractor: Extractor
 ) -> Page | PodError:
     try:
-        text = await get_text(session, endpoint, ACCEPT_TEXT)
+        stream = await get_page(session, endpoint, ACCEPT_TEXT, PageStream(extractor))
+        return _page(endpoint.url, stream)
     except ScrapeError as exc:
         return PodError(url=endpoint.url, reason=exc.reason, detail=exc.detail)
-    return read_page(endpoint.url, text, extractor)
 
 
 def _kept(samples: Sequence[Sample], keep: Mapping[str, str] | None) -> list[Sample]:
@@ -299,22 +299,27 @@ class PageReader:
 
 def read_page(url: str, text: str, extractor: Extractor) -> Page | PodError:
     """One page's text → its wanted samples, or the PodError a scrape would report."""
+    stream = PageStream(extractor)
+    stream.feed(text)
     try:
-        return _page(url, text, extractor)
+        return _page(url, stream)
     except ScrapeError as exc:
         return PodError(url=url, reason=exc.reason, detail=exc.detail)
 
 
-def _page(url: str, text: str, extractor: Extractor) -> Page:
-    if not text:
+def _page(url: str, stream: PageStream) -> Page:
+    """What a whole page fed through ``stream`` amounts to, or why it is unusable."""
+    if stream.size == 0:
         raise ScrapeTruncatedError(url, "empty body")
-    if not looks_like_exposition(text):
+    if not looks_like_exposition(stream.head):
         raise ScrapeParseError(url, "not Prometheus text format")
-    if not text.endswith("\n"):
+    if stream.long_line:
+        raise ScrapeParseError(url, f"a line longer than {MAX_LINE} bytes: not a metrics page")
+    if not stream.ended_with_newline:
         # The text format ends every line with a newline: a last line without one was cut,
         # and its value may be a prefix of the real one (``0.`` of ``0.97``).
-        raise ScrapeTruncatedError(url, f"no final newline after {len(text)} bytes: cut short")
-    found = extractor.extract(text)
+        raise ScrapeTruncatedError(url, f"no final newline after {stream.size} bytes: cut short")
+    found = stream.result
     if found.invalid_lines:
         raise ScrapeParseError(
             url, f"{found.invalid_lines} malformed line(s), first: {found.first_error}"
@@ -332,6 +337,7 @@ class ScrapeSource:
         timeout: float,
         session: aiohttp.ClientSession,
         clock: Callable[[], float] = time.time,
+        limiter: asyncio.Semaphore | None = None,
     ) -> None:
         token = TokenFile(cluster.bearer_token_file) if cluster.bearer_token_file else None
         epp_token = (
@@ -340,7 +346,7 @@ class ScrapeSource:
         tls = ssl_context(cluster.ca_file, cluster.tls_insecure_skip_verify)
 
         def endpoint(url: object, credential: TokenFile | None) -> Endpoint:
-            return Endpoint(str(url), timeout, scrape.max_body_bytes, credential, tls)
+            return Endpoint(str(url), timeout, scrape.max_body_bytes, credential, tls, limiter)
 
         self._name = cluster.name
         self._vllm = [endpoint(url, token) for url in cluster.vllm_urls]
