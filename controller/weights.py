@@ -221,6 +221,30 @@ def decide(
     in_force: Mapping[str, int] | None,
     params: WeightSettings,
 ) -> Decision:
+    """The next weights (see ``_decide``), with a note when the floor cannot hold.
+
+    Weights are whole points out of 100. With more healthy clusters than ``100 / floor`` the
+    floor is lowered to what 100 points allow — one point each up to 100 clusters, so no
+    healthy ref sits at 0 while one point each is possible (an ExternalModel has at most 64
+    refs, so it always is). Past 100 healthy clusters (only the implicit target can have so
+    many) 100 points cannot cover them: some get 0, and the note says so."""
+    decision = _decide(clusters, in_force, params)
+    healthy = sum(1 for s in clusters.values() if s is not None)
+    if healthy == 0 or decision.weights is None or params.floor * healthy <= TOTAL:
+        return decision
+    if healthy > TOTAL:
+        note = f"{healthy} healthy clusters share {TOTAL} points: some get 0, not the floor"
+    else:
+        note = f"floor lowered to {TOTAL // healthy}: {healthy} healthy clusters × {params.floor}"
+        note += f" > {TOTAL}"
+    return replace(decision, notes=(*decision.notes, note))
+
+
+def _decide(
+    clusters: Mapping[str, Signals | None],
+    in_force: Mapping[str, int] | None,
+    params: WeightSettings,
+) -> Decision:
     """The next weights. ``clusters`` maps every cluster to its signals, or ``None`` if
     unhealthy; ``in_force`` is what was last published (``None`` before the first time)."""
     previous = {n: in_force.get(n, 0) for n in clusters} if in_force else None

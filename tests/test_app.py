@@ -186,13 +186,17 @@ async def test_our_metrics_page_has_every_documented_family(
         "weight_controller_target_share",
         "weight_controller_target_mode",
         "weight_controller_scrape_duration_seconds_bucket",
-        "weight_controller_scrape_errors_total",
+        "weight_controller_cluster_scrape_duration_seconds",
+        "weight_controller_scrape_pages_total",
         "weight_controller_reconcile_duration_seconds_count",
         "weight_controller_last_reconcile_timestamp_seconds",
         "weight_controller_target_writes_total",
         "weight_controller_build_info",
     ):
         assert expected in names, expected
+    # lean: no _created series, and no zero series for faults that did not happen
+    assert not any(name.endswith("_created") for name in names)
+    assert "weight_controller_scrape_errors_total" not in names  # no cluster failed
     assert (
         metrics[
             ("weight_controller_cluster_latency_seconds", (("cluster", "hot"), ("quantile", "0.9")))

@@ -210,3 +210,23 @@ async def test_logs_one_greppable_line_per_cluster_and_state_changes() -> None:
 )
 def test_secrets_are_never_rendered(event: dict[str, str], expected: dict[str, str]) -> None:
     assert redact(None, "info", dict(event)) == expected
+
+
+async def test_our_own_metrics_page_stays_under_two_kilobytes_per_cluster() -> None:
+    from prometheus_client import generate_latest
+
+    names = [f"c{i:03}" for i in range(200)]
+    settings = build_settings(
+        {
+            "interval": 10,
+            "clusters": [{"name": n, "vllm_urls": ["http://127.0.0.1:1/"]} for n in names],
+        }
+    )
+    sources = [ScriptedSource(n, kv=0.2 + (i % 7) / 20) for i, n in enumerate(names)]
+    sources[0].raise_next = True  # one failing cluster: its error series appear too
+    reconciler, _, registry = make(settings, *sources)
+    for _ in range(3):
+        await reconciler.tick()
+    page = generate_latest(registry)
+    assert len(page) / len(names) <= 2048, len(page) / len(names)
+    assert b"_created" not in page

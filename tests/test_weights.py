@@ -265,3 +265,22 @@ def test_more_kv_pressure_never_gains_weight(
     # Real-valued, the step is monotone; rounding to integers that sum to 100 can tip a near-tie
     # (2.499 vs 2.500) by one point.
     assert hot.weights[name] <= cool.weights[name] + 1
+
+
+def test_when_the_floor_cannot_hold_every_healthy_ref_still_gets_a_point() -> None:
+    # 64 refs (the ExternalModel CRD's maximum) × floor 2 > 100: the floor drops to 1, none at 0
+    clusters = {f"c{i:02}": Signals(kv=0.1 + 0.01 * (i % 50)) for i in range(64)}
+    first = decide(clusters, None, P)
+    assert first.weights is not None and sum(first.weights.values()) == 100
+    assert min(first.weights.values()) >= 1
+    assert any("floor lowered to 1" in note for note in first.notes)
+    later = decide(clusters, dict(first.weights), P)
+    assert later.weights is not None and min(later.weights.values()) >= 1
+
+
+def test_past_a_hundred_healthy_clusters_some_get_zero_and_it_is_said() -> None:
+    clusters = {f"c{i:03}": Signals(kv=0.9 if i < 50 else 0.1) for i in range(150)}
+    decision = decide(clusters, None, P)
+    assert decision.weights is not None and sum(decision.weights.values()) == 100
+    assert min(decision.weights.values()) == 0 and max(decision.weights.values()) >= 1
+    assert any("150 healthy clusters share 100 points" in note for note in decision.notes)
