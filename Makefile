@@ -46,6 +46,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_exposition.py
 	$(BIN)/python benchmarks/bench_fetch.py
 	$(BIN)/python benchmarks/bench_logs.py
+	$(BIN)/python benchmarks/bench_daemon.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
