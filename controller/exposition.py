@@ -36,7 +36,10 @@ _PAIR_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"
 _ESCAPE_RE = re.compile(r'\\[\\n"]')
 _UNESCAPE = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
 # Label sets repeat on every scrape and across the pods of one deployment; parsing each body
-# once keeps the per-line cost at one regex match. Bounded: cleared when full.
+# once keeps the per-line cost at one regex match. Bounded, with two generations: when the
+# young one is full it becomes the old one and the oldest is dropped, so label sets still in
+# use survive (a hit in the old generation moves back), and a page of a million distinct
+# series cannot evict the fleet's working set all at once.
 _CACHE_LIMIT = 16384
 
 
@@ -96,6 +99,7 @@ class Extractor:
         self._scan_re = re.compile(rf"{_trie_pattern(canonical)}(?=[{{ \t])")
         self._rest_re = re.compile(_REST, re.MULTILINE)
         self._labels: dict[str, dict[str, str]] = {}
+        self._old_labels: dict[str, dict[str, str]] = {}
 
     @property
     def sample_names(self) -> frozenset[str]:
@@ -148,11 +152,14 @@ class Extractor:
 
     def _labels_of(self, body: str) -> dict[str, str]:
         labels = self._labels.get(body)
+        if labels is not None:
+            return labels
+        labels = self._old_labels.get(body)
         if labels is None:
             labels = _parse_labels(body)
-            if len(self._labels) >= _CACHE_LIMIT:
-                self._labels.clear()
-            self._labels[body] = labels
+        if len(self._labels) >= _CACHE_LIMIT:
+            self._old_labels, self._labels = self._labels, {}
+        self._labels[body] = labels
         return labels
 
 

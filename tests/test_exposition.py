@@ -263,3 +263,16 @@ def test_a_hostile_long_line_costs_linear_time_in_its_size() -> None:
 
     small, large = cost(500_000), cost(2_000_000)
     assert large / small < 8, (small, large)
+
+
+def test_the_label_cache_keeps_what_is_in_use_when_a_flood_of_new_series_fills_it() -> None:
+    from controller import exposition
+
+    extractor = exposition.Extractor(gauges=["g"])
+    working = "".join(f'g{{pod="p{i}"}} 1\n' for i in range(100))
+    extractor.extract(working)
+    first = extractor.extract(working).samples[0].labels
+    flood = "".join(f'g{{x="{i}"}} 1\n' for i in range(exposition._CACHE_LIMIT + 10))
+    extractor.extract(flood)  # fills the young generation: the working set moves to the old
+    again = extractor.extract(working).samples[0].labels
+    assert again is first  # reused from the cache, not parsed again
