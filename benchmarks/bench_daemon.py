@@ -14,36 +14,21 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import aiohttp
-
 ROOT = Path(__file__).resolve().parents[1]
-SERVER = """
-import sys
-from aiohttp import web
-sys.path.insert(0, {root!r})
-from benchmarks.vllm_page import vllm_v1_page
-body = vllm_v1_page().encode()
-async def page(_):
-    return web.Response(body=body, content_type="text/plain")
-app = web.Application()
-app.router.add_get("/{{pod}}/metrics", page)
-web.run_app(app, host="127.0.0.1", port={port}, print=None, access_log=None)
-"""
+sys.path.insert(0, str(ROOT))
+
+import aiohttp  # noqa: E402
+
+from benchmarks.bench_fetch import SERVER, free_port  # noqa: E402  (the same page server)
+
 SERVERS = 2  # page servers, so serving is not the bottleneck on a 2-core machine
 TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cpu_seconds(pid: int) -> float:
