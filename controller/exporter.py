@@ -7,7 +7,7 @@ Every app instance gets its own CollectorRegistry: tests and the demo never shar
 from __future__ import annotations
 
 import platform
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,9 +47,10 @@ class TargetView:
     last_write: float | None = None  # unix time of the last write that landed
     last_change: float | None = None  # unix time applied last changed (written or would be)
 
-    @property
-    def key(self) -> str:
-        return self.outcome.key
+
+def only_target(targets: Mapping[str, TargetView]) -> TargetView | None:
+    """The one target, when there is exactly one (the implicit target is one)."""
+    return next(iter(targets.values())) if len(targets) == 1 else None
 
 
 @dataclass(slots=True)

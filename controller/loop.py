@@ -25,7 +25,7 @@ from typing import Any
 import structlog
 
 from controller import health, weights
-from controller.exporter import ClusterView, ControllerMetrics, Snapshot, TargetView
+from controller.exporter import ClusterView, ControllerMetrics, Snapshot, TargetView, only_target
 from controller.logs import Conditions
 from controller.model import (
     IMPLICIT_TARGET,
@@ -63,7 +63,7 @@ class TickReport:
     @property
     def only(self) -> TargetView | None:
         """The one target, when there is exactly one (the implicit target is one)."""
-        return next(iter(self.targets.values())) if len(self.targets) == 1 else None
+        return only_target(self.targets)
 
 
 def signals_of(state: ClusterHealth, quantile: str) -> Signals | None:
@@ -482,9 +482,10 @@ class Reconciler:
         for key in self._memory.keys() - views.keys():
             del self._memory[key]
         self._snapshot.targets = views
-        only = next(iter(views.values())).outcome if len(views) == 1 else None
+        only = only_target(views)
         for name, view in self._snapshot.clusters.items():
-            self._snapshot.clusters[name] = replace(view, weight=_cluster_share(only, name))
+            share = _cluster_share(only.outcome, name) if only is not None else None
+            self._snapshot.clusters[name] = replace(view, weight=share)
         self._snapshot.ticks = self._tick
         self._snapshot.last_tick_monotonic = time.monotonic()
         self._snapshot.last_tick_wall = self._clock()
@@ -554,10 +555,8 @@ class Reconciler:
             await wait_or_stop(stop, next_at - loop.time())
 
 
-def _cluster_share(outcome: TargetDecision | None, cluster: str) -> int | None:
+def _cluster_share(outcome: TargetDecision, cluster: str) -> int | None:
     """A cluster's share of the only target's traffic as applied, in whole points."""
-    if outcome is None:
-        return None
     shares = [
         outcome.share(ref) for ref, mapped in outcome.target.clusters.items() if mapped == cluster
     ]

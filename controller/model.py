@@ -252,8 +252,7 @@ class TargetDecision:
     def key(self) -> str:
         return self.target.key
 
-    def share(self, ref: str, desired: bool = False) -> float | None:
-        """A ref's share of the target's traffic, 0..100 (``None`` if the target holds 0)."""
-        weights = self.desired if desired else self.applied
-        total = sum(weights.values())
-        return None if total <= 0 else 100.0 * weights.get(ref, 0) / total
+    def share(self, ref: str) -> float | None:
+        """A ref's share of the target's traffic as applied, 0..100 (``None``: it holds 0)."""
+        total = sum(self.applied.values())
+        return None if total <= 0 else 100.0 * self.applied.get(ref, 0) / total
