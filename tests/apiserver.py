@@ -70,13 +70,9 @@ KINDS = {
 }
 
 
-# Tests move the double's clock forward (``advance``) so writes land in different seconds.
-_OFFSET = [0.0]
-
-
-def _now() -> str:
+def _now(offset: float = 0.0) -> str:
     """managedFields times: the server stores metav1.Time, whole seconds."""
-    when = datetime.now(UTC) + timedelta(seconds=_OFFSET[0])
+    when = datetime.now(UTC) + timedelta(seconds=offset)
     return when.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
@@ -125,6 +121,7 @@ class FakeAPIServer:
     crd_version: str = "v0.2.1"
     status_writer: str | None = None
     crd_readable: bool = True
+    clock_offset: float = 0.0  # seconds added to the times it stamps (see ``advance``)
     # TokenReview: token -> user; SubjectAccessReview: (user, non-resource path) allowed
     users: dict[str, str] = field(default_factory=dict)
     grants: set[tuple[str, str]] = field(default_factory=set)
@@ -174,10 +171,9 @@ class FakeAPIServer:
         """Answer the next ``times`` matching requests ``seconds`` late (a loaded server)."""
         self.delays.append(Fault(method, plural, 0, times, seconds))
 
-    @staticmethod
-    def advance(seconds: float) -> None:
+    def advance(self, seconds: float) -> None:
         """Move the time the double stamps on writes forward (a later edit by someone else)."""
-        _OFFSET[0] += seconds
+        self.clock_offset += seconds
 
     def before(self, method: str, plural: str, action: Callable[[], object]) -> None:
         self.hooks.append(Hook(method, plural, action))
@@ -417,7 +413,7 @@ class FakeAPIServer:
         meta.update(
             namespace=ns,
             uid=str(uuid.uuid4()),
-            creationTimestamp=_now(),
+            creationTimestamp=_now(self.clock_offset),
             generation=1,
             resourceVersion=str(next(self._version)),
         )
@@ -512,13 +508,14 @@ class FakeAPIServer:
         obj["status"] = {"phase": "Ready", "observedGeneration": generation}
         self._store(key, obj, self.status_writer, "Update", "status")
 
-    @staticmethod
-    def _managed(manager: str, prefix: str, operation: str, subresource: str | None = None) -> Json:
+    def _managed(
+        self, manager: str, prefix: str, operation: str, subresource: str | None = None
+    ) -> Json:
         entry = {
             "manager": manager,
             "operation": operation,
             "apiVersion": prefix,
-            "time": _now(),
+            "time": _now(self.clock_offset),
             "fieldsType": "FieldsV1",
             "fieldsV1": {},
         }

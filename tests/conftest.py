@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -12,6 +13,9 @@ from aiohttp import web
 from tests.apiserver import FakeAPIServer
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+
+# The daemon as a child process, the way the image and the README run it.
+CONTROLLER = (sys.executable, "-m", "controller")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -22,7 +22,7 @@ from controller.app import Controller, report_json
 from controller.fakes.clusters import Fault, Fleet, SimCluster
 from controller.loop import TickReport
 from controller.settings import Settings, build_settings
-from tests.conftest import free_port
+from tests.conftest import CONTROLLER, free_port
 
 INTERVAL = 0.25
 
@@ -250,9 +250,7 @@ async def _process(
     path.write_text(yaml.safe_dump(config))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "controller",
+        *CONTROLLER,
         *args,
         "--config",
         str(path),
@@ -318,9 +316,7 @@ async def test_a_taken_metrics_port_is_a_clear_error(tmp_path: Path) -> None:
             path = tmp_path / "config.yaml"
             path.write_text(yaml.safe_dump(config))
             done = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "controller",
+                *CONTROLLER,
                 "run",
                 "--config",
                 str(path),
@@ -338,7 +334,6 @@ async def test_sigterm_in_the_middle_of_a_hung_tick_exits_0_quickly_without_a_tr
     tmp_path: Any,
 ) -> None:
     import signal
-    import sys
 
     from aiohttp import web
 
@@ -365,9 +360,7 @@ async def test_sigterm_in_the_middle_of_a_hung_tick_exits_0_quickly_without_a_tr
         f"server: {{bind: '127.0.0.1:{free_port()}'}}\n"
     )
     child = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "controller",
+        *CONTROLLER,
         "run",
         "--config",
         str(config),

@@ -12,7 +12,6 @@ import asyncio
 import gzip
 import json
 import signal
-import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from tests.conftest import free_port
+from tests.conftest import CONTROLLER, free_port
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 KV = 'vllm:kv_cache_usage_perc{engine="0",model_name="m"}'
@@ -180,9 +179,7 @@ async def run_matrix(tmp: Path) -> dict[str, Any]:
         )
     )
     child = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "controller",
+        *CONTROLLER,
         "run",
         "--config",
         str(config),

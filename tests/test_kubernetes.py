@@ -23,6 +23,7 @@ from controller.kube.objects import LAST_APPLIED, MANAGED_LABEL, VLLM_URLS_ANNOT
 from controller.model import Signals
 from controller.settings import Settings, build_settings
 from tests.apiserver import FakeAPIServer
+from tests.conftest import CONTROLLER
 
 CRD = "inference.opendatahub.io/v1alpha1"
 NS = "maas-system"
@@ -521,7 +522,6 @@ async def test_leader_stops_writing_when_it_cannot_renew(
 
 def test_missing_kubeconfig_is_a_config_error_not_a_traceback(tmp_path: Any) -> None:
     import subprocess
-    import sys
 
     config = tmp_path / "config.yaml"
     config.write_text(
@@ -530,9 +530,7 @@ def test_missing_kubeconfig_is_a_config_error_not_a_traceback(tmp_path: Any) -> 
     )
     done = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "controller",
+            *CONTROLLER,
             "run",
             "--config",
             str(config),

@@ -8,7 +8,6 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,8 @@ from controller.app import Controller
 from controller.fakes.clusters import Fleet, SimCluster
 from controller.status import render
 from tests.apiserver import FakeAPIServer
+from tests.conftest import CONTROLLER
+from tests.test_failover import kubeconfig
 from tests.test_kubernetes import CRD, NS, model, provider, settings_for, ticks, weights_of
 
 PACKAGE = Path(__file__).resolve().parents[1] / "controller"
@@ -92,28 +93,10 @@ async def test_each_model_is_weighed_over_its_own_clusters_and_shown_as_written(
         )
 
 
-def _kubeconfig(path: Path, url: str) -> Path:
-    path.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "double", "cluster": {"server": url}}],
-                "users": [{"name": "me", "user": {"token": "test"}}],
-                "contexts": [{"name": "double", "context": {"cluster": "double", "user": "me"}}],
-                "current-context": "double",
-            }
-        )
-    )
-    return path
-
-
 async def _once(config: Path, *flags: str) -> dict[str, Any]:
     """``weight-controller once`` as a child process (so the double keeps serving meanwhile)."""
     child = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "controller",
+        *CONTROLLER,
         "once",
         "--config",
         str(config),
@@ -142,7 +125,7 @@ async def test_once_is_read_only_unless_told_to_apply(
                     "kubernetes": {
                         "enabled": True,
                         "namespaces": [NS],
-                        "kubeconfig": str(_kubeconfig(tmp_path / "kubeconfig", apiserver.url)),
+                        "kubeconfig": str(kubeconfig(tmp_path / "kubeconfig", apiserver.url)),
                     },
                 }
             )
