@@ -59,7 +59,17 @@ def _parser() -> argparse.ArgumentParser:
         "simulate", help="closed-loop simulation: ours vs baselines, scored per scenario"
     )
     simulate.add_argument("--scenario", default="all", help="a scenario name, or 'all'")
-    simulate.add_argument("--seed", type=int, default=1)
+    simulate.add_argument("--seed", type=int, default=1, help="the first seed")
+    simulate.add_argument("--seeds", type=int, default=5, help="how many seeds (median, worst)")
+    simulate.add_argument(
+        "--policies",
+        default="",
+        help="comma-separated subset of ours,integral,proportional,naive,static (default: all)",
+    )
+    simulate.add_argument(
+        "--workers", type=int, default=None, help="processes (default: one per core)"
+    )
+    simulate.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     simulate.add_argument("--interval", type=float, default=10.0, help="scrape/tick, seconds")
     simulate.add_argument(
         "--delay", type=float, default=10.0, help="publish-to-effect delay, seconds"
@@ -70,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a weights setting for 'ours', e.g. --set smoothing=0.3",
+        help="override a weights setting for 'ours', e.g. --set settle=30s",
     )
     simulate.add_argument("--json", type=Path, help="also write the scores as JSON here")
     simulate.add_argument("--plot", type=Path, help="draw weight, KV and latency (PNG)")
@@ -182,7 +192,16 @@ def with_flags(settings: Settings, args: argparse.Namespace) -> Settings:
 async def _simulate(args: argparse.Namespace) -> int:
     from controller import logs
     from controller.simulation.plot import plot
-    from controller.simulation.report import as_json, run_scenario, table
+    from controller.simulation.report import (
+        POLICIES,
+        Job,
+        as_json,
+        jobs_for,
+        run_all,
+        run_job,
+        summarise,
+        table,
+    )
     from controller.simulation.scenarios import SCENARIOS
 
     logs.configure("critical", "console", sys.stderr)  # the table is the output
@@ -191,20 +210,42 @@ async def _simulate(args: argparse.Namespace) -> int:
     if unknown:
         print(f"unknown scenario {unknown[0]!r}; known: {', '.join(SCENARIOS)}", file=sys.stderr)
         return EXIT_CONFIG
+    policies = args.policies.split(",") if args.policies else list(POLICIES)
+    if any(p not in POLICIES for p in policies):
+        print(f"unknown policy in {args.policies!r}; known: {', '.join(POLICIES)}", file=sys.stderr)
+        return EXIT_CONFIG
     bad = [item for item in args.set if "=" not in item or not item.split("=", 1)[0]]
     if bad:
         print(f"weight-controller: error: --set {bad[0]!r}: expected KEY=VALUE", file=sys.stderr)
         return EXIT_CONFIG
-    overrides = dict(item.split("=", 1) for item in args.set)
-    results = [
-        await run_scenario(n, args.seed, args.interval, args.delay, overrides, args.duration)
-        for n in names
-    ]
-    print(table(results))
+    overrides = tuple((k, v) for k, v in (item.split("=", 1) for item in args.set))
+    try:
+        from controller.settings import WeightSettings
+
+        WeightSettings.model_validate(dict(overrides))
+    except ValueError as exc:
+        print(f"weight-controller: error: --set: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    seeds = range(args.seed, args.seed + args.seeds)
+    common = {
+        "interval": args.interval,
+        "delay": args.delay,
+        "overrides": overrides,
+        "duration": args.duration,
+    }
+    jobs = jobs_for(names, policies, list(seeds), **common)
+    outcomes = run_all(jobs, workers=args.workers, progress=sys.stderr)
+    summaries = summarise(outcomes)
+    print(table(summaries, markdown=args.markdown))
     if args.json is not None:
-        args.json.write_text(json.dumps(as_json(results), indent=2) + "\n")
+        args.json.write_text(json.dumps(as_json(summaries), indent=2) + "\n")
     if args.plot is not None:
-        plot(results[0], args.plot)
+        shown = [p for p in ("ours", "integral", "naive") if p in policies] or policies[:1]
+        traces = {
+            p: (await run_job(Job(names[0], p, args.seed, **common), keep_trace=True)).trace
+            for p in shown
+        }
+        plot(SCENARIOS[names[0]](), {p: t for p, t in traces.items() if t is not None}, args.plot)
         print(f"\nplot written to {args.plot}")
     return 0
 

@@ -76,7 +76,25 @@ def signals_of(state: ClusterHealth, quantile: str) -> Signals | None:
         latency = {"p50": metrics.latency.p50, "p90": metrics.latency.p90}.get(
             quantile, metrics.latency.mean
         )
-    return Signals(kv=metrics.kv_mean, queue_per_pod=metrics.queue_per_pod, latency=latency)
+    return Signals(
+        kv=metrics.kv_mean,
+        queue_per_pod=metrics.queue_per_pod,
+        latency=latency,
+        utilization=utilization(metrics),
+        capacity=float(metrics.pods_answering) if metrics.pods_answering else None,
+    )
+
+
+def utilization(metrics: ClusterMetrics) -> float | None:
+    """KV use, scaled up by the queue when requests wait: (running + waiting) / running × KV
+    is what the cluster would use if it could admit everything offered to it."""
+    kv = metrics.kv_mean
+    if kv is None:
+        return None
+    running, waiting = metrics.running, metrics.queue_depth
+    if not waiting or waiting <= 0 or running is None or running <= 0:
+        return kv
+    return kv * (running + waiting) / running
 
 
 @dataclass(slots=True)
@@ -128,6 +146,7 @@ class Reconciler:
         self._clock = clock
         self._health: dict[str, ClusterHealth] = {}
         self._kv_history: dict[str, deque[tuple[float, float]]] = {}
+        self._demand: dict[str, float] = {}  # filtered utilization per cluster
         self._memory: dict[str, _Memory] = {}
         self._tick = 0
         self._conditions = Conditions(log, settings.log.repeat_interval, clock)
@@ -253,7 +272,7 @@ class Reconciler:
             before, metrics, self._settings.health, self._settings.scrape.min_pod_fraction, now
         )
         self._health[name] = after
-        self._remember(name, metrics, after.healthy and after.signals is metrics)
+        self._remember(name, metrics, after.healthy and after.signals is metrics, after.healthy)
         clusters = self._snapshot.clusters
         clusters[name] = replace(clusters[name], metrics=metrics, health=after)
         if not any(e.reason is Reason.INTERNAL for e in metrics.errors):
@@ -302,18 +321,29 @@ class Reconciler:
                 )
         self._conditions.retain(("pod", name), failing)
 
-    def _remember(self, name: str, metrics: ClusterMetrics, good: bool) -> None:
+    def _remember(self, name: str, metrics: ClusterMetrics, good: bool, healthy: bool) -> None:
         """Keep the last few good KV readings of each cluster for the forecast."""
         history = self._kv_history.setdefault(name, deque(maxlen=FORECAST_POINTS))
         if good and metrics.kv_mean is not None:
             history.append((metrics.scraped_at, metrics.kv_mean))
         elif not good:
             history.clear()  # after a gap, do not extrapolate across it
+        now = utilization(metrics) if good else None
+        if now is None:
+            if not healthy:
+                self._demand.pop(name, None)  # after an outage, start the filter again
+            return
+        alpha = self._settings.weights.demand_smoothing
+        before = self._demand.get(name)
+        self._demand[name] = now if before is None else before + alpha * (now - before)
 
     def _inputs(self) -> dict[str, Signals | None]:
         quantile = self._settings.weights.latency_quantile
         horizon = float(self._settings.weights.forecast_horizon)
         inputs = {name: signals_of(state, quantile) for name, state in self._health.items()}
+        for name, signals in inputs.items():
+            if signals is not None and name in self._demand:
+                inputs[name] = replace(signals, demand=self._demand[name])
         if horizon <= 0:
             return inputs
         for name, signals in inputs.items():
@@ -326,7 +356,14 @@ class Reconciler:
     # ---- weigh -------------------------------------------------------------------------------
     def _weigh(self, target: Target, found: Target, signals: Mapping[str, Signals | None]) -> _Plan:
         """The one place a target's weights are decided: ``weights.weigh`` on what it holds."""
-        desired, decision = weights.weigh(target, signals, self._settings.weights)
+        params = self._settings.weights
+        memory = self._memory.get(found.key)
+        settling = (
+            memory is not None
+            and memory.last_change is not None
+            and self._clock() - memory.last_change < params.settle
+        )
+        desired, decision = weights.weigh(target, signals, params, settling)
         if decision.mode is Mode.FAIL_STATIC:
             self._conditions.observe(
                 "fail static",

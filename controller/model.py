@@ -87,6 +87,11 @@ class Signals:
     kv: float
     queue_per_pod: float | None = None
     latency: float | None = None
+    # For the capacity law: utilization counting the queue ((running + waiting) / running × KV),
+    # as read now and filtered over recent scrapes, and what the cluster can hold (pods).
+    utilization: float | None = None
+    demand: float | None = None
+    capacity: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

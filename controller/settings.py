@@ -223,6 +223,12 @@ class HealthSettings(_Group):
 
 
 class WeightSettings(_Group):
+    law: Literal["capacity", "integral"] = Field(
+        default="capacity",
+        description="How targets are computed: 'capacity' (shares follow each cluster's "
+        "estimated capacity and the demand it carries; the default) or 'integral' (the "
+        "previous law: an integral controller on KV-headroom scores).",
+    )
     freeze: bool = Field(
         default=False,
         description="Hold every target's weights as they are (an incident switch): signals "
@@ -296,6 +302,38 @@ class WeightSettings(_Group):
         description="Dead-time compensation: judge each cluster by its KV this many seconds "
         "ahead, extrapolated from its recent slope (0 = off). Weights act only after a scrape, "
         "a tick and propagation, while KV keeps climbing.",
+    )
+
+    # ---- the capacity law (law: capacity) ----
+    pressure: float = Field(
+        default=0.8,
+        gt=0,
+        le=1.5,
+        description="Utilization (KV use, times (running + waiting) / running when requests "
+        "queue) at which a cluster is under pressure: traffic moves off it to clusters below "
+        "this. Below it everywhere, equal-quality clusters are left alone.",
+    )
+    rebalance: int = Field(
+        default=12,
+        ge=1,
+        le=100,
+        description="Points a ref's share may sit away from its capacity-and-demand goal, with "
+        "no cluster under pressure, before it is moved anyway (a returning cluster, a share "
+        "set by hand). Above the noise of a fleet at rest.",
+    )
+    demand_smoothing: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="Weight of the newest scrape in each cluster's filtered utilization (an "
+        "EWMA; 1 = no filter). Pressure is also judged on the newest scrape alone, so a "
+        "cluster filling up is seen at once.",
+    )
+    settle: Duration | Literal[0] = Field(
+        default=20.0,
+        description="After a change, no further step for this long (except to take traffic "
+        "off an unhealthy cluster): the actuation delay plus a scrape, so a step is seen "
+        "working before the next.",
     )
 
     @model_validator(mode="after")

@@ -50,11 +50,15 @@ def budget(target: Target) -> int:
 
 
 def weigh(
-    target: Target, signals: Mapping[str, Signals | None], params: WeightSettings
+    target: Target,
+    signals: Mapping[str, Signals | None],
+    params: WeightSettings,
+    settling: bool = False,
 ) -> tuple[dict[str, int], Decision]:
     """The weights every ref of ``target`` should hold (unmapped refs keep theirs), and the
     decision over the mapped refs on a 0..100 scale. ``target.weights`` is what is in force;
-    a mapped ref whose cluster has no signals this tick counts as unhealthy."""
+    a mapped ref whose cluster has no signals this tick counts as unhealthy. ``settling``:
+    the target changed less than ``settle`` ago (the capacity law waits for it to act)."""
     held = target.weights
     if params.freeze:
         return held, Decision(held, {}, Mode.FROZEN, False, ("weights.freeze is on",))
@@ -73,7 +77,7 @@ def weigh(
     healthy = {name: s for name, s in inputs.items() if s is not None}
     why = factors(healthy, params)
     decision = replace(
-        decide(inputs, in_force, params),
+        decide(inputs, in_force, params, settling),
         scores={n: f["score"] for n, f in why.items()},
         factors=why,
     )
@@ -147,6 +151,15 @@ def forecast_kv(history: Sequence[tuple[float, float]], horizon: float) -> float
 
 
 def factors(healthy: Mapping[str, Signals], params: WeightSettings) -> dict[str, dict[str, float]]:
+    """Why each healthy cluster deserves the traffic it gets, for the law in use."""
+    if params.law == "capacity":
+        return capacity_factors(healthy)
+    return integral_factors(healthy, params)
+
+
+def integral_factors(
+    healthy: Mapping[str, Signals], params: WeightSettings
+) -> dict[str, dict[str, float]]:
     """Why each healthy cluster deserves the traffic it gets: ``score`` = ``kv_headroom`` ×
     ``queue_penalty`` × ``latency_penalty`` (penalties relative to the best cluster, 1 when
     unknown). Exported and logged so an operator can answer "why this weight?"."""
@@ -177,7 +190,7 @@ def factors(healthy: Mapping[str, Signals], params: WeightSettings) -> dict[str,
 
 def scores(healthy: Mapping[str, Signals], params: WeightSettings) -> dict[str, float]:
     """How much each healthy cluster deserves traffic, ≥ 0; 0 means saturated."""
-    return {name: f["score"] for name, f in factors(healthy, params).items()}
+    return {name: f["score"] for name, f in integral_factors(healthy, params).items()}
 
 
 def targets(
@@ -220,6 +233,7 @@ def decide(
     clusters: Mapping[str, Signals | None],
     in_force: Mapping[str, int] | None,
     params: WeightSettings,
+    settling: bool = False,
 ) -> Decision:
     """The next weights (see ``_decide``), with a note when the floor cannot hold.
 
@@ -228,7 +242,7 @@ def decide(
     healthy ref sits at 0 while one point each is possible (an ExternalModel has at most 64
     refs, so it always is). Past 100 healthy clusters (only the implicit target can have so
     many) 100 points cannot cover them: some get 0, and the note says so."""
-    decision = _decide(clusters, in_force, params)
+    decision = _decide(clusters, in_force, params, settling)
     healthy = sum(1 for s in clusters.values() if s is not None)
     if healthy == 0 or decision.weights is None or params.floor * healthy <= TOTAL:
         return decision
@@ -244,6 +258,7 @@ def _decide(
     clusters: Mapping[str, Signals | None],
     in_force: Mapping[str, int] | None,
     params: WeightSettings,
+    settling: bool = False,
 ) -> Decision:
     """The next weights. ``clusters`` maps every cluster to its signals, or ``None`` if
     unhealthy; ``in_force`` is what was last published (``None`` before the first time)."""
@@ -257,6 +272,8 @@ def _decide(
         note = "every cluster is unhealthy: keeping the last weights (fail static)"
         return Decision(previous, {}, Mode.FAIL_STATIC, False, (note,))
     base = _survivors(previous, healthy) if previous else None
+    if params.law == "capacity":
+        return _capacity(clusters, previous, base, params, settling)
     if previous is None or base is None:
         goal, _ = targets(clusters, params)
         return Decision(round_to_total(goal, params.floor, healthy), goal, Mode.INITIAL, True)
@@ -309,6 +326,12 @@ def _step(
     if 0 < largest < params.deadband + 0.5:
         stretch = min(1.0 / params.smoothing, (params.deadband + 0.5) / largest)
         delta = {n: d * stretch for n, d in delta.items()}
+    return _capped(base, delta, cap)
+
+
+def _capped(base: Mapping[str, float], delta: Mapping[str, float], cap: float) -> dict[str, float]:
+    """``base`` moved by ``delta`` (which sums to 0), each move at most ``cap``, keeping the
+    sum: where capping cut one side, the other side is shrunk to match."""
     delta = {n: max(-cap, min(cap, d)) for n, d in delta.items()}
     gains = sum(d for d in delta.values() if d > 0)
     losses = -sum(d for d in delta.values() if d < 0)
@@ -318,6 +341,165 @@ def _step(
     elif losses > gains:
         delta = {n: d * gains / losses if d < 0 else d for n, d in delta.items()}
     return {n: base[n] + delta[n] for n in base}
+
+
+# ---- the capacity law -----------------------------------------------------------------------
+
+
+def _load(signals: Signals) -> tuple[float, float, float]:
+    """(capacity, filtered utilization, newest utilization) of one healthy cluster."""
+    capacity = signals.capacity if signals.capacity and signals.capacity > 0 else 1.0
+    now = signals.utilization if signals.utilization is not None else signals.kv
+    filtered = signals.demand if signals.demand is not None else now
+    return capacity, filtered, now
+
+
+def capacity_factors(healthy: Mapping[str, Signals]) -> dict[str, dict[str, float]]:
+    """Each healthy cluster's share of the fleet's capacity and of the demand it carries
+    (capacity × utilization). ``score`` = capacity share − demand share: above 0 the cluster
+    can take more than it has, below 0 it carries more than its size."""
+    loads = {n: _load(s) for n, s in healthy.items()}
+    capacity = sum(c for c, _, _ in loads.values())
+    demand = sum(c * u for c, u, _ in loads.values())
+    result = {}
+    for name, (c, u, now) in loads.items():
+        capacity_share = c / capacity
+        demand_share = c * u / demand if demand > 0 else capacity_share
+        result[name] = {
+            "capacity": c,
+            "utilization": u,
+            "utilization_now": now,
+            "capacity_share": capacity_share,
+            "demand_share": demand_share,
+            "score": capacity_share - demand_share,
+        }
+    return result
+
+
+def load_of(utilization: float) -> float:
+    """The load (share of what a cluster can serve) behind a utilization: KV use grows faster
+    than load — decode slows as the batch grows, so each request holds its blocks longer, and
+    near the top preemption recomputes. In the token-level simulator KV is 0.31 at half load
+    and 0.55 at 73%, close to load²; the square root undoes it, so a step sized on it moves
+    load, not KV. Utilization above 1 (a queue) passes through unchanged."""
+    if utilization <= 0:
+        return 0.0
+    return utilization**0.5 if utilization < 1 else utilization
+
+
+def capacity_goal(
+    healthy: Mapping[str, Signals], base: Mapping[str, float], hot: Sequence[str] = ()
+) -> dict[str, float]:
+    """Where each cluster's weight should go, summing to 100: from the weights in force, each
+    cluster's share moves by the gap between its capacity share and its demand share
+    (capacity × utilization over the fleet's). A ``hot`` cluster counts with its newest
+    utilization if that is above the filtered one.
+
+    If a cluster's demand comes from the traffic routed to it, its demand share *is* its
+    share, and one step lands on shares proportional to capacity, which even out utilization
+    (a Newton step on a linear plant; feed-forward from the capacity estimate). Demand that
+    does not follow the weights (local traffic) leaves a residue that later steps trim, as an
+    integral term would. (Estimating local traffic per cluster instead, from the least demand
+    per share, was tried: it reads a momentary lull on one cluster as local traffic on all
+    the others, and swung two equal clusters in a 90 s limit cycle.)"""
+    loads = {n: _load(s) for n, s in healthy.items()}
+    demand = {n: c * load_of(max(u, now) if n in hot else u) for n, (c, u, now) in loads.items()}
+    capacity = sum(c for c, _, _ in loads.values())
+    total = sum(demand.values())
+    result = dict.fromkeys(base, 0.0)
+    for name, (c, _, _) in loads.items():
+        share = demand[name] / total if total > 0 else c / capacity
+        result[name] = max(0.0, base.get(name, 0.0) + TOTAL * (c / capacity - share))
+    mass = sum(result.values())
+    if mass <= 0:
+        return {n: (TOTAL * loads[n][0] / capacity if n in loads else 0.0) for n in base}
+    return {n: v * TOTAL / mass for n, v in result.items()}
+
+
+def rest_goal(
+    healthy: Mapping[str, Signals], base: Mapping[str, float], params: WeightSettings
+) -> dict[str, float]:
+    """With no cluster under pressure: shares proportional to capacity, except that a cluster
+    gains only as far as its utilization, scaled with its share, stays below ``REST_LIMIT`` of
+    ``pressure`` (demand that does not follow the weights, such as local traffic, is not moved
+    back onto a cluster that would then be hot). Noise in utilization does not move it."""
+    why = capacity_factors(healthy)
+    goal = dict.fromkeys(base, 0.0)
+    for name, f in why.items():
+        share = TOTAL * f["capacity_share"]
+        current = base.get(name, 0.0)
+        if share > current and f["utilization"] > 0 and current > 0:
+            share = min(share, current * REST_LIMIT * params.pressure / f["utilization"])
+        goal[name] = max(share, min(current, TOTAL * f["capacity_share"]))
+    mass = sum(goal.values())
+    return {n: v * TOTAL / mass for n, v in goal.items()} if mass > 0 else dict(base)
+
+
+REST_LIMIT = 0.85
+GAIN = 0.5
+
+
+def _capacity(
+    clusters: Mapping[str, Signals | None],
+    previous: Mapping[str, int] | None,
+    base: Mapping[str, float] | None,
+    params: WeightSettings,
+    settling: bool,
+) -> Decision:
+    """The capacity law.
+
+    - Under pressure (a cluster's filtered utilization at ``pressure``, or its newest reading
+      at ``kv_saturation`` or past ``pressure`` while requests queue there, while another is
+      below ``pressure``): step towards
+      ``capacity_goal``, which sheds the hot cluster by how much more than its size it carries.
+    - At rest: step towards capacity shares (``rest_goal``) only when a ref is ``rebalance``
+      points or more away from it — a returning cluster, a share set by hand.
+    - Every hot cluster and none cool (saturated): the same, never evening out: shares stay by
+      capacity, so queues grow where there is most room to drain them.
+    Steps move at most ``max_step`` per ref; after one, the law waits ``settle`` to see it
+    act. Taking traffic off an unhealthy cluster never waits."""
+    healthy = {n: s for n, s in clusters.items() if s is not None}
+    names = list(healthy)
+    floor = params.floor
+    if previous is None or base is None:  # nothing in force yet: shares by capacity
+        why = capacity_factors(healthy)
+        first = {n: TOTAL * why[n]["capacity_share"] if n in why else 0.0 for n in clusters}
+        weights = round_to_total(_with_floor(first, names, floor), floor, names)
+        return Decision(weights, first, Mode.INITIAL, True)
+    loads = {n: _load(s) for n, s in healthy.items()}
+    quick = min(params.kv_saturation, params.pressure + 0.05)
+    hot = [
+        n
+        for n, (_, u, now) in loads.items()
+        if u >= params.pressure
+        or now >= params.kv_saturation
+        or (now >= quick and (healthy[n].queue_per_pod or 0) > 0)
+    ]
+    cool = [n for n in healthy if n not in hot]
+    saturated = bool(hot) and not cool
+    forced = _forced(previous, names, params)
+    pressing = False
+    goal = dict(base)
+    if hot and cool:
+        goal = capacity_goal(healthy, base, hot)
+        pressing = any(goal[n] <= base[n] - params.deadband for n in hot)
+    if not pressing:
+        goal = rest_goal(healthy, base, params)
+    apart = max(abs(goal[n] - base[n]) for n in healthy) >= params.rebalance
+    if not forced and (settling or not (pressing or apart)):
+        return Decision(previous, goal, Mode.SATURATED if saturated else Mode.HOLD, False)
+    # Full steps only where requests queue (traffic must go now); otherwise half of the way:
+    # utilization swings by tens of points on a scale of a minute (heavy-tailed requests), and
+    # a full step on a swing comes back as a reversal.
+    queueing = any((healthy[n].queue_per_pod or 0) > 0 for n in hot)
+    gain = 1.0 if queueing or forced else GAIN
+    delta = {n: gain * (goal[n] - base[n]) for n in base}
+    moved = _with_floor(_capped(base, delta, float(params.max_step)), names, floor)
+    weights = round_to_total(moved, floor, names)
+    if not forced and _within(previous, weights, params.deadband):
+        return Decision(previous, goal, Mode.HOLD, False)
+    mode = Mode.SATURATED if saturated else Mode.NORMAL
+    return Decision(weights, goal, mode, weights != previous)
 
 
 def _with_floor(values: Mapping[str, float], healthy: list[str], floor: int) -> dict[str, float]:

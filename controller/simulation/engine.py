@@ -1,176 +1,61 @@
-"""The closed loop on a virtual clock: scrape → decide → publish → (delay) → traffic → KV.
+"""The closed loop on a virtual clock: scrape → decide → (actuation delay) → requests → KV.
 
-"ours" is the real daemon's Reconciler — the same health and weights code, fed with
-ClusterMetrics read from rendered pages by the same PageReader — driven tick by tick with the
-simulated time as its clock. Two baselines run in the same world: "naive" (weights ∝ 1 − KV, no
-smoothing, floor, deadband or health) and "static" (equal weights, never changed).
+The world advances in slices of ``DT`` seconds. Every ``interval`` the policy reads the rendered
+pages (through the daemon's own PageReader) and may publish weights; a publication takes effect
+``delay`` seconds later (± ``jitter``), as a gateway picks up a changed route. Requests already
+in flight drain where they are. Deterministic for a seed; nothing sleeps.
 """
 
 from __future__ import annotations
 
+import bisect
 import random
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
 
-from controller import weights
-from controller.exporter import Snapshot, make_registry
-from controller.loop import Reconciler
-from controller.model import ClusterMetrics, Write
-from controller.publish.dryrun import DryRunPublisher
-from controller.settings import Settings, build_settings
+from controller.settings import Settings
+from controller.simulation.policies import Policy
 from controller.simulation.scenarios import Scenario
-from controller.simulation.world import ClusterState, Scraper
+from controller.simulation.vllm import Request
+from controller.simulation.world import Arrivals, Cluster, Scraper
 from controller.sources.scrape import PageReader
+
+DT = 0.5
 
 
 @dataclass
 class Trace:
-    """Everything scores and plots need, one row per simulated second or per tick."""
+    """Everything scores and plots need: one row per slice, per tick, or per request."""
 
     names: list[str]
+    dt: float = DT
     seconds: list[float] = field(default_factory=list)
     kv: dict[str, list[float]] = field(default_factory=dict)
-    latency: dict[str, list[float]] = field(default_factory=dict)
+    waiting: dict[str, list[int]] = field(default_factory=dict)
     alive: dict[str, list[bool]] = field(default_factory=dict)
     effective: dict[str, list[float]] = field(default_factory=dict)  # weight in force, 0..100
-    routed: dict[str, list[float]] = field(default_factory=dict)  # req/s sent to the cluster
     ticks: list[float] = field(default_factory=list)
     published: list[tuple[float, dict[str, int]]] = field(default_factory=list)
-    healthy: dict[str, list[bool | None]] = field(default_factory=dict)  # per tick, ours only
+    healthy: dict[str, list[bool | None]] = field(default_factory=dict)  # per tick
+    received: dict[str, list[int]] = field(default_factory=dict)  # routable arrivals, per tick
+    ttft: list[float] = field(default_factory=list)
+    e2e: list[float] = field(default_factory=list)
+    lost: int = 0
+    requests: int = 0
+    preemptions: int = 0
+    events: list[tuple[float, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        for table in (self.kv, self.latency, self.alive, self.effective, self.routed, self.healthy):
+        tables: tuple[dict[str, list], ...] = (  # type: ignore[type-arg]
+            self.kv,
+            self.waiting,
+            self.alive,
+            self.effective,
+            self.healthy,
+            self.received,
+        )
+        for table in tables:
             for name in self.names:
                 table.setdefault(name, [])
-
-
-class Policy(Protocol):
-    name: str
-
-    async def tick(
-        self, now: float, metrics: Mapping[str, ClusterMetrics]
-    ) -> dict[str, int] | None:
-        """The weights to publish now, or ``None`` for no write."""
-        ...
-
-    def healthy(self, name: str) -> bool | None: ...
-
-
-class _SimSource:
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.next: ClusterMetrics | None = None
-
-    @property
-    def cluster(self) -> str:
-        return self.name
-
-    async def fetch(self) -> ClusterMetrics:
-        assert self.next is not None
-        return self.next
-
-
-class Ours:
-    """The daemon's own Reconciler with simulated sources and a virtual clock."""
-
-    def __init__(self, settings: Settings, name: str = "ours") -> None:
-        self.name = name
-        self._now = 0.0
-        self._sources = {c.name: _SimSource(c.name) for c in settings.clusters}
-        self._snapshot = Snapshot()
-        _, metrics = make_registry(self._snapshot)
-        self._reconciler = Reconciler(
-            settings,
-            list(self._sources.values()),
-            DryRunPublisher(),
-            metrics,
-            self._snapshot,
-            clock=lambda: self._now,
-        )
-
-    async def tick(
-        self, now: float, metrics: Mapping[str, ClusterMetrics]
-    ) -> dict[str, int] | None:
-        self._now = now
-        for name, source in self._sources.items():
-            source.next = metrics[name]
-        report = await self._reconciler.tick()
-        only = report.only  # the implicit target: what it would apply goes to the router
-        if only is None or only.outcome.write is not Write.WOULD:
-            return None
-        return dict(only.outcome.applied)
-
-    def healthy(self, name: str) -> bool | None:
-        health = self._snapshot.clusters[name].health
-        return None if health is None else health.healthy
-
-
-class Naive:
-    """Weights ∝ 1 − KV of the last reading; nothing else."""
-
-    name = "naive"
-
-    def __init__(self) -> None:
-        self._last: dict[str, float] = {}
-        self._published: dict[str, int] | None = None
-
-    async def tick(
-        self, now: float, metrics: Mapping[str, ClusterMetrics]
-    ) -> dict[str, int] | None:
-        for name, m in metrics.items():
-            if m.kv_mean is not None:
-                self._last[name] = m.kv_mean
-        headroom = {n: max(0.0, 1.0 - self._last.get(n, 0.0)) for n in metrics}
-        if sum(headroom.values()) <= 0:
-            headroom = dict.fromkeys(metrics, 1.0)
-        new = weights.proportional(headroom, weights.TOTAL)
-        if new == self._published:
-            return None
-        self._published = new
-        return new
-
-    def healthy(self, name: str) -> bool | None:
-        return None
-
-
-class Static:
-    """Equal weights, written once."""
-
-    name = "static"
-
-    def __init__(self) -> None:
-        self._done = False
-
-    async def tick(
-        self, now: float, metrics: Mapping[str, ClusterMetrics]
-    ) -> dict[str, int] | None:
-        if self._done:
-            return None
-        self._done = True
-        return weights.proportional(dict.fromkeys(metrics, 1.0), weights.TOTAL)
-
-    def healthy(self, name: str) -> bool | None:
-        return None
-
-
-def sim_settings(scenario: Scenario, interval: float, overrides: Mapping[str, object]) -> Settings:
-    """Settings for ``scenario``'s clusters: the shipped defaults plus ``overrides``."""
-    clusters = [
-        {
-            "name": c.name,
-            "vllm_urls": [f"http://{c.name}-pod-{i}:8000/metrics" for i in range(c.pods)],
-        }
-        for c in scenario.clusters
-    ]
-    return build_settings(
-        {
-            "interval": interval,
-            "clusters": clusters,
-            "scrape": {"timeout": interval / 2},
-            "weights": dict(overrides),
-        }
-    )
 
 
 async def run(
@@ -178,70 +63,106 @@ async def run(
     policy: Policy,
     settings: Settings,
     seed: int = 1,
-    actuation_delay: float = 10.0,
+    delay: float = 10.0,
+    jitter: float = 0.2,
 ) -> Trace:
-    """Simulate ``scenario`` under ``policy``: deterministic for a seed, no sleeping."""
-    rng = random.Random(f"{scenario.name}/{seed}")
-    scraper = Scraper(rng)
-    world = {c.name: ClusterState(c, style=c.style) for c in scenario.clusters}
+    """Simulate ``scenario`` under ``policy``. ``jitter`` is the actuation delay's relative
+    spread (uniform ± that fraction)."""
+    # One stream for the world (the same requests whatever the policy), one for the scrapes.
+    world_rng = random.Random(f"{scenario.name}/{seed}/world")
+    route_rng = random.Random(f"{scenario.name}/{seed}/route")
+    scraper = Scraper(random.Random(f"{scenario.name}/{seed}/scrape"))
+    clusters = {c.name: Cluster.build(c) for c in scenario.clusters}
+    for cluster in clusters.values():
+        cluster.scrape_age = scenario.scrape_age
     readers = {
         c.name: PageReader(c, settings.scrape.min_latency_requests) for c in settings.clusters
     }
-    names = list(world)
+    names = list(clusters)
     trace = Trace(names)
+    routed = Arrivals(scenario.load, random.Random(f"{scenario.name}/{seed}/arrivals"))
+    local = {
+        n: Arrivals(c.spec.local, random.Random(f"{scenario.name}/{seed}/local/{n}"))
+        for n, c in clusters.items()
+    }
+    lengths = scenario.lengths
     effective = dict.fromkeys(names, 100.0 / len(names))
     pending: list[tuple[float, dict[str, int]]] = []
     events = sorted(scenario.events, key=lambda e: e.at)
     interval = settings.interval
-    t = 0.0
-    while t < scenario.duration:
+    next_tick = 0.0
+    ident = 0
+    done: list[tuple[Request, float, float | None]] = []
+    steps = int(scenario.duration / DT)
+    for step in range(steps):
+        t = step * DT
         while events and events[0].at <= t:
             event = events.pop(0)
-            event.action(world[event.cluster], scraper, t)
-        if t % interval < 1e-9 or abs(t % interval - interval) < 1e-9:
-            await _tick(t, world, scraper, readers, policy, trace, pending, actuation_delay)
+            event.action(clusters[event.cluster], scraper, t)
+            trace.events.append((t, event.note))
+        for cluster in clusters.values():
+            cluster.remember(t)
+        if t >= next_tick - 1e-9:
+            await _tick(t, clusters, scraper, readers, policy, trace)
+            if trace.published and trace.published[-1][0] == t:
+                spread = 1.0 + route_rng.uniform(-jitter, jitter)
+                bisect.insort(pending, (t + delay * spread, trace.published[-1][1]))
+            next_tick += interval
         while pending and pending[0][0] <= t:
             effective = {n: float(w) for n, w in pending.pop(0)[1].items()}
-        _advance(t, world, effective, scenario, trace)
-        t += 1.0
+        order = [n for n in names if effective[n] > 0]
+        cumulative: list[float] = []
+        running = 0.0
+        for n in order:
+            running += effective[n]
+            cumulative.append(running)
+        for arrival in routed.until(t + DT):
+            prompt, output = lengths.draw(world_rng)
+            ident += 1
+            pick = route_rng.random() * running
+            target = order[min(bisect.bisect_right(cumulative, pick), len(order) - 1)]
+            clusters[target].offer(Request(arrival, prompt, output, True, ident))
+        for name, source in local.items():
+            for arrival in source.until(t + DT):
+                prompt, output = lengths.draw(world_rng)
+                ident += 1
+                clusters[name].offer(Request(arrival, prompt, output, False, ident))
+        for name, cluster in clusters.items():
+            if cluster.alive:
+                for replica in cluster.replicas:
+                    replica.step(t, DT, done)
+            trace.kv[name].append(cluster.kv if cluster.alive else 0.0)
+            trace.waiting[name].append(cluster.waiting if cluster.alive else 0)
+            trace.alive[name].append(cluster.alive)
+            trace.effective[name].append(effective[name])
+        trace.seconds.append(t)
+        for _, latency, _ttft in done:
+            trace.e2e.append(latency)
+        done.clear()
+    trace.requests = ident
+    trace.lost = sum(c.lost for c in clusters.values())
+    trace.preemptions = sum(r.preemptions for c in clusters.values() for r in c.replicas)
+    trace.ttft = _ttfts(clusters)
     return trace
+
+
+def _ttfts(clusters: dict[str, Cluster]) -> list[float]:
+    return [v for c in clusters.values() for r in c.replicas for v in r.first_tokens]
 
 
 async def _tick(
     t: float,
-    world: Mapping[str, ClusterState],
+    clusters: dict[str, Cluster],
     scraper: Scraper,
-    readers: Mapping[str, PageReader],
+    readers: dict[str, PageReader],
     policy: Policy,
     trace: Trace,
-    pending: list[tuple[float, dict[str, int]]],
-    delay: float,
 ) -> None:
-    metrics = {n: readers[n].read(scraper.pages(s, t), None, t, 0.0) for n, s in world.items()}
+    metrics = {n: readers[n].read(scraper.pages(c, t), None, t, 0.0) for n, c in clusters.items()}
     published = await policy.tick(t, metrics)
     trace.ticks.append(t)
-    for name in world:
+    for name, cluster in clusters.items():
         trace.healthy[name].append(policy.healthy(name))
+        trace.received[name].append(cluster.received)
     if published is not None:
         trace.published.append((t, published))
-        pending.append((t + delay, published))
-
-
-def _advance(
-    t: float,
-    world: Mapping[str, ClusterState],
-    effective: Mapping[str, float],
-    scenario: Scenario,
-    trace: Trace,
-) -> None:
-    load = scenario.load(t)
-    total = sum(effective.values()) or 1.0
-    trace.seconds.append(t)
-    for name, state in world.items():
-        routed = load * effective[name] / total
-        state.step(t, routed)
-        trace.kv[name].append(state.kv)
-        trace.latency[name].append(state.latency())
-        trace.alive[name].append(state.alive)
-        trace.effective[name].append(effective[name])
-        trace.routed[name].append(routed)

@@ -1,18 +1,31 @@
 """Scenarios: small declarative descriptions of a fleet, its load and what happens to it.
 
-Capacities are GPUs × 32 concurrent requests, each held for 20 s, so a 4-GPU cluster completes
-6.4 requests/s when full. ``load`` is the routable traffic in requests/s.
+Loads are fractions of what the clusters can serve: ``capacity(spec)`` is the rate (requests/s)
+a replica completes when its KV cache is the limit, measured once on the token-level replica
+with the scenario's request lengths (not assumed). Every scenario runs 30 simulated minutes.
 """
 
 from __future__ import annotations
 
+import functools
+import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from controller.simulation.world import ClusterSpec, ClusterState, Rate, Scraper, constant
+from controller.simulation.vllm import Replica, ReplicaSpec, Request
+from controller.simulation.world import (
+    Arrivals,
+    Cluster,
+    ClusterSpec,
+    Lengths,
+    Rate,
+    Scraper,
+    constant,
+)
 
-Action = Callable[[ClusterState, Scraper, float], None]
+Action = Callable[[Cluster, Scraper, float], None]
+DURATION = 1800.0
 
 
 @dataclass(frozen=True)
@@ -31,31 +44,73 @@ class Scenario:
     load: Rate
     events: list[Event] = field(default_factory=list)
     hot: str | None = None  # the cluster whose recovery from >90% KV is timed
-    duration: float = 3600.0
+    hot_from: float = 0.0  # ... after this moment
+    duration: float = DURATION
+    lengths: Lengths = field(default_factory=Lengths)
+    scrape_age: float = 1.0
+    delay: float | None = None  # a fixed actuation delay (the delay variants)
 
 
-def kill(state: ClusterState, _: Scraper, __: float) -> None:
-    state.alive = False
+DEFAULT_REPLICA = ReplicaSpec()
+DEFAULT_LENGTHS = Lengths()
 
 
-def revive(state: ClusterState, _: Scraper, __: float) -> None:
-    state.alive = True
+@functools.cache
+def capacity(replica: ReplicaSpec = DEFAULT_REPLICA, lengths: Lengths = DEFAULT_LENGTHS) -> float:
+    """Requests/s one replica completes when offered more than it can take (seeded, cached)."""
+    rng = random.Random("capacity")
+    server = Replica(replica)
+    arrivals = Arrivals(constant(50.0), rng)
+    done: list[tuple[Request, float, float | None]] = []
+    ident, dt, warm, end = 0, 0.5, 300.0, 900.0
+    t, counted = 0.0, 0
+    while t < end:
+        for arrival in arrivals.until(t + dt):
+            ident += 1
+            if len(server.waiting) < 200:  # keep it saturated, not drowning
+                server.offer(Request(arrival, *lengths.draw(rng), True, ident))
+        server.step(t, dt, done)
+        if t >= warm:
+            counted += len(done)
+        done.clear()
+        t += dt
+    return counted / (end - warm)
+
+
+def rate_for(fraction: float, *clusters: ClusterSpec) -> float:
+    """Requests/s that are ``fraction`` of what ``clusters`` can serve together."""
+    return fraction * sum(c.replicas * capacity(c.replica) for c in clusters)
+
+
+def kill(cluster: Cluster, _: Scraper, __: float) -> None:
+    cluster.kill()
+
+
+def revive(cluster: Cluster, _: Scraper, __: float) -> None:
+    cluster.alive = True
 
 
 def flap(rate: float) -> Action:
-    def action(state: ClusterState, _: Scraper, __: float) -> None:
-        state.scrape_failure_rate = rate
+    def action(cluster: Cluster, _: Scraper, __: float) -> None:
+        cluster.scrape_failure_rate = rate
 
     return action
 
 
-def freeze(state: ClusterState, scraper: Scraper, now: float) -> None:
-    scraper.freeze(state, now)
+def noisy(sigma: float) -> Action:
+    def action(cluster: Cluster, _: Scraper, __: float) -> None:
+        cluster.noise = sigma
+
+    return action
+
+
+def freeze(cluster: Cluster, scraper: Scraper, now: float) -> None:
+    scraper.freeze(cluster, now)
 
 
 def restyle(style: Literal["v1", "v0"]) -> Action:
-    def action(state: ClusterState, _: Scraper, __: float) -> None:
-        state.style = style
+    def action(cluster: Cluster, _: Scraper, __: float) -> None:
+        cluster.style = style
 
     return action
 
@@ -73,129 +128,174 @@ def ramp(start: float, end: float, low: float, high: float) -> Rate:
     return rate
 
 
-def window(start: float, end: float, base: Rate, extra: Rate) -> Rate:
-    return lambda t: base(t) + (extra(t) if start <= t < end else 0.0)
+def window(start: float, end: float, base: float, extra: float) -> Rate:
+    return lambda t: base + (extra if start <= t < end else 0.0)
 
 
-def three(gpus: int = 4) -> list[ClusterSpec]:
-    return [ClusterSpec("a", gpus=gpus), ClusterSpec("b", gpus=gpus), ClusterSpec("c", gpus=gpus)]
+def bursty(base: float, seed: str) -> Rate:
+    """``base`` with bursts: for 20 s in every 2 minutes (at a seeded offset) 1.5× the rate."""
+    offset = random.Random(seed).uniform(0, 120)
+    return lambda t: base * (1.5 if (t + offset) % 120 < 20 else 1.0)
+
+
+def three(replicas: int = 2) -> list[ClusterSpec]:
+    return [ClusterSpec(n, replicas=replicas) for n in ("a", "b", "c")]
 
 
 def steady() -> Scenario:
+    clusters = three()
     return Scenario(
-        "steady",
-        "three equal clusters at 50% with measurement noise",
-        three(),
-        constant(0.5 * 3 * 6.4),
-    )
-
-
-def hot_cluster() -> Scenario:
-    # b's own local load jumps within 10 s so that, at a 50/50 split, b would sit at 95% while
-    # a sits at 20%; short (10 s) requests fill b's cache faster than one tick can react.
-    burst = window(600, 2400, constant(0.0), ramp(600, 610, 0.0, 19.2))
-    clusters = [
-        ClusterSpec("a", gpus=8, service_time=10.0),
-        ClusterSpec("b", gpus=8, service_time=10.0, external=burst),
-    ]
-    return Scenario(
-        "hot-cluster",
-        "b's local load drives it from 20% toward 95% KV; a stays at 20%",
-        clusters,
-        constant(10.24),
-        hot="b",
-    )
-
-
-def dead_and_recover() -> Scenario:
-    events = [Event(900, "c", kill, "c dies"), Event(1800, "c", revive, "c recovers")]
-    return Scenario(
-        "dead-recover",
-        "c dies at 15 min and comes back at 30 min",
-        three(),
-        constant(0.4 * 3 * 6.4),
-        events,
-    )
-
-
-def flapping() -> Scenario:
-    events = [Event(300, "b", flap(0.3), "30% of b's scrapes fail")]
-    return Scenario(
-        "flapping",
-        "b is fine but 30% of its scrapes fail",
-        three(),
-        constant(0.5 * 3 * 6.4),
-        events,
-    )
-
-
-def all_overloaded() -> Scenario:
-    return Scenario(
-        "all-overloaded",
-        "130% of the fleet's capacity, all the time",
-        three(),
-        constant(1.3 * 3 * 6.4),
-    )
-
-
-def frozen() -> Scenario:
-    burst = window(900, 3600, constant(0.0), ramp(900, 960, 0.0, 7.0))
-    clusters = [ClusterSpec("a", gpus=8), ClusterSpec("b", gpus=8, external=burst)]
-    events = [Event(900, "b", freeze, "b's exporter freezes as b gets busy")]
-    return Scenario(
-        "frozen",
-        "b's metrics freeze (stamped) while b's real load climbs",
-        clusters,
-        constant(5.12),
-        events,
-        hot="b",
+        "steady", "three equal clusters at 50%", clusters, constant(rate_for(0.5, *clusters))
     )
 
 
 def heterogeneous() -> Scenario:
-    clusters = [ClusterSpec("small", gpus=2), ClusterSpec("large", gpus=8)]
+    clusters = [ClusterSpec("small", 2), ClusterSpec("medium", 4), ClusterSpec("large", 8)]
     return Scenario(
         "heterogeneous",
-        "2 GPUs beside 8 GPUs at 60% of the total",
+        "2, 4 and 8 replicas at 60% of the total, from an even split",
         clusters,
-        constant(0.6 * 10 * 1.6),
+        constant(rate_for(0.6, *clusters)),
+        hot="small",
+    )
+
+
+def ten_x() -> Scenario:
+    clusters = [ClusterSpec("small", 1), ClusterSpec("big", 10)]
+    return Scenario(
+        "ten-x",
+        "1 replica beside 10 at 60% of the total, with bursts",
+        clusters,
+        bursty(rate_for(0.6, *clusters), "ten-x"),
         hot="small",
     )
 
 
 def spike() -> Scenario:
-    base = 0.35 * 3 * 6.4
+    clusters = three()
+    one = capacity() * 2
     return Scenario(
         "spike",
-        "3x traffic for 5 minutes at 15 min",
-        three(),
-        window(900, 1200, constant(base), constant(2 * base)),
+        "b's local traffic takes it to 130% for 5 minutes (routed: 50% each)",
+        [
+            *clusters[:1],
+            replace(clusters[1], local=window(600, 900, 0.0, 0.8 * one)),
+            *clusters[2:],
+        ],
+        constant(rate_for(0.5, *clusters)),
+        hot="b",
+        hot_from=600,
+    )
+
+
+def hot_hard() -> Scenario:
+    clusters = three()
+    one = capacity() * 2
+    return Scenario(
+        "hot-hard",
+        "b is offered 120% of its capacity from 10 min (70% local on its 50% share)",
+        [
+            *clusters[:1],
+            replace(clusters[1], local=window(600, 1800, 0.0, 0.7 * one)),
+            *clusters[2:],
+        ],
+        constant(rate_for(0.5, *clusters)),
+        hot="b",
+        hot_from=600,
+    )
+
+
+def ramp_up() -> Scenario:
+    clusters = [ClusterSpec("a", 2), ClusterSpec("b", 3), ClusterSpec("c", 4)]
+    total = rate_for(1.0, *clusters)
+    return Scenario(
+        "ramp",
+        "2, 3 and 4 replicas; load ramps from 40% to 110% of the total over 20 minutes",
+        clusters,
+        ramp(300, 1500, 0.4 * total, 1.1 * total),
+    )
+
+
+def all_hot() -> Scenario:
+    clusters = three()
+    return Scenario(
+        "all-hot",
+        "120% of the fleet's capacity, all the time",
+        clusters,
+        constant(rate_for(1.2, *clusters)),
+    )
+
+
+def dead_return() -> Scenario:
+    clusters = three()
+    events = [Event(600, "c", kill, "c dies"), Event(1200, "c", revive, "c returns")]
+    return Scenario(
+        "dead-return",
+        "c dies at 10 min and returns at 20 min; 50% load",
+        clusters,
+        constant(rate_for(0.5, *clusters)),
+        events,
+    )
+
+
+def flapping() -> Scenario:
+    clusters = three()
+    return Scenario(
+        "flapping",
+        "b is fine but 30% of its scrapes fail",
+        clusters,
+        constant(rate_for(0.5, *clusters)),
+        [Event(300, "b", flap(0.3), "30% of b's scrapes fail")],
+    )
+
+
+def noisy_stale() -> Scenario:
+    clusters = [ClusterSpec("small", 2), ClusterSpec("large", 4)]
+    events = [Event(0, n, noisy(0.05), "KV gauges ±5% noise") for n in ("small", "large")]
+    events.append(Event(1200, "small", freeze, "small's exporter freezes (stamped)"))
+    return Scenario(
+        "noisy-stale",
+        "2 and 4 replicas at 60%: gauges up to 20 s old with ±5% noise; small freezes at 20 min",
+        clusters,
+        constant(rate_for(0.6, *clusters)),
+        events,
+        scrape_age=20.0,
+        hot="small",
     )
 
 
 def rename() -> Scenario:
-    clusters = [ClusterSpec("a"), ClusterSpec("b", style="v0")]
+    clusters = [ClusterSpec("a", 2), ClusterSpec("b", 2, style="v0")]
     events = [Event(900, "b", restyle("v1"), "b upgrades vLLM: gpu_ -> kv_cache_usage_perc")]
     return Scenario(
         "rename",
         "b's KV metric is renamed mid-run (vLLM upgrade)",
         clusters,
-        constant(0.5 * 2 * 6.4),
+        constant(rate_for(0.5, *clusters)),
         events,
     )
 
 
-SCENARIOS: dict[str, Callable[[], Scenario]] = {
-    s().name: s
-    for s in (
-        steady,
-        hot_cluster,
-        dead_and_recover,
-        flapping,
-        all_overloaded,
-        frozen,
-        heterogeneous,
-        spike,
-        rename,
-    )
-}
+def at_delay(make: Callable[[], Scenario], delay: float) -> Callable[[], Scenario]:
+    def scenario() -> Scenario:
+        base = make()
+        return replace(base, name=f"{base.name}@{delay:g}s", delay=delay)
+
+    return scenario
+
+
+BASE = (
+    steady,
+    heterogeneous,
+    ten_x,
+    spike,
+    hot_hard,
+    ramp_up,
+    all_hot,
+    dead_return,
+    flapping,
+    noisy_stale,
+    rename,
+)
+DELAYED = tuple(at_delay(m, d) for m in (heterogeneous, spike, hot_hard) for d in (5.0, 30.0))
+SCENARIOS: dict[str, Callable[[], Scenario]] = {s().name: s for s in (*BASE, *DELAYED)}

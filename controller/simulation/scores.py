@@ -1,4 +1,18 @@
-"""Scores of one simulated run, from its trace."""
+"""Scores of one simulated run, from its trace.
+
+- ``overload_cluster_s``: cluster-seconds during which a live cluster had KV > 90% or a
+  non-empty queue (requests waiting for a batch slot or for KV blocks).
+- ``ttft_p99_s`` / ``e2e_p99_s``: over every request that got a first token / completed.
+- ``queued_s``: request-seconds spent waiting, summed; ``lost``: requests sent to (or inside) a
+  dead cluster.
+- ``writes_per_hour``, ``reversals_per_hour`` (a cluster's weight changing direction), and
+  ``largest_step`` (the biggest change of one cluster's weight in one write).
+- ``recovery_s``: for the scenario's hot cluster, from its 10 s mean KV first reaching 90% to
+  that mean being back under 80% (``None``: it never reached 90%; the rest of the run if never).
+- ``dead_share``: share of routed requests sent to a dead cluster once it had been detected
+  and the change had had time to act (detection + actuation delay + one interval).
+- ``return_step``: the largest one-write gain of a cluster in the ten writes after it came back.
+"""
 
 from __future__ import annotations
 
@@ -11,103 +25,105 @@ from controller.simulation.scenarios import Scenario
 
 OVERLOAD = 0.9
 RECOVERED = 0.8
-RECOVERY_TICKS = 10  # ticks after a cluster's return in which its ramp-up is judged
+MEAN_WINDOW = 10.0  # seconds of KV averaged when timing recovery
+RETURN_WRITES = 10
 
 
 @dataclass(frozen=True)
 class Scores:
     policy: str
-    recovery_s: float | None  # hot cluster: first >90% KV until back <80% (None: never >90%)
-    peak_kv: dict[str, float]
-    overload_s: float  # seconds during which any live cluster was above 90% KV
-    overload_cluster_s: float  # the same summed over clusters (cluster-seconds)
-    mean_latency_s: float  # request latency averaged over the traffic routed
-    dead_traffic_share: float | None  # traffic sent to dead clusters after detection
-    reversals_per_hour: float  # weight direction changes, all clusters
+    overload_cluster_s: float
+    ttft_p99_s: float
+    e2e_p99_s: float
+    queued_s: float
+    lost: int
     writes_per_hour: float
-    recovery_jump: int | None  # largest one-tick gain of a cluster coming back from 0
-    unhealthy_alive_s: float | None  # seconds a live, answering cluster was judged unhealthy
+    reversals_per_hour: float
+    largest_step: int
+    recovery_s: float | None
+    dead_share: float | None
+    return_step: int | None
+    peak_kv: float
 
     def row(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def score(
-    policy: str, scenario: Scenario, trace: Trace, interval: float, detect_ticks: int
+    policy: str, scenario: Scenario, trace: Trace, interval: float, detect_ticks: int, delay: float
 ) -> Scores:
     hours = scenario.duration / 3600.0
+    dt = trace.dt
+    overload = 0.0
+    queued = 0.0
+    for name in trace.names:
+        for kv, waiting, alive in zip(
+            trace.kv[name], trace.waiting[name], trace.alive[name], strict=True
+        ):
+            if alive and (kv > OVERLOAD or waiting > 0):
+                overload += dt
+            queued += waiting * dt
     return Scores(
         policy=policy,
-        recovery_s=_recovery(trace, scenario.hot),
-        peak_kv={n: round(max(trace.kv[n]), 3) for n in trace.names},
-        overload_s=float(
-            sum(
-                1
-                for i in range(len(trace.seconds))
-                if any(trace.alive[n][i] and trace.kv[n][i] > OVERLOAD for n in trace.names)
-            )
-        ),
-        overload_cluster_s=float(
-            sum(
-                1
-                for n in trace.names
-                for kv, alive in zip(trace.kv[n], trace.alive[n], strict=True)
-                if alive and kv > OVERLOAD
-            )
-        ),
-        mean_latency_s=_mean_latency(trace),
-        dead_traffic_share=_dead_share(trace, interval * detect_ticks),
-        reversals_per_hour=_reversals(trace) / hours,
+        overload_cluster_s=overload,
+        ttft_p99_s=round(_quantile(trace.ttft, 0.99), 2),
+        e2e_p99_s=round(_quantile(trace.e2e, 0.99), 2),
+        queued_s=round(queued),
+        lost=trace.lost,
         writes_per_hour=len(trace.published) / hours,
-        recovery_jump=_recovery_jump(trace),
-        unhealthy_alive_s=_unhealthy_alive(trace, interval),
+        reversals_per_hour=_reversals(trace) / hours,
+        largest_step=_largest_step(trace),
+        recovery_s=_recovery(trace, scenario),
+        dead_share=_dead_share(trace, interval * (detect_ticks + 1) + delay * 1.2),
+        return_step=_return_step(trace),
+        peak_kv=round(max(max(trace.kv[n]) for n in trace.names), 3),
     )
 
 
-def _mean_latency(trace: Trace) -> float:
-    weighted = sum(
-        trace.routed[n][i] * trace.latency[n][i]
-        for n in trace.names
-        for i in range(len(trace.seconds))
-        if trace.alive[n][i]
-    )
-    total = sum(
-        trace.routed[n][i]
-        for n in trace.names
-        for i in range(len(trace.seconds))
-        if trace.alive[n][i]
-    )
-    return round(weighted / total, 2) if total else 0.0
+def _quantile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def _recovery(trace: Trace, hot: str | None) -> float | None:
-    if hot is None:
+def _recovery(trace: Trace, scenario: Scenario) -> float | None:
+    if scenario.hot is None:
         return None
-    series = trace.kv[hot]
-    crossed = next((i for i, kv in enumerate(series) if kv >= OVERLOAD), None)
+    series = trace.kv[scenario.hot]
+    width = max(1, int(MEAN_WINDOW / trace.dt))
+    means = [
+        sum(series[max(0, i - width + 1) : i + 1]) / len(series[max(0, i - width + 1) : i + 1])
+        for i in range(len(series))
+    ]
+    start = int(scenario.hot_from / trace.dt)
+    crossed = next((i for i in range(start, len(means)) if means[i] >= OVERLOAD), None)
     if crossed is None:
         return None
-    back = next((i for i in range(crossed, len(series)) if series[i] < RECOVERED), len(series))
-    return float(back - crossed)
+    back = next((i for i in range(crossed, len(means)) if means[i] < RECOVERED), len(means))
+    return (back - crossed) * trace.dt
 
 
-def _dead_share(trace: Trace, detection: float) -> float | None:
+def _dead_share(trace: Trace, settle: float) -> float | None:
+    """Share of routed arrivals that went to dead clusters, from ``settle`` after each death."""
     sent = total = 0.0
     any_death = False
+    seconds_per_slice = trace.dt
     for name in trace.names:
-        died_at: float | None = None
-        for i, t in enumerate(trace.seconds):
-            alive = trace.alive[name][i]
-            if not alive and died_at is None:
-                died_at, any_death = t, True
+        died: float | None = None
+        for k in range(1, len(trace.ticks)):
+            t = trace.ticks[k]
+            alive = trace.alive[name][min(len(trace.alive[name]) - 1, int(t / seconds_per_slice))]
+            if not alive and died is None:
+                died, any_death = t, True
             elif alive:
-                died_at = None
-            if died_at is not None and t >= died_at + detection:
-                sent += trace.routed[name][i]
-                total += sum(trace.routed[n][i] for n in trace.names)
+                died = None
+            if died is not None and t >= died + settle:
+                sent += trace.received[name][k] - trace.received[name][k - 1]
+                total += sum(trace.received[n][k] - trace.received[n][k - 1] for n in trace.names)
     if not any_death:
         return None
-    return sent / total if total else 0.0
+    return round(sent / total, 4) if total else 0.0
 
 
 def _reversals(trace: Trace) -> int:
@@ -126,24 +142,22 @@ def _reversals(trace: Trace) -> int:
     return count
 
 
-def _recovery_jump(trace: Trace) -> int | None:
+def _largest_step(trace: Trace) -> int:
+    even = 100 / len(trace.names)
+    previous = dict.fromkeys(trace.names, even)
+    largest = 0.0
+    for _, weights in trace.published:
+        largest = max(largest, *(abs(weights[n] - previous[n]) for n in trace.names))
+        previous = {n: float(w) for n, w in weights.items()}
+    return round(largest)
+
+
+def _return_step(trace: Trace) -> int | None:
     jumps: list[int] = []
     for name in trace.names:
         series = [w[name] for _, w in trace.published]
         for i in range(1, len(series)):
-            if series[i - 1] == 0 and series[i] > 0:
-                window = series[i - 1 : i + RECOVERY_TICKS]
+            if series[i - 1] <= 1 and series[i] > 1:  # back from 0 (or the schema's minimum 1)
+                window = series[i - 1 : i + RETURN_WRITES]
                 jumps.append(max(b - a for a, b in itertools.pairwise(window)))
     return max(jumps) if jumps else None
-
-
-def _unhealthy_alive(trace: Trace, interval: float) -> float | None:
-    if all(h is None for n in trace.names for h in trace.healthy[n]):
-        return None
-    seconds = 0.0
-    for name in trace.names:
-        for i, tick in enumerate(trace.ticks):
-            second = min(int(tick), len(trace.seconds) - 1)
-            if trace.healthy[name][i] is False and trace.alive[name][second]:
-                seconds += interval
-    return seconds

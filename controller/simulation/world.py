@@ -1,24 +1,30 @@
-"""The simulated world: clusters whose KV cache fills with the traffic they get.
+"""The simulated world: discrete requests into clusters of token-level vLLM replicas.
 
-A fluid model, stepped once per simulated second. Each cluster holds ``capacity`` concurrent
-requests (GPUs × requests per GPU); a request occupies one slot — its KV cache — for
-``service_time`` seconds; arrivals beyond free slots wait in a queue, and waiting adds to the
-latency users see. Routable traffic is split by the weights in force; a cluster may also get
-load of its own that no weight can move (``external``). KV-cache use is ``running / capacity``.
-
-Each scrape renders the cluster's real /metrics pages (vLLM V1 or V0 style, with measurement
-noise) so the controller reads them through the same extractor and PageReader as in a pod.
+- Arrivals are Poisson (``Rate`` in requests/s, which a scenario may vary or burst); prompt and
+  output lengths are lognormal. Routable requests go to a cluster by weighted random choice over
+  the weights *in force* (the gateway's weighted backends); local requests go to their own
+  cluster whatever the weights say.
+- Inside a cluster the endpoint picker sends each request to the replica with the shortest
+  queue, then the lowest KV use (the EPP's queue and KV-cache scorers).
+- A dead cluster loses what it was serving and every request sent to it until it returns.
+- Each scrape renders the replicas' real /metrics pages (vLLM V1 or V0 style) as they were a
+  moment ago (``scrape_age``: gauges lag by up to that much), optionally with extra noise,
+  failures or a frozen exporter, so the controller reads the world only through its own
+  extractor and PageReader.
 """
 
 from __future__ import annotations
 
+import math
 import random
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from controller.fakes.pages import CumulativeHistogram, vllm_v0_page, vllm_v1_page
+from controller.fakes.pages import vllm_v0_page, vllm_v1_page
 from controller.model import PodError, Reason
+from controller.simulation.vllm import Replica, ReplicaSpec, Request
 from controller.sources.scrape import VLLM_EXTRACTOR, Page, read_page
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -29,107 +35,161 @@ def constant(value: float) -> Rate:
     return lambda _t: value
 
 
+@dataclass(frozen=True)
+class Lengths:
+    """Lognormal token lengths (median, sigma of the log), capped as ``max_tokens`` would."""
+
+    prompt_median: float = 1000.0
+    prompt_sigma: float = 0.7
+    output_median: float = 300.0
+    output_sigma: float = 0.8
+    prompt_cap: int = 8000
+    output_cap: int = 2048
+
+    def draw(self, rng: random.Random) -> tuple[int, int]:
+        prompt = rng.lognormvariate(math.log(self.prompt_median), self.prompt_sigma)
+        output = rng.lognormvariate(math.log(self.output_median), self.output_sigma)
+        return (
+            max(1, min(self.prompt_cap, int(prompt))),
+            max(1, min(self.output_cap, int(output))),
+        )
+
+
 @dataclass
 class ClusterSpec:
-    """A cluster in a scenario. ``external`` is load (req/s) that routing cannot move."""
+    """A cluster in a scenario: ``replicas`` vLLM servers; ``local`` is load (requests/s)
+    that arrives there directly, which routing cannot move."""
 
     name: str
-    gpus: int = 4
-    per_gpu: int = 32
-    service_time: float = 20.0
-    pods: int = 2
+    replicas: int = 2
+    replica: ReplicaSpec = field(default_factory=ReplicaSpec)
     style: Literal["v1", "v0"] = "v1"
-    external: Rate = field(default_factory=lambda: constant(0.0))
-
-    @property
-    def capacity(self) -> float:
-        return float(self.gpus * self.per_gpu)
-
-    @property
-    def throughput(self) -> float:
-        """Requests per second it completes when full."""
-        return self.capacity / self.service_time
+    local: Rate = field(default_factory=lambda: constant(0.0))
 
 
 @dataclass
-class ClusterState:
+class Cluster:
     spec: ClusterSpec
-    running: float = 0.0
-    queue: float = 0.0
+    replicas: list[Replica]
     alive: bool = True
     style: Literal["v1", "v0"] = "v1"
     scrape_failure_rate: float = 0.0
-    frozen_page: list[Page | PodError] | None = None
-    histogram: CumulativeHistogram = field(default_factory=CumulativeHistogram)
-    _done: float = 0.0
+    noise: float = 0.0  # extra gaussian noise on the KV gauge (σ, in fractions)
+    scrape_age: float = 1.0  # gauges are up to this many seconds old
+    frozen: list[Page | PodError] | None = None
+    lost: int = 0
+    received: int = 0  # routable requests that arrived here (the realised share)
+    history: deque[tuple[float, list[tuple[float, int, int]]]] = field(default_factory=deque)
+    _local_next: float = 0.0
+
+    @classmethod
+    def build(cls, spec: ClusterSpec) -> Cluster:
+        replicas = [Replica(spec.replica) for _ in range(spec.replicas)]
+        return cls(spec, replicas, style=spec.style)
 
     @property
     def kv(self) -> float:
-        return self.running / self.spec.capacity
+        return sum(r.kv for r in self.replicas) / len(self.replicas)
 
-    def latency(self) -> float:
-        """Seconds a request that completes now took: decoding slows as the batch (and KV cache)
-        fills, and waiting in the queue adds its share."""
-        slowdown = 1.0 + self.kv**4
-        return self.spec.service_time * (slowdown + self.queue / self.spec.capacity)
+    @property
+    def waiting(self) -> int:
+        return sum(len(r.waiting) for r in self.replicas)
 
-    def step(self, t: float, routed: float, dt: float = 1.0) -> float:
-        """Advance by ``dt``; returns the routed traffic that was lost (dead cluster)."""
+    def offer(self, request: Request) -> None:
+        if request.routed:
+            self.received += 1
         if not self.alive:
-            self.running = self.queue = 0.0
-            return routed * dt
-        self.queue += (routed + self.spec.external(t)) * dt
-        done = self.running * dt / self.spec.service_time
-        self.running -= done
-        admitted = min(self.queue, self.spec.capacity - self.running)
-        self.running += admitted
-        self.queue -= admitted
-        self._done += done
-        whole = int(self._done)
-        if whole:
-            self.histogram.observe(self.latency(), whole)
-            self._done -= whole
-        return 0.0
+            self.lost += 1
+            return
+        best = min(self.replicas, key=lambda r: (len(r.waiting), r.blocks_used()))
+        best.offer(request)
+
+    def kill(self) -> None:
+        self.alive = False
+        self.lost += sum(r.drop_all() for r in self.replicas)
+
+    def remember(self, now: float) -> None:
+        """Keep what each replica's gauges said at ``now``, for scrapes that lag."""
+        self.history.append((now, [(r.kv, len(r.waiting), len(r.running)) for r in self.replicas]))
+        while self.history and self.history[0][0] < now - 60:
+            self.history.popleft()
+
+    def gauges_at(self, when: float) -> list[tuple[float, int, int]]:
+        for stamp, values in reversed(self.history):
+            if stamp <= when:
+                return values
+        return self.history[0][1]
 
 
 class Scraper:
     """Renders a cluster's pages as its pods would serve them, and reads them back."""
 
-    def __init__(self, rng: random.Random, noise: float = 0.02) -> None:
+    def __init__(self, rng: random.Random) -> None:
         self._rng = rng
-        self._noise = noise
 
-    def pages(self, state: ClusterState, now: float) -> list[Page | PodError]:
-        spec = state.spec
-        urls = [f"http://{spec.name}-pod-{i}:8000/metrics" for i in range(spec.pods)]
-        if not state.alive:
+    def pages(self, cluster: Cluster, now: float) -> list[Page | PodError]:
+        spec = cluster.spec
+        urls = [f"http://{spec.name}-pod-{i}:8000/metrics" for i in range(spec.replicas)]
+        if not cluster.alive:
             return [PodError(u, Reason.CONNECT, "connection refused") for u in urls]
-        if state.frozen_page is not None:
-            return state.frozen_page
-        if state.scrape_failure_rate and self._rng.random() < state.scrape_failure_rate:
+        if cluster.frozen is not None:
+            return cluster.frozen
+        if cluster.scrape_failure_rate and self._rng.random() < cluster.scrape_failure_rate:
             return [PodError(u, Reason.TIMEOUT, "no answer in time") for u in urls]
-        return [read_page(u, self._text(state, i), VLLM_EXTRACTOR) for i, u in enumerate(urls)]
-
-    def freeze(self, state: ClusterState, now: float) -> None:
-        """From now on the exporter serves this moment's values, stamped with this moment."""
-        spec = state.spec
-        stamp = int(now * 1000)
-        state.frozen_page = [
-            read_page(
-                f"http://{spec.name}-pod-{i}:8000/metrics",
-                self._text(state, i, stamp),
-                VLLM_EXTRACTOR,
-            )
-            for i in range(spec.pods)
+        gauges = cluster.gauges_at(now - self._rng.uniform(0.0, cluster.scrape_age))
+        return [
+            read_page(u, self._text(cluster, i, gauges[i]), VLLM_EXTRACTOR)
+            for i, u in enumerate(urls)
         ]
 
-    def _text(self, state: ClusterState, pod: int, stamp: int | None = None) -> str:
-        spec = state.spec
-        kv = min(1.0, max(0.0, state.kv + self._rng.uniform(-self._noise, self._noise)))
-        waiting = state.queue / spec.pods
-        running = state.running / spec.pods
-        # The whole cluster's latency histogram sits on pod 0: summed across pods, the same.
-        histogram = state.histogram if pod == 0 else CumulativeHistogram()
-        if state.style == "v0":
-            return vllm_v0_page(MODEL, round(kv, 4), waiting, running, histogram, stamp)
-        return vllm_v1_page(MODEL, [round(kv, 4)], [waiting], [running], [histogram], stamp)
+    def freeze(self, cluster: Cluster, now: float) -> None:
+        """From now on the exporter serves this moment's values, stamped with this moment."""
+        spec = cluster.spec
+        gauges = cluster.gauges_at(now)
+        cluster.frozen = [
+            read_page(
+                f"http://{spec.name}-pod-{i}:8000/metrics",
+                self._text(cluster, i, gauges[i], int(now * 1000)),
+                VLLM_EXTRACTOR,
+            )
+            for i in range(spec.replicas)
+        ]
+
+    def _text(
+        self,
+        cluster: Cluster,
+        pod: int,
+        gauges: tuple[float, int, int],
+        stamp: int | None = None,
+    ) -> str:
+        kv, waiting, running = gauges
+        if cluster.noise:
+            kv = min(1.0, max(0.0, kv + self._rng.gauss(0.0, cluster.noise)))
+        replica = cluster.replicas[pod]
+        if cluster.style == "v0":
+            return vllm_v0_page(MODEL, round(kv, 4), waiting, running, replica.e2e, stamp)
+        return vllm_v1_page(MODEL, [round(kv, 4)], [waiting], [running], [replica.e2e], stamp)
+
+
+class Arrivals:
+    """A Poisson process whose rate may change over time: each gap is drawn at the rate in
+    force when it starts (a second of silence is checked again while the rate is 0)."""
+
+    def __init__(self, rate: Rate, rng: random.Random) -> None:
+        self._rate = rate
+        self._rng = rng
+        self._next, self._real = self._after(0.0)
+
+    def _after(self, t: float) -> tuple[float, bool]:
+        rate = self._rate(t)
+        if rate <= 0:
+            return t + 1.0, False
+        return t + self._rng.expovariate(rate), True
+
+    def until(self, end: float) -> list[float]:
+        times = []
+        while self._next < end:
+            if self._real:
+                times.append(self._next)
+            self._next, self._real = self._after(self._next)
+        return times

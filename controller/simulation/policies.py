@@ -1,0 +1,161 @@
+"""What decides the weights in a simulation: the daemon itself, and the baselines.
+
+- ``Ours``: the daemon's own Reconciler — the same health, weights and (dry-run) publishing code,
+  fed with ClusterMetrics read from rendered pages — on the simulated clock. With
+  ``weights.law: integral`` it is the previous law, kept as a named baseline.
+- ``Naive``: weights ∝ 1 − KV of the last reading, with the same health judgement (an unhealthy
+  cluster gets 0), written whenever they change.
+- ``Proportional``: a textbook P controller with the same health judgement: each cluster's
+  share is the even split plus ``gain`` × (fleet mean KV − its KV).
+- ``Static``: equal weights, written once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+from controller import health, weights
+from controller.exporter import Snapshot, make_registry
+from controller.loop import Reconciler, signals_of
+from controller.model import ClusterHealth, ClusterMetrics, Signals, Write
+from controller.publish.dryrun import DryRunPublisher
+from controller.settings import Settings
+
+
+class Policy(Protocol):
+    name: str
+
+    async def tick(
+        self, now: float, metrics: Mapping[str, ClusterMetrics]
+    ) -> dict[str, int] | None:
+        """The weights to publish now, or ``None`` for no write."""
+        ...
+
+    def healthy(self, name: str) -> bool | None: ...
+
+
+class _SimSource:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.next: ClusterMetrics | None = None
+
+    @property
+    def cluster(self) -> str:
+        return self.name
+
+    async def fetch(self) -> ClusterMetrics:
+        assert self.next is not None
+        return self.next
+
+
+class Ours:
+    """The daemon's own Reconciler with simulated sources and a virtual clock."""
+
+    def __init__(self, settings: Settings, name: str = "ours") -> None:
+        self.name = name
+        self._now = 0.0
+        self._sources = {c.name: _SimSource(c.name) for c in settings.clusters}
+        self._snapshot = Snapshot()
+        _, metrics = make_registry(self._snapshot)
+        self._reconciler = Reconciler(
+            settings,
+            list(self._sources.values()),
+            DryRunPublisher(),
+            metrics,
+            self._snapshot,
+            clock=lambda: self._now,
+        )
+
+    async def tick(
+        self, now: float, metrics: Mapping[str, ClusterMetrics]
+    ) -> dict[str, int] | None:
+        self._now = now
+        for name, source in self._sources.items():
+            source.next = metrics[name]
+        report = await self._reconciler.tick()
+        only = report.only  # the implicit target: what it would apply goes to the router
+        if only is None or only.outcome.write is not Write.WOULD:
+            return None
+        return dict(only.outcome.applied)
+
+    def healthy(self, name: str) -> bool | None:
+        state = self._snapshot.clusters[name].health
+        return None if state is None else state.healthy
+
+
+class _Judged:
+    """A baseline that judges health exactly as the daemon does, then applies its own law."""
+
+    name = "judged"
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._health: dict[str, ClusterHealth] = {}
+        self._published: dict[str, int] | None = None
+
+    def law(self, healthy: Mapping[str, Signals]) -> dict[str, float]:
+        raise NotImplementedError
+
+    async def tick(
+        self, now: float, metrics: Mapping[str, ClusterMetrics]
+    ) -> dict[str, int] | None:
+        settings = self._settings
+        for name, m in metrics.items():
+            self._health[name] = health.judge(
+                self._health.get(name), m, settings.health, settings.scrape.min_pod_fraction, now
+            )
+        usable = {n: signals_of(h, "p90") for n, h in self._health.items()}
+        healthy = {n: s for n, s in usable.items() if s is not None}
+        if not healthy:
+            return None  # fail static, as the daemon does
+        shares = dict.fromkeys(metrics, 0.0)
+        shares.update(self.law(healthy))
+        if sum(shares.values()) <= 0:
+            shares.update(dict.fromkeys(healthy, 1.0))
+        new = weights.proportional(shares, weights.TOTAL)
+        if new == self._published:
+            return None
+        self._published = new
+        return new
+
+    def healthy(self, name: str) -> bool | None:
+        state = self._health.get(name)
+        return None if state is None else state.healthy
+
+
+class Naive(_Judged):
+    name = "naive"
+
+    def law(self, healthy: Mapping[str, Signals]) -> dict[str, float]:
+        return {n: max(0.0, 1.0 - s.kv) for n, s in healthy.items()}
+
+
+class Proportional(_Judged):
+    name = "proportional"
+    gain = 1.0  # share per unit of KV difference from the fleet's mean
+
+    def law(self, healthy: Mapping[str, Signals]) -> dict[str, float]:
+        mean = sum(s.kv for s in healthy.values()) / len(healthy)
+        even = 1.0 / len(healthy)
+        return {n: max(0.02, even + self.gain * (mean - s.kv)) for n, s in healthy.items()}
+
+
+class Static:
+    """Equal weights, written once."""
+
+    name = "static"
+
+    def __init__(self) -> None:
+        self._done = False
+
+    async def tick(
+        self, now: float, metrics: Mapping[str, ClusterMetrics]
+    ) -> dict[str, int] | None:
+        if self._done:
+            return None
+        self._done = True
+        return weights.proportional(dict.fromkeys(metrics, 1.0), weights.TOTAL)
+
+    def healthy(self, name: str) -> bool | None:
+        return None
