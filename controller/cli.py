@@ -129,7 +129,7 @@ def _command(args: argparse.Namespace) -> int:
     if args.command == "check-config":
         return _check_config(args.path)
     if args.command == "simulate":
-        return asyncio.run(_simulate(args))
+        return _simulate(args)
     if args.command == "status":
         return asyncio.run(_status(args.url, args.explain, args.output, args.watch))
     if args.command == "demo":
@@ -189,7 +189,7 @@ def with_flags(settings: Settings, args: argparse.Namespace) -> Settings:
     return settings.model_copy(update={"kubernetes": kube, "leader_election": election})
 
 
-async def _simulate(args: argparse.Namespace) -> int:
+def _simulate(args: argparse.Namespace) -> int:
     from controller import logs
     from controller.simulation.plot import plot
     from controller.simulation.report import (
@@ -219,12 +219,18 @@ async def _simulate(args: argparse.Namespace) -> int:
         print(f"weight-controller: error: --set {bad[0]!r}: expected KEY=VALUE", file=sys.stderr)
         return EXIT_CONFIG
     overrides = tuple((k, v) for k, v in (item.split("=", 1) for item in args.set))
-    try:
-        from controller.settings import WeightSettings
+    from pydantic import ValidationError
 
+    from controller.settings import WeightSettings
+
+    try:
         WeightSettings.model_validate(dict(overrides))
-    except ValueError as exc:
-        print(f"weight-controller: error: --set: {exc}", file=sys.stderr)
+    except ValidationError as exc:
+        for error in exc.errors():
+            where = ".".join(str(part) for part in error["loc"])
+            print(
+                f"weight-controller: error: --set weights.{where}: {error['msg']}", file=sys.stderr
+            )
         return EXIT_CONFIG
     seeds = range(args.seed, args.seed + args.seeds)
     common = {
@@ -242,7 +248,7 @@ async def _simulate(args: argparse.Namespace) -> int:
     if args.plot is not None:
         shown = [p for p in ("ours", "integral", "naive") if p in policies] or policies[:1]
         traces = {
-            p: (await run_job(Job(names[0], p, args.seed, **common), keep_trace=True)).trace
+            p: asyncio.run(run_job(Job(names[0], p, args.seed, **common), keep_trace=True)).trace
             for p in shown
         }
         plot(SCENARIOS[names[0]](), {p: t for p, t in traces.items() if t is not None}, args.plot)

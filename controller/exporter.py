@@ -46,6 +46,10 @@ class TargetView:
     outcome: TargetDecision
     last_write: float | None = None  # unix time of the last write that landed
     last_change: float | None = None  # unix time applied last changed (written or would be)
+    # Over ``weights.realised_window``, per mapped ref (0..100 over the mapped refs): the share
+    # of requests its cluster actually served, and the share the weights in force intended.
+    realised: Mapping[str, float] = field(default_factory=dict)
+    intended: Mapping[str, float] = field(default_factory=dict)
 
 
 def only_target(targets: Mapping[str, TargetView]) -> TargetView | None:
@@ -232,6 +236,18 @@ class SnapshotCollector(Collector):
             "(kv_headroom × queue_penalty × latency_penalty), for healthy clusters.",
             ("target", "ref", "cluster", "factor"),
         )
+        realised = _family(
+            "target_realised_share",
+            "Share of the target's requests (0..100, over its mapped refs) the ref's cluster "
+            "actually served over weights.realised_window, from its request counters.",
+            labels,
+        )
+        intended = _family(
+            "target_intended_share",
+            "Share (0..100, over the mapped refs) the weights in force gave the ref, averaged "
+            "over the same window as target_realised_share.",
+            labels,
+        )
         unmapped = _family(
             "target_unmapped_refs",
             "Refs of a target that map to no known cluster (they keep their weight).",
@@ -244,6 +260,11 @@ class SnapshotCollector(Collector):
                 _add(desired, row, outcome.desired.get(ref))
                 _add(applied, row, outcome.applied.get(ref))
                 _add(share, row, outcome.share(ref))
+            for ref, value in view.realised.items():
+                row = [key, ref, outcome.target.clusters.get(ref) or ""]
+                realised.add_metric(row, value)
+                if ref in view.intended:
+                    intended.add_metric(row, view.intended[ref])
             for ref, parts in outcome.decision.factors.items():
                 cluster = outcome.target.clusters.get(ref) or ""
                 for name, value in parts.items():
@@ -252,7 +273,7 @@ class SnapshotCollector(Collector):
                 mode.add_metric([key, m.value], float(outcome.decision.mode is m))
             missing = sum(1 for c in outcome.target.clusters.values() if c is None)
             unmapped.add_metric([key], missing)
-        yield from (desired, applied, share, mode, factor, unmapped)
+        yield from (desired, applied, share, mode, factor, realised, intended, unmapped)
 
     def _signals(self) -> Iterator[Metric]:
         kv = _family("cluster_vram_utilization", "Mean KV-cache use over pods/engines, 0..1.")
@@ -365,6 +386,8 @@ def target_json(view: TargetView) -> dict[str, Any]:
                 "share": outcome.share(ref),
                 "goal": decision.targets.get(ref),
                 "factors": dict(decision.factors.get(ref, {})) or None,
+                "realised": view.realised.get(ref),
+                "intended": view.intended.get(ref),
             }
             for ref, cluster in target.clusters.items()
         },

@@ -19,7 +19,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
@@ -51,6 +51,7 @@ log = structlog.get_logger("controller.loop")
 DEADLINE_SHARE = 0.8
 # Readings the KV forecast fits its slope to: enough to average out noise, few enough to turn.
 FORECAST_POINTS = 3
+REALISED_MIN_REQUESTS = 50  # fewer requests in the window say nothing about a split
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +111,8 @@ class _Memory:
     refused: tuple[dict[str, int], WriteResult] | None = None  # a schema rejection, kept
     last_write: float | None = None
     last_change: float | None = None
+    # (time, requests served per mapped ref, share intended per mapped ref), oldest first
+    served: deque[tuple[float, dict[str, float], dict[str, float]]] = field(default_factory=deque)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +150,8 @@ class Reconciler:
         self._health: dict[str, ClusterHealth] = {}
         self._kv_history: dict[str, deque[tuple[float, float]]] = {}
         self._demand: dict[str, float] = {}  # filtered utilization per cluster
+        settle = settings.weights.settle
+        self._settle = 2 * settings.interval if settle is None else float(settle)
         self._memory: dict[str, _Memory] = {}
         self._tick = 0
         self._conditions = Conditions(log, settings.log.repeat_interval, clock)
@@ -361,7 +366,7 @@ class Reconciler:
         settling = (
             memory is not None
             and memory.last_change is not None
-            and self._clock() - memory.last_change < params.settle
+            and self._clock() - memory.last_change < self._settle
         )
         desired, decision = weights.weigh(target, signals, params, settling)
         if decision.mode is Mode.FAIL_STATIC:
@@ -515,7 +520,10 @@ class Reconciler:
                 self._memory.pop(outcome.key, None)
                 continue
             memory = self._memory.setdefault(outcome.key, _Memory())
-            views[outcome.key] = TargetView(outcome, memory.last_write, memory.last_change)
+            realised, intended = self._realised(memory, outcome)
+            views[outcome.key] = TargetView(
+                outcome, memory.last_write, memory.last_change, realised, intended
+            )
         for key in self._memory.keys() - views.keys():
             del self._memory[key]
         self._snapshot.targets = views
@@ -528,6 +536,49 @@ class Reconciler:
         self._snapshot.last_tick_wall = self._clock()
         self._metrics.reconcile_duration.observe(self._elapsed(began))
         self._metrics.last_reconcile.set(self._snapshot.last_tick_wall)
+
+    def _realised(
+        self, memory: _Memory, outcome: TargetDecision
+    ) -> tuple[dict[str, float], dict[str, float]]:
+        """Realised and intended shares of ``outcome``'s mapped refs over the window.
+
+        Each tick adds the requests every mapped ref's cluster served since its last scrape
+        (the increase of its request-latency histogram's count: vLLM's completed requests, or
+        the EPP's) beside the share the weights in force gave it. A tick where a cluster that
+        holds weight has no count (its scrape failed) is left out rather than read as 0."""
+        now = self._clock()
+        window = self._settings.weights.realised_window
+        served = memory.served
+        while served and served[0][0] <= now - window:
+            served.popleft()
+        mapped = {ref: c for ref, c in outcome.target.clusters.items() if c is not None}
+        weights = {ref: outcome.applied.get(ref, 0) for ref in mapped}
+        total = sum(weights.values())
+        counts: dict[str, float] = {}
+        for ref, cluster in mapped.items():
+            view = self._snapshot.clusters.get(cluster)
+            latency = view.metrics.latency if view and view.metrics else None
+            if latency is None:
+                if weights[ref] > 0:
+                    counts = {}
+                    break
+                continue
+            counts[ref] = latency.requests
+        if counts and total > 0:
+            shares = {ref: 100.0 * w / total for ref, w in weights.items()}
+            served.append((now, counts, shares))
+        requests: dict[str, float] = {}
+        intended: dict[str, float] = {}
+        for _, tick_counts, tick_shares in served:
+            for ref, n in tick_counts.items():
+                requests[ref] = requests.get(ref, 0.0) + n
+            for ref, share in tick_shares.items():
+                intended[ref] = intended.get(ref, 0.0) + share / len(served)
+        seen = sum(requests.values())
+        if seen < REALISED_MIN_REQUESTS:
+            return {}, {}
+        realised = {ref: 100.0 * n / seen for ref, n in requests.items()}
+        return realised, {ref: intended.get(ref, 0.0) for ref in realised}
 
     def _log_tick(self) -> None:
         """A cluster's status line at info when it changes (health, reason, pods) and in the

@@ -329,11 +329,18 @@ class WeightSettings(_Group):
         "EWMA; 1 = no filter). Pressure is also judged on the newest scrape alone, so a "
         "cluster filling up is seen at once.",
     )
-    settle: Duration | Literal[0] = Field(
-        default=20.0,
+    settle: Duration | Literal[0] | None = Field(
+        default=None,
         description="After a change, no further step for this long (except to take traffic "
         "off an unhealthy cluster): the actuation delay plus a scrape, so a step is seen "
-        "working before the next.",
+        "working before the next. Unset: two intervals (20 s at the default interval).",
+    )
+
+    realised_window: Duration = Field(
+        default=300.0,
+        description="Window over which each ref's realised share (requests its cluster "
+        "served) is compared with the share its weight intended: long enough to hold a few "
+        "hundred requests.",
     )
 
     @model_validator(mode="after")

@@ -126,10 +126,37 @@ def _targets(targets: dict[str, Any], now: float) -> list[str]:
     return [*_table(rows), *notes]
 
 
+CAPACITY_PARTS = (
+    ("CAPACITY", "capacity", ".0f"),
+    ("UTILIZATION", "utilization", ".2f"),
+    ("CAP SHARE", "capacity_share", ".2f"),
+    ("DEMAND SHARE", "demand_share", ".2f"),
+)
+INTEGRAL_PARTS = (
+    ("KV HEADROOM", "kv_headroom", ".3f"),
+    ("QUEUE", "queue_penalty", ".3f"),
+    ("LATENCY", "latency_penalty", ".3f"),
+)
+
+
 def _explain(targets: dict[str, Any]) -> list[str]:
-    """Why each ref has its weight: its cluster's score and the score's parts."""
+    """Why each ref has its weight: its cluster's score and the score's parts (for the law in
+    use), its goal, and the share its cluster really served beside the one intended."""
+    factors = [r.get("factors") or {} for t in targets.values() for r in t["refs"].values()]
+    integral = any("kv_headroom" in f for f in factors)
+    parts = INTEGRAL_PARTS if integral else CAPACITY_PARTS
     rows = [
-        ["TARGET", "REF", "CLUSTER", "SCORE", "KV HEADROOM", "QUEUE", "LATENCY", "GOAL", "DESIRED"]
+        [
+            "TARGET",
+            "REF",
+            "CLUSTER",
+            "SCORE",
+            *(title for title, _, _ in parts),
+            "GOAL",
+            "DESIRED",
+            "REALISED",
+            "INTENDED",
+        ]
     ]
     for key, t in sorted(targets.items()):
         for ref, r in t["refs"].items():
@@ -140,18 +167,24 @@ def _explain(targets: dict[str, Any]) -> list[str]:
                     ref,
                     r["cluster"] or "(unmapped)",
                     _num(f.get("score"), ".3f"),
-                    _num(f.get("kv_headroom"), ".3f"),
-                    _num(f.get("queue_penalty"), ".3f"),
-                    _num(f.get("latency_penalty"), ".3f"),
+                    *(_num(f.get(name), spec) for _, name, spec in parts),
                     _num(r.get("goal"), ".1f"),
                     _num(r["desired"], "d"),
+                    _num(r.get("realised"), ".1f"),
+                    _num(r.get("intended"), ".1f"),
                 ]
             )
     lines = _table(rows)
-    lines.append(
-        "score = kv headroom × queue penalty × latency penalty (relative to the best cluster);"
-        " '-' for an unhealthy or unmapped ref"
-    )
+    if integral:
+        lines.append(
+            "score = kv headroom × queue penalty × latency penalty (relative to the best cluster);"
+            " '-' for an unhealthy or unmapped ref"
+        )
+    else:
+        lines.append(
+            "score = capacity share − demand share (above 0: room for more); realised/intended:"
+            " % of the target's requests served vs asked for; '-' for unhealthy or unmapped"
+        )
     for key, t in sorted(targets.items()):
         lines.append(
             f"{key}: mode {t['mode']}" + (f" ({'; '.join(t['notes'])})" if t.get("notes") else "")

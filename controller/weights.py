@@ -461,11 +461,6 @@ def _capacity(
     healthy = {n: s for n, s in clusters.items() if s is not None}
     names = list(healthy)
     floor = params.floor
-    if previous is None or base is None:  # nothing in force yet: shares by capacity
-        why = capacity_factors(healthy)
-        first = {n: TOTAL * why[n]["capacity_share"] if n in why else 0.0 for n in clusters}
-        weights = round_to_total(_with_floor(first, names, floor), floor, names)
-        return Decision(weights, first, Mode.INITIAL, True)
     loads = {n: _load(s) for n, s in healthy.items()}
     quick = min(params.kv_saturation, params.pressure + 0.05)
     hot = [
@@ -476,6 +471,15 @@ def _capacity(
         or (now >= quick and (healthy[n].queue_per_pod or 0) > 0)
     ]
     cool = [n for n in healthy if n not in hot]
+    if previous is None or base is None:
+        # nothing in force yet: shares by capacity, and if some cluster is already under
+        # pressure one full, uncapped step off it (there is no split in force to smooth from)
+        why = capacity_factors(healthy)
+        first = {n: TOTAL * why[n]["capacity_share"] if n in why else 0.0 for n in clusters}
+        if hot and cool:
+            first = capacity_goal(healthy, first, hot)
+        weights = round_to_total(_with_floor(first, names, floor), floor, names)
+        return Decision(weights, first, Mode.INITIAL, True)
     saturated = bool(hot) and not cool
     forced = _forced(previous, names, params)
     pressing = False
@@ -483,16 +487,28 @@ def _capacity(
     if hot and cool:
         goal = capacity_goal(healthy, base, hot)
         pressing = any(goal[n] <= base[n] - params.deadband for n in hot)
+    apart = False
     if not pressing:
         goal = rest_goal(healthy, base, params)
-    apart = max(abs(goal[n] - base[n]) for n in healthy) >= params.rebalance
+        # a ref far below its capacity share (before the cap on gainers): a returning cluster
+        # is brought back in capped steps (of at least half of ``rebalance``), each sized on
+        # what its utilization did after the last. One above its share is left alone at rest
+        # (measured: rebalancing those too doubled hot-hard's writes and added overload).
+        why = capacity_factors(healthy)
+        apart = any(
+            TOTAL * why[n]["capacity_share"] - base[n] >= params.rebalance
+            and goal[n] - base[n] >= max(params.deadband, params.rebalance / 2)
+            for n in healthy
+        )
     if not forced and (settling or not (pressing or apart)):
         return Decision(previous, goal, Mode.SATURATED if saturated else Mode.HOLD, False)
-    # Full steps only where requests queue (traffic must go now); otherwise half of the way:
+    # Full steps only where requests queue or the filtered utilization is at saturation
+    # (traffic must go now); otherwise half of the way:
     # utilization swings by tens of points on a scale of a minute (heavy-tailed requests), and
     # a full step on a swing comes back as a reversal.
     queueing = any((healthy[n].queue_per_pod or 0) > 0 for n in hot)
-    gain = 1.0 if queueing or forced else GAIN
+    full = any(loads[n][1] >= params.kv_saturation for n in hot)  # filtered: saturated
+    gain = 1.0 if queueing or full or forced else GAIN
     delta = {n: gain * (goal[n] - base[n]) for n in base}
     moved = _with_floor(_capped(base, delta, float(params.max_step)), names, floor)
     weights = round_to_total(moved, floor, names)

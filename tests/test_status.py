@@ -62,15 +62,17 @@ async def test_state_and_status_table_show_clusters_targets_and_leader() -> None
     assert state["clusters"]["east"]["healthy"] is False
     assert state["clusters"]["east"]["reason"] == "http_status"
     refs = state["targets"]["ExternalModel/maas-system/llama"]["refs"]
-    assert refs["west"] | {"goal": None, "factors": None} == {
+    assert refs["west"] | {"goal": None, "factors": None, "realised": None} == {
         "cluster": "west",
         "desired": 100,
         "applied": 100,
         "share": 100.0,
         "goal": None,
         "factors": None,
+        "realised": None,
+        "intended": None,
     }
-    assert refs["west"]["factors"]["score"] > 0 and refs["east"]["factors"] is None  # unhealthy
+    assert "score" in refs["west"]["factors"] and refs["east"]["factors"] is None  # unhealthy
     assert state["kubernetes"] == {"reachable": True, "error": None}
     assert refs["east"]["applied"] == 0
     table = render(state)
@@ -81,7 +83,8 @@ async def test_state_and_status_table_show_clusters_targets_and_leader() -> None
         for line in table.splitlines()
     )
     explained = render(state, explain=True)
-    assert "KV HEADROOM" in explained and "score = kv headroom" in explained
+    assert "DEMAND SHARE" in explained and "score = capacity share" in explained
+    assert "REALISED" in explained
     assert "ExternalModel/maas-system/llama" in table
     assert done.returncode == 0, stderr.decode()
     assert json.loads(printed_json)["ticks"] == 3

@@ -1,4 +1,5 @@
-"""The weights function, rule by rule (tables) and as properties (hypothesis)."""
+"""The weights function under the integral law (weights.law: integral, the previous default),
+rule by rule (tables) and as properties (hypothesis). The capacity law: test_capacity_law.py."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from controller.model import Mode, Signals
 from controller.settings import WeightSettings
 from controller.weights import decide, targets
 
-P = WeightSettings()
+P = WeightSettings(law="integral")
 
 
 def converge(
@@ -41,7 +42,9 @@ def test_first_decision_is_neither_smoothed_nor_capped() -> None:
 
 
 def test_change_per_tick_is_capped_and_sum_kept() -> None:
-    eager = WeightSettings(gain=400, smoothing=1.0)  # wants a 100-point swing at once
+    eager = WeightSettings(
+        law="integral", gain=400, smoothing=1.0
+    )  # wants a 100-point swing at once
     decision = decide({"a": Signals(kv=0.95), "b": Signals(kv=0.0)}, {"a": 90, "b": 10}, eager)
     assert decision.targets["a"] < 10
     assert decision.weights == {"a": 90 - eager.max_step, "b": 10 + eager.max_step}
@@ -121,7 +124,9 @@ def test_all_unhealthy_keeps_the_last_weights() -> None:
 
 def test_weights_in_force_below_the_floor_are_lifted_even_inside_the_deadband() -> None:
     clusters = {"a": Signals(kv=0.0), "b": Signals(kv=0.0), "c": Signals(kv=0.0)}
-    decision = decide(clusters, {"a": 1, "b": 2, "c": 97}, WeightSettings(deadband=2))
+    decision = decide(
+        clusters, {"a": 1, "b": 2, "c": 97}, WeightSettings(law="integral", deadband=2)
+    )
     assert decision.changed and decision.weights is not None
     assert min(decision.weights.values()) >= 2
 
@@ -247,7 +252,9 @@ def test_deadband_respected(
 def test_more_kv_pressure_never_gains_weight(
     data: st.DataObject, clusters: dict[str, Signals], more: float
 ) -> None:
-    p = WeightSettings(deadband=0)  # a hold may keep a stale higher weight; judge the moves
+    p = WeightSettings(
+        law="integral", deadband=0
+    )  # a hold may keep a stale higher weight; judge the moves
     in_force = data.draw(in_force_for(clusters))
     name = sorted(clusters)[0]
     hotter = dict(clusters)

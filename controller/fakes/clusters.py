@@ -104,9 +104,8 @@ class SimCluster:
         self._advance(pod, now)
         running = 8.0 * self.load()
         if self.style == "v0":
-            return vllm_v0_page(
-                self.model, round(self._engine_kv(pod.noise), 4), self.waiting(), running
-            )
+            value = round(self._engine_kv(pod.noise), 4)
+            return vllm_v0_page(self.model, value, self.waiting(), running, pod.histograms[0])
         n = len(pod.histograms)
         kv = [round(self._engine_kv(pod.noise), 4) for _ in range(n)]
         return vllm_v1_page(

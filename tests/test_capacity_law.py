@@ -1,0 +1,148 @@
+"""The capacity law (the default), rule by rule and as properties (hypothesis)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controller.model import Mode, Signals
+from controller.settings import WeightSettings
+from controller.weights import capacity_goal, decide, load_of, proportional
+
+P = WeightSettings()
+
+
+def sig(kv: float, pods: float = 2.0, queue: float = 0.0, demand: float | None = None) -> Signals:
+    """A cluster read now at ``kv`` (utilization scaled up by ``queue`` per pod as the loop
+    does), filtered to ``demand`` (default: the same)."""
+    utilization = kv * (1 + queue / 4) if queue else kv
+    return Signals(
+        kv=kv,
+        queue_per_pod=queue,
+        utilization=utilization,
+        demand=utilization if demand is None else demand,
+        capacity=pods,
+    )
+
+
+def test_the_default_is_the_capacity_law() -> None:
+    assert P.law == "capacity"
+
+
+def test_first_decision_splits_by_capacity() -> None:
+    decision = decide({"small": sig(0.0, 2), "large": sig(0.0, 8)}, None, P)
+    assert decision.mode is Mode.INITIAL
+    assert decision.weights == {"small": 20, "large": 80}
+
+
+def test_nothing_under_pressure_holds_even_with_uneven_utilization() -> None:
+    # 0.2 beside 0.7 serves everyone well: moving traffic would only add writes
+    decision = decide({"a": sig(0.7), "b": sig(0.2)}, {"a": 50, "b": 50}, P)
+    assert decision.mode is Mode.HOLD and not decision.changed
+
+
+def test_routes_away_from_the_cluster_at_95_percent_towards_the_one_at_20() -> None:
+    decision = decide({"a": sig(0.95), "b": sig(0.20)}, {"a": 50, "b": 50}, P)
+    assert decision.weights is not None and decision.changed
+    assert decision.weights["a"] < 50 and decision.weights["b"] > 50
+    assert 50 - decision.weights["a"] <= P.max_step
+
+
+def test_a_queueing_hot_cluster_gets_the_full_step_and_a_swing_only_half() -> None:
+    queued = decide({"a": sig(0.95, queue=4), "b": sig(0.2)}, {"a": 50, "b": 50}, P)
+    swing = decide({"a": sig(0.95), "b": sig(0.2)}, {"a": 50, "b": 50}, P)
+    assert queued.weights is not None and swing.weights is not None
+    assert queued.weights["a"] < swing.weights["a"]
+
+
+def test_no_step_while_the_last_one_settles_except_for_a_dead_cluster() -> None:
+    hot = {"a": sig(0.95, queue=4), "b": sig(0.2)}
+    held = decide(hot, {"a": 50, "b": 50}, P, settling=True)
+    assert not held.changed
+    dead = decide({"a": None, "b": sig(0.2)}, {"a": 50, "b": 50}, P, settling=True)
+    assert dead.weights == {"a": 0, "b": 100}
+
+
+def test_every_cluster_hot_keeps_capacity_shares_instead_of_evening_out() -> None:
+    clusters = {"small": sig(1.0, 2, queue=8), "large": sig(1.0, 8, queue=8)}
+    decision = decide(clusters, {"small": 20, "large": 80}, P)
+    assert decision.mode is Mode.SATURATED and not decision.changed
+
+
+def test_a_returning_cluster_is_brought_back_by_at_most_max_step() -> None:
+    clusters = {"a": sig(0.4), "b": sig(0.4), "c": sig(0.0)}
+    weights: dict[str, int] = {"a": 49, "b": 49, "c": 2}
+    seen = [weights["c"]]
+    for _ in range(6):
+        decision = decide(clusters, weights, P)
+        assert decision.weights is not None
+        weights = dict(decision.weights)
+        seen.append(weights["c"])
+    assert max(b - a for a, b in itertools.pairwise(seen)) <= P.max_step
+    assert seen[-1] >= 33 - P.rebalance  # back near its capacity share
+
+
+def test_local_traffic_is_not_routed_back_onto_its_cluster() -> None:
+    # b carries 0.7 of its own while holding 2 points: at rest it must not be handed more
+    # than keeps it clearly under pressure
+    clusters = {"a": sig(0.5), "b": sig(0.7), "c": sig(0.5)}
+    decision = decide(clusters, {"a": 49, "b": 2, "c": 49}, P)
+    assert decision.weights is None or decision.weights["b"] <= 3
+
+
+def test_capacity_goal_lands_on_capacity_shares_when_demand_follows_the_weights() -> None:
+    # demand share == weight share (no local traffic): one step to shares ∝ capacity
+    base = {"small": 50.0, "large": 50.0}
+    u_small, u_large = 0.9, 0.9 * (2 / 8) ** 2  # KV ~ load², small carries 4x the load per pod
+    goal = capacity_goal({"small": sig(u_small, 2), "large": sig(u_large, 8)}, base)
+    assert goal["small"] == pytest.approx(20, abs=0.5)
+
+
+def test_load_of_undoes_the_convexity_and_passes_queues_through() -> None:
+    assert load_of(0.25) == pytest.approx(0.5)
+    assert load_of(1.5) == 1.5
+    assert load_of(0.0) == 0.0
+
+
+fractions = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
+clusters = st.dictionaries(
+    st.sampled_from(["a", "b", "c", "d"]),
+    st.one_of(
+        st.none(),
+        st.builds(
+            sig,
+            fractions,
+            st.sampled_from([1.0, 2.0, 8.0]),
+            st.sampled_from([0.0, 0.0, 3.0]),
+            st.one_of(st.none(), fractions),
+        ),
+    ),
+    min_size=1,
+    max_size=4,
+)
+weights = st.dictionaries(
+    st.sampled_from(["a", "b", "c", "d"]), st.integers(0, 100), min_size=1, max_size=4
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(clusters, weights, st.booleans())
+def test_sum_is_100_unhealthy_zero_and_steps_bounded(
+    signals: Mapping[str, Signals | None], raw: Mapping[str, int], settling: bool
+) -> None:
+    in_force = proportional({n: raw.get(n, 0) for n in signals}, 100)  # as weigh() gives it
+    decision = decide(signals, in_force if sum(in_force.values()) > 0 else None, P, settling)
+    if decision.weights is None:
+        assert all(s is None for s in signals.values())
+        return
+    assert sum(decision.weights.values()) == 100
+    assert all(w >= 0 for w in decision.weights.values())
+    healthy = [n for n, s in signals.items() if s is not None]
+    if healthy and decision.mode is not Mode.FAIL_STATIC:
+        assert all(decision.weights[n] == 0 for n in signals if signals[n] is None)
+        low = min(P.floor, 100 // len(healthy))
+        assert all(decision.weights[n] >= low for n in healthy)
