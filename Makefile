@@ -47,6 +47,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_fetch.py
 	$(BIN)/python benchmarks/bench_logs.py
 	$(BIN)/python benchmarks/bench_daemon.py
+	$(BIN)/python benchmarks/bench_prometheus.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

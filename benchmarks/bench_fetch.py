@@ -58,6 +58,15 @@ async def wait_up(url: str) -> None:
 
 
 async def measure(port: int, endpoints: int, rounds: int) -> None:
+    per_endpoint_ms, wall = await cpu_per_endpoint(port, endpoints, rounds)
+    print(f"{endpoints} endpoints x {rounds} rounds, 150 KiB pages")
+    print(f"client CPU: {per_endpoint_ms:.2f} ms per endpoint scrape")
+    print(f"wall: {wall / rounds:.2f} s per round (one server process)")
+    print(f"one core keeps up with ~{10_000 / per_endpoint_ms:,.0f} endpoints per 10 s tick")
+
+
+async def cpu_per_endpoint(port: int, endpoints: int, rounds: int) -> tuple[float, float]:
+    """CPU milliseconds per endpoint scrape (fetch + extract) and the wall seconds in all."""
     urls = [f"http://127.0.0.1:{port}/pod-{i}/metrics" for i in range(endpoints)]
     await wait_up(urls[0])
     cluster = ClusterSettings.model_validate({"name": "bench", "vllm_urls": urls})
@@ -70,11 +79,7 @@ async def measure(port: int, endpoints: int, rounds: int) -> None:
             metrics = await source.fetch()
             assert metrics.pods_answering == endpoints, metrics.errors[:3]
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-    per_endpoint_ms = cpu * 1000 / (endpoints * rounds)
-    print(f"{endpoints} endpoints x {rounds} rounds, 150 KiB pages")
-    print(f"client CPU: {per_endpoint_ms:.2f} ms per endpoint scrape")
-    print(f"wall: {wall / rounds:.2f} s per round (one server process)")
-    print(f"one core keeps up with ~{10_000 / per_endpoint_ms:,.0f} endpoints per 10 s tick")
+    return cpu * 1000 / (endpoints * rounds), wall
 
 
 def main() -> int:

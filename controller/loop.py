@@ -150,6 +150,8 @@ class Reconciler:
         self._health: dict[str, ClusterHealth] = {}
         self._kv_history: dict[str, deque[tuple[float, float]]] = {}
         self._demand: dict[str, float] = {}  # filtered utilization per cluster
+        self._in_system: dict[str, float] = {}  # running + waiting at the last good fetch
+        self._arrived: dict[str, float | None] = {}  # requests that arrived since then
         settle = settings.weights.settle
         self._settle = 2 * settings.interval if settle is None else float(settle)
         self._memory: dict[str, _Memory] = {}
@@ -217,6 +219,9 @@ class Reconciler:
             log.info("cluster no longer referenced", cluster=name)
             self._sources.pop(name, None)
             self._health.pop(name, None)
+            self._arrived.pop(name, None)
+            self._in_system.pop(name, None)
+            self._demand.pop(name, None)
             self._snapshot.clusters.pop(name, None)
         for name, cluster in defined.items():
             if self._dynamic.get(name) != cluster:
@@ -277,6 +282,7 @@ class Reconciler:
             before, metrics, self._settings.health, self._settings.scrape.min_pod_fraction, now
         )
         self._health[name] = after
+        self._count_arrivals(name, metrics)
         self._remember(name, metrics, after.healthy and after.signals is metrics, after.healthy)
         clusters = self._snapshot.clusters
         clusters[name] = replace(clusters[name], metrics=metrics, health=after)
@@ -325,6 +331,23 @@ class Reconciler:
                     detail=error.detail,
                 )
         self._conditions.retain(("pod", name), failing)
+
+    def _count_arrivals(self, name: str, metrics: ClusterMetrics) -> None:
+        """Requests that reached the cluster since its last fetch: the ones that completed
+        (the latency histogram's count) plus the growth of those still running or waiting.
+        Completions alone undercount a saturated cluster, which finishes only what it can."""
+        latency = metrics.latency
+        if latency is None:
+            self._arrived[name] = None
+            return
+        in_system = None
+        if metrics.running is not None and metrics.queue_depth is not None:
+            in_system = metrics.running + metrics.queue_depth
+        before = self._in_system.get(name)
+        growth = in_system - before if in_system is not None and before is not None else 0.0
+        self._arrived[name] = max(0.0, latency.requests + growth)
+        if in_system is not None:
+            self._in_system[name] = in_system
 
     def _remember(self, name: str, metrics: ClusterMetrics, good: bool, healthy: bool) -> None:
         """Keep the last few good KV readings of each cluster for the forecast."""
@@ -542,10 +565,10 @@ class Reconciler:
     ) -> tuple[dict[str, float], dict[str, float]]:
         """Realised and intended shares of ``outcome``'s mapped refs over the window.
 
-        Each tick adds the requests every mapped ref's cluster served since its last scrape
-        (the increase of its request-latency histogram's count: vLLM's completed requests, or
-        the EPP's) beside the share the weights in force gave it. A tick where a cluster that
-        holds weight has no count (its scrape failed) is left out rather than read as 0."""
+        Each tick adds the requests that reached every mapped ref's cluster since its last
+        scrape (``_count_arrivals``) beside the share the weights in force gave it. A tick
+        where a cluster that holds weight has no count (its scrape failed) is left out rather
+        than read as 0."""
         now = self._clock()
         window = self._settings.weights.realised_window
         served = memory.served
@@ -556,14 +579,13 @@ class Reconciler:
         total = sum(weights.values())
         counts: dict[str, float] = {}
         for ref, cluster in mapped.items():
-            view = self._snapshot.clusters.get(cluster)
-            latency = view.metrics.latency if view and view.metrics else None
-            if latency is None:
+            arrived = self._arrived.get(cluster)
+            if arrived is None:
                 if weights[ref] > 0:
                     counts = {}
                     break
                 continue
-            counts[ref] = latency.requests
+            counts[ref] = arrived
         if counts and total > 0:
             shares = {ref: 100.0 * w / total for ref, w in weights.items()}
             served.append((now, counts, shares))

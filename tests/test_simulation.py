@@ -13,13 +13,16 @@ import statistics
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from controller.settings import WeightSettings
-from controller.simulation.engine import DT
-from controller.simulation.report import Job, Outcome, run_all, run_job
+from controller.simulation.engine import DT, Trace, run
+from controller.simulation.policies import Ours
+from controller.simulation.report import Job, Outcome, run_all, run_job, sim_settings
+from controller.simulation.scenarios import SCENARIOS
 from controller.simulation.scores import Scores
 from controller.simulation.vllm import Replica, ReplicaSpec, Request
 
@@ -235,3 +238,27 @@ def test_simulate_rejects_unknown_scenarios_and_settings() -> None:
     assert unknown.returncode == 2 and "known:" in unknown.stderr
     bad = simulate("--scenario", "steady", "--set", "smoothing=2")
     assert bad.returncode == 2 and "weights.smoothing" in bad.stderr
+
+
+@pytest.mark.parametrize("honour", [True, False])
+def test_realised_share_is_what_the_clusters_really_received(honour: bool) -> None:
+    """The daemon's realised share, read from the pages' request counters, against the
+    simulator's own count of the requests each cluster was sent; with a router that ignores
+    the weights, realised and intended part by more than the alert's 10 points."""
+
+    async def simulate() -> tuple[Ours, Trace]:
+        scenario = replace(SCENARIOS["heterogeneous"](), duration=900.0)
+        settings = sim_settings(scenario, INTERVAL, {})
+        policy = Ours(settings)
+        return policy, await run(scenario, policy, settings, seed=1, honour=honour)
+
+    policy, trace = asyncio.run(simulate())
+    realised, intended = policy.realised(), policy.intended()
+    assert set(realised) == set(intended) == set(trace.names)
+    window = int(DEFAULTS.realised_window / INTERVAL)
+    sent = {n: trace.received[n][-1] - trace.received[n][-1 - window] for n in trace.names}
+    total = sum(sent.values())
+    for name in trace.names:
+        assert abs(realised[name] - 100 * sent[name] / total) < 3, (realised, sent)
+    gap = max(abs(realised[n] - intended[n]) for n in trace.names)
+    assert (gap > 10) is not honour, (realised, intended)

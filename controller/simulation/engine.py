@@ -65,9 +65,11 @@ async def run(
     seed: int = 1,
     delay: float = 10.0,
     jitter: float = 0.2,
+    honour: bool = True,
 ) -> Trace:
     """Simulate ``scenario`` under ``policy``. ``jitter`` is the actuation delay's relative
-    spread (uniform ± that fraction)."""
+    spread (uniform ± that fraction). ``honour=False`` is a router that ignores what is
+    published and keeps the even split (what the realised-share alert is for)."""
     # One stream for the world (the same requests whatever the policy), one for the scrapes.
     world_rng = random.Random(f"{scenario.name}/{seed}/world")
     route_rng = random.Random(f"{scenario.name}/{seed}/route")
@@ -109,7 +111,9 @@ async def run(
                 bisect.insort(pending, (t + delay * spread, trace.published[-1][1]))
             next_tick += interval
         while pending and pending[0][0] <= t:
-            effective = {n: float(w) for n, w in pending.pop(0)[1].items()}
+            published = pending.pop(0)[1]
+            if honour:
+                effective = {n: float(w) for n, w in published.items()}
         order = [n for n in names if effective[n] > 0]
         cumulative: list[float] = []
         running = 0.0

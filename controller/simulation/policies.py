@@ -83,6 +83,16 @@ class Ours:
         state = self._snapshot.clusters[name].health
         return None if state is None else state.healthy
 
+    def realised(self) -> dict[str, float]:
+        """The implicit target's realised share per cluster, as the daemon exports it."""
+        view = self._snapshot.targets.get("configured")
+        return dict(view.realised) if view is not None else {}
+
+    def intended(self) -> dict[str, float]:
+        """... and the share its weights intended over the same window."""
+        view = self._snapshot.targets.get("configured")
+        return dict(view.intended) if view is not None else {}
+
 
 class _Judged:
     """A baseline that judges health exactly as the daemon does, then applies its own law."""
