@@ -232,8 +232,9 @@ class SnapshotCollector(Collector):
         )
         factor = _family(
             "target_factor",
-            "Why a ref gets its weight: its cluster's score and the score's parts "
-            "(kv_headroom × queue_penalty × latency_penalty), for healthy clusters.",
+            "Why a ref gets its weight: its cluster's score and the score's parts, for "
+            "healthy clusters (capacity law: capacity, utilization, capacity_share, "
+            "demand_share; integral law: kv_headroom × queue_penalty × latency_penalty).",
             ("target", "ref", "cluster", "factor"),
         )
         realised = _family(

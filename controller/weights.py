@@ -3,6 +3,11 @@
 The result always sums to exactly 100 (the ExternalModel ``weight`` field is 0..100 and the
 router picks by weighted random choice over the total) and is never all zeros.
 
+Two laws. ``law: capacity`` (the default, ``_capacity`` below): hold while no cluster is under
+pressure; under pressure, step by each cluster's capacity share minus its demand share; then
+settle. It was chosen in the token-level simulator (README: "Simulator"), where the integral
+law below rewrote routing about 300 times an hour. ``law: integral``, the previous default:
+
 1. Target: every healthy cluster gets ``floor``; the rest is shared in proportion to a score:
    KV headroom ``(1 - kv / kv_saturation) ** kv_exponent``, times a queue penalty and a latency
    penalty relative to the best cluster. Unhealthy clusters get 0. If every healthy cluster is
