@@ -36,12 +36,15 @@ import aiohttp  # noqa: E402
 import yaml  # noqa: E402
 
 from benchmarks.bench_fetch import SERVER, cpu_per_endpoint, free_port, wait_up  # noqa: E402
+from controller.settings import build_settings  # noqa: E402
+from controller.sources.prometheus import PrometheusQuerySource  # noqa: E402
 
 WANTED = (
     "vllm:kv_cache_usage_perc|vllm:gpu_cache_usage_perc|vllm:num_requests_waiting|"
     "vllm:num_requests_running|vllm:e2e_request_latency_seconds_(bucket|sum|count)"
 )
 TICKS = os.sysconf("SC_CLK_TCK")
+PODS = 10  # targets per cluster label, for the PromQL source's queries
 
 
 def cpu_seconds(pid: int) -> float:
@@ -55,7 +58,10 @@ def config(port: int, targets: int, keep_only_wanted: bool) -> dict[str, Any]:
         "scrape_interval": "10s",
         "scrape_timeout": "5s",
         "static_configs": [
-            {"targets": [f"127.0.0.1:{port}"], "labels": {"__metrics_path__": f"/pod-{i}/metrics"}}
+            {
+                "targets": [f"127.0.0.1:{port}"],
+                "labels": {"__metrics_path__": f"/pod-{i}/metrics", "cluster": f"c{i // PODS}"},
+            }
             for i in range(targets)
         ],
     }
@@ -89,8 +95,49 @@ async def ready(session: aiohttp.ClientSession, url: str) -> None:
     raise SystemExit("Prometheus did not become ready in 30 s")
 
 
-async def prometheus_cpu(port: int, targets: int, keep: bool, seconds: float) -> float:
-    """Prometheus's CPU milliseconds per scrape of one target."""
+async def promql_cost(
+    session: aiohttp.ClientSession, url: str, pid: int, clusters: int, rounds: int
+) -> tuple[float, float]:
+    """CPU ms per cluster read through the PromQL source: ours, and Prometheus's answering
+    the queries (its CPU meanwhile, less what its scraping costs in the same time)."""
+    settings = build_settings(
+        {
+            "clusters": [
+                {"name": f"c{i}", "prometheus": {"url": url, "matchers": {"cluster": f"c{i}"}}}
+                for i in range(clusters)
+            ],
+            "prometheus_queries": {"window": "60s"},
+        }
+    )
+    sources = []
+    for cluster in settings.clusters:
+        assert cluster.prometheus is not None
+        sources.append(
+            PrometheusQuerySource(
+                cluster, cluster.prometheus, settings.prometheus_queries, settings.scrape, session
+            )
+        )
+    first = await sources[0].fetch()
+    assert first.kv_mean is not None and not first.errors, first
+    idle_start, idle_cpu = time.perf_counter(), cpu_seconds(pid)
+    await asyncio.sleep(5)
+    scraping = (cpu_seconds(pid) - idle_cpu) / (time.perf_counter() - idle_start)
+    wall, ours, theirs = time.perf_counter(), time.process_time(), cpu_seconds(pid)
+    for _ in range(rounds):
+        await asyncio.gather(*(source.fetch() for source in sources))
+    wall = time.perf_counter() - wall
+    ours = time.process_time() - ours
+    theirs = cpu_seconds(pid) - theirs - scraping * wall
+    fetches = clusters * rounds
+    print(f"(the PromQL source sends {len(sources[0].queries)} queries per cluster read)")
+    return ours * 1000 / fetches, max(0.0, theirs) * 1000 / fetches
+
+
+async def prometheus_cpu(
+    port: int, targets: int, keep: bool, seconds: float
+) -> tuple[float, tuple[float, float] | None]:
+    """Prometheus's CPU milliseconds per scrape of one target; with ``keep``, also what a
+    cluster read through the PromQL source costs (ours, Prometheus's)."""
     binary = shutil.which("prometheus")
     if binary is None:
         raise SystemExit("prometheus not found: apt-get install -y prometheus")
@@ -116,20 +163,23 @@ async def prometheus_cpu(port: int, targets: int, keep: bool, seconds: float) ->
                 await asyncio.sleep(seconds)
                 scrapes = await scrapes_made(session, url) - scrapes
                 cpu = cpu_seconds(process.pid) - cpu
+                queried = None
+                if keep:
+                    queried = await promql_cost(session, url, process.pid, targets // PODS, 20)
         finally:
             process.terminate()
             await asyncio.wait_for(process.wait(), 30)
     if scrapes <= 0:
         raise SystemExit("Prometheus made no scrapes: is the page server up?")
-    return cpu * 1000 / scrapes
+    return cpu * 1000 / scrapes, queried
 
 
 async def measure(port: int, targets: int, seconds: float) -> None:
     await wait_up(f"http://127.0.0.1:{port}/pod-0/metrics")
     ours_small, _ = await cpu_per_endpoint(port, targets, 5)
     ours_large, _ = await cpu_per_endpoint(port, targets * 10, 2)
-    kept = await prometheus_cpu(port, targets, True, seconds)
-    stored = await prometheus_cpu(port, targets, False, seconds)
+    kept, queried = await prometheus_cpu(port, targets, True, seconds)
+    stored, _ = await prometheus_cpu(port, targets, False, seconds)
     print(f"CPU ms per scrape of one 150 KiB vLLM page, {targets} targets, measured together")
     print(f"{'':44} {'ms':>7} {'ours / it':>10}")
     rows = (
@@ -142,6 +192,17 @@ async def measure(port: int, targets: int, seconds: float) -> None:
         ratio = "" if name.startswith("ours") else f"{ours_small / value:.2f}x"
         print(f"{name:44} {value:7.2f} {ratio:>10}")
     print(f"(goal: ours <= 1/3 of Prometheus's; measured {time.strftime('%Y-%m-%d')})")
+    assert queried is not None
+    ours_q, theirs_q = queried
+    print(
+        f"\nthe PromQL source, {targets // PODS} clusters of {PODS} pods, CPU ms per cluster read"
+    )
+    print(f"{'ours (its queries, JSON answers)':44} {ours_q:7.2f}")
+    print(f"{'Prometheus answering them':44} {theirs_q:7.2f}")
+    print(
+        f"direct scraping costs us {ours_small:.2f} ms per pod: through Prometheus a cluster "
+        f"costs us what {ours_q / ours_small:.1f} pods do, whatever its size"
+    )
 
 
 def main() -> int:
