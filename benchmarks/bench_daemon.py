@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 import aiohttp  # noqa: E402
 
-from benchmarks.bench_fetch import SERVER, free_port  # noqa: E402  (the same page server)
+from benchmarks.bench_fetch import free_port, page_servers  # noqa: E402  (the same page server)
 
 SERVERS = 2  # page servers, so serving is not the bottleneck on a 2-core machine
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -133,17 +133,8 @@ def main() -> int:
     parser.add_argument("--endpoints", type=int, nargs="+", default=[200, 2000])
     parser.add_argument("--seconds", type=float, default=60.0)
     args = parser.parse_args()
-    ports = [free_port() for _ in range(SERVERS)]
-    servers = [
-        subprocess.Popen([sys.executable, "-c", SERVER.format(root=str(ROOT), port=p)])
-        for p in ports
-    ]
-    try:
+    with page_servers(SERVERS) as ports:
         asyncio.run(measure(args.endpoints, args.seconds, ports))
-    finally:
-        for server in servers:
-            server.terminate()
-            server.wait(10)
     return 0
 
 

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,6 +39,22 @@ app = web.Application()
 app.router.add_get("/{{pod}}/metrics", page)
 web.run_app(app, host="127.0.0.1", port={port}, print=None, access_log=None)
 """
+
+
+@contextlib.contextmanager
+def page_servers(count: int = 1) -> Iterator[list[int]]:
+    """``count`` separate processes serving the page on loopback; yields their ports."""
+    ports = [free_port() for _ in range(count)]
+    servers = [
+        subprocess.Popen([sys.executable, "-c", SERVER.format(root=str(ROOT), port=port)])
+        for port in ports
+    ]
+    try:
+        yield ports
+    finally:
+        for server in servers:
+            server.terminate()
+            server.wait(10)
 
 
 def free_port() -> int:
@@ -87,13 +105,8 @@ def main() -> int:
     parser.add_argument("--endpoints", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    port = free_port()
-    server = subprocess.Popen([sys.executable, "-c", SERVER.format(root=str(ROOT), port=port)])
-    try:
+    with page_servers() as (port,):
         asyncio.run(measure(port, args.endpoints, args.rounds))
-    finally:
-        server.terminate()
-        server.wait(10)
     return 0
 
 

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 import aiohttp  # noqa: E402
 import yaml  # noqa: E402
 
-from benchmarks.bench_fetch import SERVER, cpu_per_endpoint, free_port, wait_up  # noqa: E402
+from benchmarks.bench_fetch import cpu_per_endpoint, free_port, page_servers, wait_up  # noqa: E402
 from controller.settings import build_settings  # noqa: E402
 from controller.sources.prometheus import PrometheusQuerySource  # noqa: E402
 
@@ -210,13 +210,8 @@ def main() -> int:
     parser.add_argument("--targets", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=60.0)
     args = parser.parse_args()
-    port = free_port()
-    server = subprocess.Popen([sys.executable, "-c", SERVER.format(root=str(ROOT), port=port)])
-    try:
+    with page_servers() as (port,):
         asyncio.run(measure(port, args.targets, args.seconds))
-    finally:
-        server.terminate()
-        server.wait(10)
     return 0
 
 

@@ -783,14 +783,19 @@ def in_namespace(obj: dict[str, Any], namespace: str) -> dict[str, Any]:
     return obj
 
 
-async def test_models_in_every_namespace_are_found_with_no_namespace_configured(
-    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
-) -> None:
+def one_model_in_each_of_two_namespaces(apiserver: FakeAPIServer) -> None:
+    """ExternalModel ``m`` over providers east and west (50/50) in ``llm`` and ``team-b``."""
     for namespace in ("llm", "team-b"):
         for name in ("east", "west"):
             apiserver.put_object(CRD, "externalproviders", in_namespace(provider(name), namespace))
         refs = [("east", 50), ("west", 50)]
         apiserver.put_object(CRD, "externalmodels", in_namespace(model("m", refs), namespace))
+
+
+async def test_models_in_every_namespace_are_found_with_no_namespace_configured(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
+) -> None:
+    one_model_in_each_of_two_namespaces(apiserver)
     sims["east"].kv = 0.95
     async with Controller(settings_for(sims), serve=False, api=api) as controller:
         await ticks(controller, 2)
@@ -809,11 +814,7 @@ async def test_models_in_every_namespace_are_found_with_no_namespace_configured(
 async def test_an_explicit_namespace_list_reads_only_those(
     apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
 ) -> None:
-    for namespace in ("llm", "team-b"):
-        for name in ("east", "west"):
-            apiserver.put_object(CRD, "externalproviders", in_namespace(provider(name), namespace))
-        refs = [("east", 50), ("west", 50)]
-        apiserver.put_object(CRD, "externalmodels", in_namespace(model("m", refs), namespace))
+    one_model_in_each_of_two_namespaces(apiserver)
     settings = settings_for(sims, kubernetes={"namespaces": ["llm"]})
     async with Controller(settings, serve=False, api=api) as controller:
         await ticks(controller, 1)

@@ -72,7 +72,7 @@ def serve(spec: ReplicaSpec, prompts: list[tuple[int, int]], seconds: float) -> 
     replica = Replica(spec)
     for i, (prompt, output) in enumerate(prompts):
         replica.offer(Request(0.0, prompt, output, True, i))
-    done: list[tuple[Request, float, float | None]] = []
+    done: list[tuple[Request, float]] = []
     t = 0.0
     while t < seconds:
         replica.step(t, DT, done)

@@ -40,8 +40,6 @@ class Trace:
     ttft: list[float] = field(default_factory=list)
     e2e: list[float] = field(default_factory=list)
     lost: int = 0
-    requests: int = 0
-    preemptions: int = 0
     events: list[tuple[float, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -94,7 +92,7 @@ async def run(
     interval = settings.interval
     next_tick = 0.0
     ident = 0
-    done: list[tuple[Request, float, float | None]] = []
+    done: list[tuple[Request, float]] = []
     steps = int(scenario.duration / DT)
     for step in range(steps):
         t = step * DT
@@ -140,12 +138,10 @@ async def run(
             trace.alive[name].append(cluster.alive)
             trace.effective[name].append(effective[name])
         trace.seconds.append(t)
-        for _, latency, _ttft in done:
+        for _, latency in done:
             trace.e2e.append(latency)
         done.clear()
-    trace.requests = ident
     trace.lost = sum(c.lost for c in clusters.values())
-    trace.preemptions = sum(r.preemptions for c in clusters.values() for r in c.replicas)
     trace.ttft = _ttfts(clusters)
     return trace
 

@@ -9,7 +9,7 @@ import asyncio
 import os
 import statistics
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from typing import Any, TextIO
@@ -75,14 +75,12 @@ def sim_settings(scenario: Scenario, interval: float, overrides: Mapping[str, ob
     )
 
 
-def make_policy(name: str, settings: Settings, scenario: Scenario, interval: float) -> Policy:
+def make_policy(name: str, settings: Settings) -> Policy:
     if name == "ours":
         return Ours(settings)
     if name == "integral":
-        previous = sim_settings(
-            scenario, interval, {**settings.weights.model_dump(), "law": "integral"}
-        )
-        return Ours(previous, "integral")
+        law = settings.weights.model_copy(update={"law": "integral"})
+        return Ours(settings.model_copy(update={"weights": law}), "integral")
     if name == "proportional":
         return Proportional(settings)
     if name == "naive":
@@ -103,7 +101,7 @@ async def run_job(job: Job, keep_trace: bool = False) -> Outcome:
     scenario = scenario_of(job)
     delay = scenario.delay if scenario.delay is not None else job.delay
     settings = sim_settings(scenario, job.interval, dict(job.overrides))
-    policy = make_policy(job.policy, settings, scenario, job.interval)
+    policy = make_policy(job.policy, settings)
     trace = await run(scenario, policy, settings, job.seed, delay)
     detect = settings.health.failures_to_unhealthy
     scores = score(job.policy, scenario, trace, job.interval, detect, delay)
@@ -229,6 +227,3 @@ def jobs_for(
     **common: Any,
 ) -> list[Job]:
     return [Job(s, p, seed, **common) for s in scenarios for p in policies for seed in seeds]
-
-
-Factory = Callable[[], Scenario]

@@ -61,7 +61,7 @@ def capacity(replica: ReplicaSpec = DEFAULT_REPLICA, lengths: Lengths = DEFAULT_
     rng = random.Random("capacity")
     server = Replica(replica)
     arrivals = Arrivals(constant(50.0), rng)
-    done: list[tuple[Request, float, float | None]] = []
+    done: list[tuple[Request, float]] = []
     ident, dt, warm, end = 0, 0.5, 300.0, 900.0
     t, counted = 0.0, 0
     while t < end:
@@ -171,37 +171,33 @@ def ten_x() -> Scenario:
     )
 
 
-def spike() -> Scenario:
-    clusters = three()
-    one = capacity() * 2
+def b_gets_local(name: str, description: str, end: float, fraction: float) -> Scenario:
+    """Three equal clusters at 50%; from 10 min until ``end`` cluster b also gets local
+    traffic worth ``fraction`` of its capacity, which no weight can move."""
+    a, b, c = three()
+    extra = fraction * b.replicas * capacity(b.replica)
     return Scenario(
-        "spike",
-        "b's local traffic takes it to 130% for 5 minutes (routed: 50% each)",
-        [
-            *clusters[:1],
-            replace(clusters[1], local=window(600, 900, 0.0, 0.8 * one)),
-            *clusters[2:],
-        ],
-        constant(rate_for(0.5, *clusters)),
+        name,
+        description,
+        [a, replace(b, local=window(600, end, 0.0, extra)), c],
+        constant(rate_for(0.5, a, b, c)),
         hot="b",
         hot_from=600,
     )
 
 
+def spike() -> Scenario:
+    return b_gets_local(
+        "spike", "b's local traffic takes it to 130% for 5 minutes (routed: 50% each)", 900, 0.8
+    )
+
+
 def hot_hard() -> Scenario:
-    clusters = three()
-    one = capacity() * 2
-    return Scenario(
+    return b_gets_local(
         "hot-hard",
         "b is offered 120% of its capacity from 10 min (70% local on its 50% share)",
-        [
-            *clusters[:1],
-            replace(clusters[1], local=window(600, 1800, 0.0, 0.7 * one)),
-            *clusters[2:],
-        ],
-        constant(rate_for(0.5, *clusters)),
-        hot="b",
-        hot_from=600,
+        1800,
+        0.7,
     )
 
 

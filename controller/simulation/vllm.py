@@ -31,8 +31,6 @@ from dataclasses import dataclass, field
 
 from controller.fakes.pages import CumulativeHistogram
 
-TTFT_BOUNDS = (0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
-
 
 @dataclass(frozen=True, slots=True)
 class ReplicaSpec:
@@ -73,9 +71,6 @@ class Replica:
     completed: int = 0
     first_tokens: list[float] = field(default_factory=list)  # every TTFT, for percentiles
     e2e: CumulativeHistogram = field(default_factory=CumulativeHistogram)
-    ttft: CumulativeHistogram = field(
-        default_factory=lambda: CumulativeHistogram(TTFT_BOUNDS, [0.0] * (len(TTFT_BOUNDS) + 1))
-    )
 
     def blocks_used(self) -> float:
         n = len(self.running)
@@ -89,9 +84,9 @@ class Replica:
     def offer(self, request: Request) -> None:
         self.waiting.append(request)
 
-    def step(self, now: float, dt: float, done: list[tuple[Request, float, float | None]]) -> None:
-        """Advance ``dt`` seconds from ``now``. Appends (request, e2e, ttft) for each finished
-        request; ttft is ``None`` when it was already recorded before a preemption."""
+    def step(self, now: float, dt: float, done: list[tuple[Request, float]]) -> None:
+        """Advance ``dt`` seconds from ``now``. Appends (request, end-to-end seconds) for each
+        request that finished; TTFTs are kept in ``first_tokens`` as requests are admitted."""
         spec = self.spec
         self._admit(now)
         prefill = min(dt, self.backlog / spec.prefill_rate)
@@ -111,7 +106,7 @@ class Replica:
             self.completed += 1
             latency = end - request.arrival
             self.e2e.observe(latency)
-            done.append((request, latency, None))
+            done.append((request, latency))
         self._preempt()
 
     def _admit(self, now: float) -> None:
@@ -137,7 +132,6 @@ class Replica:
             if not head.first_token:
                 head.first_token = True
                 wait = now - head.arrival + self.backlog / spec.prefill_rate + spec.itl_base
-                self.ttft.observe(wait)
                 self.first_tokens.append(wait)
 
     def _preempt(self) -> None:

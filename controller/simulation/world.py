@@ -80,7 +80,6 @@ class Cluster:
     lost: int = 0
     received: int = 0  # routable requests that arrived here (the realised share)
     history: deque[tuple[float, list[tuple[float, int, int]]]] = field(default_factory=deque)
-    _local_next: float = 0.0
 
     @classmethod
     def build(cls, spec: ClusterSpec) -> Cluster:
