@@ -13,22 +13,24 @@ prometheus-client >= 0.23 rewrites ``vllm:`` names to ``vllm_`` for OpenMetrics 
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-__all__ = ["Extraction", "Extractor", "PageStream", "Sample", "parse_le"]
+__all__ = ["Extraction", "Extractor", "Labels", "PageStream", "Sample", "parse_le"]
 
 # Unrolled loops ("normal* (special normal*)*"): the regex engine eats runs of plain
 # characters in one step instead of trying an alternation per character.
 _QUOTED = r'"[^"\\\n]*(?:\\.[^"\\\n]*)*"'
 _BODY = r'[^"}\n]*(?:' + _QUOTED + r'[^"}\n]*)*'
-_TOKEN = r"[^ \t\r\n]+"
+# A value or timestamp; float() would also take "1_000", which the format does not.
+_NUMBER = r"[^ \t\r\n_]+"
 # After the name: [{labels}] value [timestamp] [# exemplar], to the end of the line.
 _REST = (
-    r"[ \t]*(?:\{(" + _BODY + r")\})?[ \t]+(" + _TOKEN + r")"
-    r"(?:[ \t]+(" + _TOKEN + r"))??(?:[ \t]+#[^\n]*)?[ \t]*\r?$"
+    r"[ \t]*(?:\{(" + _BODY + r")\})?[ \t]+(" + _NUMBER + r")"
+    r"(?:[ \t]+(" + _NUMBER + r"))??(?:[ \t]+#[^\n]*)?[ \t]*\r?$"
 )
 _PAIR = r'[ \t]*[a-zA-Z_][a-zA-Z0-9_]*[ \t]*=[ \t]*"(?:[^"\\]|\\.)*"[ \t]*'
 _BODY_OK_RE = re.compile(rf"(?:{_PAIR},)*(?:{_PAIR},?)?[ \t]*")
@@ -41,6 +43,31 @@ _UNESCAPE = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
 # use survive (a hit in the old generation moves back), and a page of a million distinct
 # series cannot evict the fleet's working set all at once.
 _CACHE_LIMIT = 16384
+
+
+class Labels(dict[str, str]):
+    """A parsed label set, one object per distinct label text and shared by every sample that
+    carries it (the extractor's cache hands out the same object). What histograms need from
+    it is worked out on first use and kept: ``series``, the labels without ``le`` in order,
+    and ``bound``, ``le`` as a number (``None`` when absent or not a number). Read them
+    through ``derived()``; until then the slots are empty, so a label set that is never a
+    histogram bucket costs only its dict."""
+
+    __slots__ = ("bound", "series")
+    series: tuple[tuple[str, str], ...]
+    bound: float | None
+
+    def derived(self) -> tuple[tuple[tuple[str, str], ...], float | None]:
+        try:
+            return self.series, self.bound
+        except AttributeError:
+            pass
+        self.series = tuple(sorted((k, v) for k, v in self.items() if k != "le"))
+        self.bound = None
+        if "le" in self:
+            with contextlib.suppress(ValueError):
+                self.bound = parse_le(self["le"])
+        return self.series, self.bound
 
 
 class Sample(NamedTuple):
@@ -56,19 +83,25 @@ class Sample(NamedTuple):
     timestamp: float | None = None
 
 
+_new_sample = tuple.__new__  # Sample's own __new__ is a Python function: twice the cost
+
+
 @dataclass(slots=True)
 class Extraction:
-    """The wanted samples of a page, and how many wanted-looking lines could not be read."""
+    """The wanted samples of a page by sample name, each in page order, and how many
+    wanted-looking lines could not be read."""
 
-    samples: list[Sample] = field(default_factory=list)
+    grouped: dict[str, list[Sample]] = field(default_factory=dict)
     invalid_lines: int = 0
     first_error: str | None = None
 
+    @property
+    def samples(self) -> list[Sample]:
+        """Every wanted sample: by name (in order of first appearance), then in page order."""
+        return [sample for group in self.grouped.values() for sample in group]
+
     def by_name(self) -> dict[str, list[Sample]]:
-        grouped: dict[str, list[Sample]] = {}
-        for sample in self.samples:
-            grouped.setdefault(sample.name, []).append(sample)
-        return grouped
+        return self.grouped
 
 
 def _spellings(name: str) -> list[str]:
@@ -94,12 +127,16 @@ class Extractor:
                 for spelled in _spellings(family):
                     canonical[spelled + suffix] = family + suffix
         self._canonical = canonical
-        # No "^": a pattern that starts with literals lets the regex engine skip ahead fast;
-        # that a hit starts a line is checked afterwards.
-        self._scan_re = re.compile(rf"{_trie_pattern(canonical)}(?=[{{ \t])")
-        self._rest_re = re.compile(_REST, re.MULTILINE)
-        self._labels: dict[str, dict[str, str]] = {}
-        self._old_labels: dict[str, dict[str, str]] = {}
+        # One pattern finds every wanted line and splits it in the same pass: it is anchored at
+        # a newline (the regex engine skips to the next one in C), so each line is tried once
+        # and a hostile line that repeats a wanted name costs its length, not its length
+        # squared. A wanted name followed by anything that is not a sample ends in the last
+        # group, the whole bad line, so it is counted instead of skipped in silence.
+        self._line_re = re.compile(
+            rf"\n[ \t]*({_trie_pattern(canonical)})(?=[{{ \t])(?:{_REST}|([^\n]*))", re.MULTILINE
+        )
+        self._labels: dict[str, Labels] = {"": Labels()}
+        self._old_labels: dict[str, Labels] = {}
 
     @property
     def sample_names(self) -> frozenset[str]:
@@ -112,45 +149,44 @@ class Extractor:
         return result
 
     def extract_into(self, text: str, result: Extraction) -> None:
-        """The wanted samples of ``text`` (whole lines) appended to ``result``."""
-        canonical, labels_of, rest_re = self._canonical, self._labels_of, self._rest_re
-        # Where the last hit was: a later hit with no newline since is on the same line, and a
-        # line holds at most one sample, at its start. So each stretch of text is looked at
-        # a bounded number of times, and a hostile line that repeats a wanted name a million
-        # times costs what its length costs, not its length squared.
-        last = -1
-        for hit in self._scan_re.finditer(text):
-            start = hit.start()
-            if start and text[start - 1] != "\n":
-                newline = text.rfind("\n", last + 1, start)
-                if newline < 0 and last >= 0:
-                    last = start
-                    continue  # on the line of the previous hit: inside it, not a sample
-                line_start = newline + 1 if newline >= 0 else text.rfind("\n", 0, start) + 1
-                last = start
-                if text[line_start:start].strip(" \t"):
-                    continue  # the name inside a comment or a label value
-            last = start
-            rest = rest_re.match(text, hit.end())
+        """The wanted samples of ``text`` (whole lines, from the start of one) appended to
+        ``result``."""
+        canonical, cache, labels_of = self._canonical, self._labels, self._labels_of
+        grouped = result.grouped
+        for name, body, value, stamp, bad in self._line_re.findall("\n" + text):
+            if bad or not value:
+                self._invalid(result, name, bad, "not 'name{labels} value [timestamp]'")
+                continue
+            labels = cache.get(body)
             try:
-                if rest is None:
-                    raise ValueError("not 'name{labels} value [timestamp]'")
-                body, value, timestamp = rest.groups()
-                sample = Sample(
-                    canonical[hit.group()],
-                    labels_of(body) if body else {},
-                    _parse_number(value),
-                    _parse_number(timestamp) / 1000 if timestamp is not None else None,
+                if labels is None:
+                    labels = labels_of(body)
+                sample: Sample = _new_sample(
+                    Sample,
+                    (
+                        canonical[name],
+                        labels,
+                        float(value),
+                        float(stamp) / 1000 if stamp else None,
+                    ),
                 )
             except ValueError as exc:
-                result.invalid_lines += 1
-                if result.first_error is None:
-                    end = text.find("\n", start)
-                    result.first_error = f"{exc}: {text[start : end if end >= 0 else None][:120]!r}"
+                line = f"{name}{{{body}}} {value} {stamp}".rstrip()
+                self._invalid(result, line, "", str(exc))
                 continue
-            result.samples.append(sample)
+            group = grouped.get(sample.name)
+            if group is None:
+                grouped[sample.name] = [sample]
+            else:
+                group.append(sample)
 
-    def _labels_of(self, body: str) -> dict[str, str]:
+    @staticmethod
+    def _invalid(result: Extraction, name: str, rest: str, why: str) -> None:
+        result.invalid_lines += 1
+        if result.first_error is None:
+            result.first_error = f"{why}: {(name + rest)[:120]!r}"
+
+    def _labels_of(self, body: str) -> Labels:
         labels = self._labels.get(body)
         if labels is not None:
             return labels
@@ -255,7 +291,23 @@ def _trie_pattern(words: Iterable[str]) -> str:
     return build(trie)
 
 
-def _parse_labels(body: str) -> dict[str, str]:
+# The label text nearly every exporter writes: name="value" pairs, no spaces, no escapes, at
+# most one trailing comma. No value then holds a quote, so splitting at quotes alternates
+# names and values: several times faster than the general pattern (this is the cost of a
+# label set seen for the first time).
+_SIMPLE_BODY_RE = re.compile(
+    r'(?:[a-zA-Z_][a-zA-Z0-9_]*="[^"\\\n]*",)*[a-zA-Z_][a-zA-Z0-9_]*="[^"\\\n]*",?'
+)
+
+
+def _parse_labels(body: str) -> Labels:
+    if _SIMPLE_BODY_RE.fullmatch(body) is not None:
+        parts = body.split('"')  # name=, value, ,name=, value, … [,]
+        values = parts[1::2]
+        simple = dict(zip([name.strip(",=") for name in parts[0:-1:2]], values, strict=True))
+        if len(simple) == len(values):
+            return Labels(simple)
+        # a name given twice: the general path below says which
     if _BODY_OK_RE.fullmatch(body) is None:
         raise ValueError("malformed label set")
     labels: dict[str, str] = {}
@@ -263,17 +315,11 @@ def _parse_labels(body: str) -> dict[str, str]:
         if name in labels:
             raise ValueError(f"duplicate label {name!r}")
         labels[name] = _ESCAPE_RE.sub(_unescape, value) if "\\" in value else value
-    return labels
+    return Labels(labels)
 
 
 def _unescape(match: re.Match[str]) -> str:
     return _UNESCAPE[match.group(0)]
-
-
-def _parse_number(text: str) -> float:
-    if "_" in text:  # float() accepts 1_000; the exposition format does not
-        raise ValueError(f"invalid number {text!r}")
-    return float(text)
 
 
 def parse_le(text: str) -> float:

@@ -8,25 +8,67 @@ totals, which would let a pod that was slow an hour ago look slow forever.
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from itertools import pairwise
+from operator import add, sub
 
-from controller.exposition import Sample, parse_le
+from controller.exposition import Labels, Sample, parse_le
 
 SeriesKey = tuple[tuple[str, str], ...]
+Bounds = tuple[float, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class Histogram:
-    """Cumulative bucket counts sorted by upper bound; the last bound is +Inf when complete."""
+    """Cumulative bucket counts by ascending upper bound; the last bound is +Inf when complete.
 
-    buckets: tuple[tuple[float, float], ...]
+    Compact because a baseline is kept per series of every page between scrapes (2,000 pods
+    × 9 series): counts are a C array of doubles, and equal bound tuples are one shared
+    object, so a 22-bucket series costs about 300 bytes instead of 2 KB of float pairs.
+    """
+
+    bounds: Bounds
+    counts: array[float]
     count: float
     sum: float
 
+    @property
+    def buckets(self) -> list[tuple[float, float]]:
+        return list(zip(self.bounds, self.counts, strict=True))
+
+
+# Distinct bound sets are few (one per histogram definition); the cap keeps a hostile page
+# that invents new ones on every scrape from growing this without end.
+_SHARED_BOUNDS: dict[Bounds, Bounds] = {}
+_SHARED_LIMIT = 1024
+
+
+def _shared(bounds: Bounds) -> Bounds:
+    found = _SHARED_BOUNDS.get(bounds)
+    if found is not None:
+        return found
+    if len(_SHARED_BOUNDS) < _SHARED_LIMIT:
+        _SHARED_BOUNDS[bounds] = bounds
+    return bounds
+
 
 def series_key(labels: Mapping[str, str]) -> SeriesKey:
+    """The labels without ``le``, sorted: one histogram series (worked out once per label
+    set when the labels came from the extractor)."""
+    if isinstance(labels, Labels):
+        return labels.derived()[0]
     return tuple(sorted((k, v) for k, v in labels.items() if k != "le"))
+
+
+def _bound(labels: Mapping[str, str]) -> float | None:
+    if isinstance(labels, Labels):
+        return labels.derived()[1]
+    try:
+        return parse_le(labels["le"]) if "le" in labels else None
+    except ValueError:
+        return None
 
 
 def collect(
@@ -41,31 +83,45 @@ def collect(
     """
     buckets: dict[SeriesKey, dict[float, float]] = {}
     for sample in by_name.get(family + "_bucket", ()):
-        if not _matches(sample.labels, keep) or "le" not in sample.labels:
+        labels = sample.labels
+        if keep is not None and not _matches(labels, keep):
             continue
-        try:
-            bound = parse_le(sample.labels["le"])
-        except ValueError:
+        if type(labels) is Labels:
+            try:
+                key, bound = labels.series, labels.bound  # the common case: already worked out
+            except AttributeError:
+                key, bound = labels.derived()
+        else:
+            key, bound = series_key(labels), _bound(labels)
+        if bound is None:
             continue
-        per_series = buckets.setdefault(series_key(sample.labels), {})
-        per_series[bound] = per_series.get(bound, 0.0) + sample.value
+        per_series = buckets.get(key)
+        if per_series is None:
+            buckets[key] = {bound: sample.value}
+        else:
+            per_series[bound] = per_series.get(bound, 0.0) + sample.value
     counts = _by_series(by_name.get(family + "_count", ()), keep)
     sums = _by_series(by_name.get(family + "_sum", ()), keep)
     result: dict[SeriesKey, Histogram] = {}
     for key, per_series in buckets.items():
         if key not in counts:
             continue
-        ordered = tuple(sorted(per_series.items()))
-        result[key] = Histogram(ordered, counts[key], sums.get(key, math.nan))
+        bounds = tuple(per_series)
+        if any(a >= b for a, b in pairwise(bounds)):  # pages list them ascending
+            bounds = tuple(sorted(bounds))
+        values = array("d", [per_series[b] for b in bounds])
+        result[key] = Histogram(_shared(bounds), values, counts[key], sums.get(key, math.nan))
     return result
 
 
-def _matches(labels: Mapping[str, str], keep: Mapping[str, str] | None) -> bool:
-    return keep is None or all(labels.get(k) == v for k, v in keep.items())
+def _matches(labels: Mapping[str, str], keep: Mapping[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in keep.items())
 
 
 def _by_series(samples: Iterable[Sample], keep: Mapping[str, str] | None) -> dict[SeriesKey, float]:
-    return {series_key(s.labels): s.value for s in samples if _matches(s.labels, keep)}
+    return {
+        series_key(s.labels): s.value for s in samples if keep is None or _matches(s.labels, keep)
+    }
 
 
 def increase(previous: Histogram, current: Histogram) -> Histogram:
@@ -74,16 +130,22 @@ def increase(previous: Histogram, current: Histogram) -> Histogram:
     Any bucket or the count going down means the process restarted (as PromQL's ``rate``
     assumes), so everything counted since then — ``current`` itself — is the increase.
     """
-    before = dict(previous.buckets)
-    reset = current.count < previous.count or any(
-        count < before.get(bound, 0.0) for bound, count in current.buckets
-    )
-    if reset:
+    if current.count < previous.count:
         return current
+    if current.bounds is previous.bounds or current.bounds == previous.bounds:
+        before = previous.counts
+        if any(now < then for now, then in zip(current.counts, before, strict=True)):
+            return current
+        counts = array("d", map(sub, current.counts, before))
+    else:
+        old = dict(zip(previous.bounds, previous.counts, strict=True))
+        if any(c < old.get(b, 0.0) for b, c in zip(current.bounds, current.counts, strict=True)):
+            return current
+        counts = array(
+            "d", [c - old.get(b, 0.0) for b, c in zip(current.bounds, current.counts, strict=True)]
+        )
     return Histogram(
-        buckets=tuple((b, c - before.get(b, 0.0)) for b, c in current.buckets),
-        count=current.count - previous.count,
-        sum=current.sum - previous.sum,
+        current.bounds, counts, current.count - previous.count, current.sum - previous.sum
     )
 
 
@@ -92,14 +154,24 @@ def merge(histograms: Iterable[Histogram]) -> Histogram | None:
     items = list(histograms)
     if not items:
         return None
-    common = set.intersection(*(set(dict(h.buckets)) for h in items))
-    totals = dict.fromkeys(common, 0.0)
-    for histogram in items:
-        for bound, count in histogram.buckets:
-            if bound in totals:
-                totals[bound] += count
+    first = items[0]
+    if all(h.bounds is first.bounds or h.bounds == first.bounds for h in items):
+        bounds = first.bounds
+        totals = list(first.counts)
+        for histogram in items[1:]:
+            totals = list(map(add, totals, histogram.counts))
+    else:
+        common = set.intersection(*(set(h.bounds) for h in items))
+        sums = dict.fromkeys(common, 0.0)
+        for histogram in items:
+            for bound, count in zip(histogram.bounds, histogram.counts, strict=True):
+                if bound in sums:
+                    sums[bound] += count
+        bounds = tuple(sorted(sums))
+        totals = [sums[b] for b in bounds]
     return Histogram(
-        buckets=tuple(sorted(totals.items())),
+        bounds=bounds,
+        counts=array("d", totals),
         count=sum(h.count for h in items),
         sum=sum(h.sum for h in items),
     )
@@ -128,7 +200,7 @@ def quantile(q: float, histogram: Histogram) -> float | None:
     return lower + (upper - lower) * (rank - below) / in_bucket
 
 
-def _monotonic(buckets: tuple[tuple[float, float], ...]) -> list[tuple[float, float]]:
+def _monotonic(buckets: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
     """Scrapes are not atomic: a later bucket may read lower; clamp as PromQL does."""
     fixed: list[tuple[float, float]] = []
     highest = 0.0

@@ -23,13 +23,17 @@ def _row(name: str, labels: dict[str, str], value: float, timestamp: float | Non
 
 
 def reference(text: str, wanted: Iterable[str]) -> list[Row]:
+    """The wanted samples as prometheus_client reads them, in the order an Extraction gives
+    them: by sample name in order of first appearance, each name's samples in page order."""
     names = set(wanted)
-    return [
+    rows = [
         _row(s.name, s.labels, s.value, None if s.timestamp is None else float(s.timestamp))
         for family in text_string_to_metric_families(text)
         for s in family.samples
         if s.name in names
     ]
+    first = {row[0]: index for index, row in reversed(list(enumerate(rows)))}
+    return sorted(rows, key=lambda row: first[row[0]])
 
 
 def ours(samples: list[Sample]) -> list[Row]:
