@@ -17,9 +17,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 
 import structlog
-from kubernetes_asyncio import client
 
 from controller.kube.errors import API_EXCEPTIONS, translate
+from controller.kube.sdk import client
 
 log = structlog.get_logger("controller.access")
 

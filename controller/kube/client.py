@@ -5,9 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from kubernetes_asyncio import client, config
-
 from controller.errors import ConfigError
+from controller.kube.sdk import client, config
 from controller.settings import KubernetesSettings
 
 SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")

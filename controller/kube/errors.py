@@ -16,7 +16,8 @@ from __future__ import annotations
 import json
 
 import aiohttp
-from kubernetes_asyncio.client.exceptions import ApiException
+
+from controller.kube.sdk import ApiException
 
 
 class APIError(Exception):

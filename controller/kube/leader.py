@@ -33,11 +33,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 import structlog
-from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import Gauge
 
 from controller.kube.errors import API_EXCEPTIONS, APIError, APINotFoundError, translate
+from controller.kube.sdk import ApiException, client
 from controller.logs import Conditions
 from controller.settings import LeaderSettings
 

@@ -28,7 +28,6 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import structlog
-from kubernetes_asyncio import client
 
 from controller import addresses
 from controller.exporter import ControllerMetrics
@@ -46,6 +45,7 @@ from controller.kube.errors import (
     translate,
 )
 from controller.kube.objects import ProviderMapping
+from controller.kube.sdk import client
 from controller.logs import Conditions
 from controller.model import Target, Write, WriteResult
 from controller.publish import Discovery
