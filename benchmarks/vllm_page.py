@@ -85,28 +85,31 @@ HISTOGRAMS = {
 }
 
 
-def _series() -> list[str]:
+def _series(engines: int, lora: tuple[str, ...]) -> list[str]:
     return [
         f'engine="{engine}",model_name="{model}"'
-        for engine in range(ENGINES)
-        for model in (*MODELS, *LORA)
+        for engine in range(engines)
+        for model in (*MODELS, *lora)
     ]
 
 
-def vllm_v1_page(seed: int = 0) -> str:
+def vllm_v1_page(seed: int = 0, engines: int = ENGINES, adapters: int = len(LORA)) -> str:
+    """The page of a server with ``engines`` data-parallel engines and ``adapters`` LoRA
+    adapters (the defaults give ~150 KiB; 6 engines and 9 adapters about 1 MiB)."""
     rng = random.Random(seed)
+    lora = LORA[:adapters] + tuple(f"lora-{i}" for i in range(len(LORA), adapters))
     out: list[str] = []
     for name, doc in GAUGES.items():
         out += [f"# HELP {name} {doc}", f"# TYPE {name} gauge"]
-        out += [f"{name}{{{labels}}} {rng.random():.4f}" for labels in _series()]
+        out += [f"{name}{{{labels}}} {rng.random():.4f}" for labels in _series(engines, lora)]
     for name, doc in COUNTERS.items():
         out += [f"# HELP {name}_total {doc}", f"# TYPE {name}_total counter"]
-        for labels in _series():
+        for labels in _series(engines, lora):
             out.append(f"{name}_total{{{labels}}} {rng.randint(0, 10**7)}.0")
             out.append(f"{name}_created{{{labels}}} {CREATED}")
     for name, (doc, bounds) in HISTOGRAMS.items():
         out += [f"# HELP {name} {doc}", f"# TYPE {name} histogram"]
-        for labels in _series():
+        for labels in _series(engines, lora):
             count = 0
             for bound in bounds:
                 count += rng.randint(0, 50)
@@ -115,7 +118,7 @@ def vllm_v1_page(seed: int = 0) -> str:
             out.append(f"{name}_count{{{labels}}} {count}.0")
             out.append(f"{name}_sum{{{labels}}} {count * rng.uniform(0.5, 3):.3f}")
             out.append(f"{name}_created{{{labels}}} {CREATED}")
-    running = ",".join(LORA)
+    running = ",".join(lora)
     out += [
         "# HELP vllm:lora_requests_info Running stats on lora requests.",
         "# TYPE vllm:lora_requests_info gauge",
