@@ -1,11 +1,12 @@
 """The daemon itself at fleet scale: CPU share of a core, peak RSS, tick durations, failures.
 
-    python benchmarks/bench_daemon.py [--endpoints 200 2000] [--seconds 60]
+    python benchmarks/bench_daemon.py [--endpoints 200 2000 10000] [--seconds 60] [--concurrency N]
 
 Separate processes serve the ~150 KiB vLLM V1 page on loopback (their CPU is not counted);
 ``weight-controller run`` scrapes ``endpoints`` URLs (clusters of 10 pods) every 10 s for
 ``--seconds``. Its CPU comes from /proc/<pid>/stat, its peak RSS from VmHWM, tick durations
-and failures from its own /metrics and /debug/state.
+from its own reconcile histogram on /metrics, and failing pages (first tick and last) from
+/debug/state.
 """
 
 from __future__ import annotations
@@ -50,7 +51,22 @@ async def state(port: int) -> dict[str, object]:
         return found
 
 
-async def run_one(endpoints: int, seconds: float, ports: list[int]) -> dict[str, float]:
+async def tick_seconds(port: int) -> tuple[float, float]:
+    """Ticks so far and their total seconds, from the daemon's own reconcile histogram."""
+    url = f"http://127.0.0.1:{port}/metrics"
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        text = await response.text()
+    found = {"_count": 0.0, "_sum": 0.0}
+    for line in text.splitlines():
+        for suffix in found:
+            if line.startswith(f"weight_controller_reconcile_duration_seconds{suffix} "):
+                found[suffix] = float(line.split()[-1])
+    return found["_count"], found["_sum"]
+
+
+async def run_one(
+    endpoints: int, seconds: float, ports: list[int], concurrency: int | None
+) -> dict[str, float]:
     clusters = []
     for c in range(endpoints // 10):
         port = ports[c % len(ports)]
@@ -66,6 +82,7 @@ async def run_one(endpoints: int, seconds: float, ports: list[int]) -> dict[str,
                     "clusters": clusters,
                     "server": {"bind": f"127.0.0.1:{metrics_port}"},
                     "log": {"format": "json", "level": "warning"},
+                    **({"scrape": {"max_concurrency": concurrency}} if concurrency else {}),
                 }
             )
         )
@@ -83,7 +100,7 @@ async def run_one(endpoints: int, seconds: float, ports: list[int]) -> dict[str,
         try:
             first = None
             began = time.monotonic()
-            while first is None and time.monotonic() - began < 60:
+            while first is None and time.monotonic() - began < 120:
                 await asyncio.sleep(0.5)
                 try:
                     snapshot = await state(metrics_port)
@@ -95,46 +112,60 @@ async def run_one(endpoints: int, seconds: float, ports: list[int]) -> dict[str,
             clusters_state = first["clusters"]
             assert isinstance(clusters_state, dict)
             failures = sum(len(c["errors"]) for c in clusters_state.values())
+            ticks0, took0 = await tick_seconds(metrics_port)
             cpu0, wall0 = cpu_seconds(child.pid), time.monotonic()
             await asyncio.sleep(seconds)
             cpu = cpu_seconds(child.pid) - cpu0
             wall = time.monotonic() - wall0
             rss = peak_rss_mb(child.pid)
+            ticks1, took1 = await tick_seconds(metrics_port)
             last = await state(metrics_port)
+            last_clusters = last["clusters"]
+            assert isinstance(last_clusters, dict)
+            failing = sum(len(c["errors"]) for c in last_clusters.values())
         finally:
             child.terminate()
             await asyncio.wait_for(child.wait(), 20)
-    ticks = last["ticks"]
+    ticks = ticks1 - ticks0
     return {
         "endpoints": endpoints,
         "cpu_percent": 100 * cpu / wall,
         "peak_rss_mb": rss,
         "first_tick_failures": failures,
-        "ticks": float(ticks) if isinstance(ticks, int) else 0.0,
+        "last_tick_failures": failing,
+        "ticks": ticks,
+        "tick_seconds": (took1 - took0) / ticks if ticks else float("nan"),
     }
 
 
-async def measure(sizes: list[int], seconds: float, ports: list[int]) -> None:
+async def measure(
+    sizes: list[int], seconds: float, ports: list[int], concurrency: int | None
+) -> None:
     await asyncio.sleep(2)  # the page servers start
-    rows = [await run_one(n, seconds, ports) for n in sizes]
-    print(f"the daemon, 10 s interval, {seconds:g} s measured after the first tick")
+    rows = [await run_one(n, seconds, ports, concurrency) for n in sizes]
+    limit = concurrency or "default"
+    print(f"the daemon, 10 s interval, {seconds:g} s measured after the first tick,")
+    print(f"scrape.max_concurrency {limit}")
     print(
-        f"{'endpoints':>10} {'CPU % of a core':>16} {'peak RSS MB':>12} {'1st-tick failures':>18}"
+        f"{'endpoints':>10} {'CPU % of a core':>16} {'peak RSS MB':>12} {'ticks':>6}"
+        f" {'mean tick s':>12} {'1st-tick failures':>18} {'last-tick failures':>19}"
     )
     for r in rows:
         print(
             f"{r['endpoints']:>10.0f} {r['cpu_percent']:>16.1f} {r['peak_rss_mb']:>12.0f}"
-            f" {r['first_tick_failures']:>18.0f}"
+            f" {r['ticks']:>6.0f} {r['tick_seconds']:>12.2f} {r['first_tick_failures']:>18.0f}"
+            f" {r['last_tick_failures']:>19.0f}"
         )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--endpoints", type=int, nargs="+", default=[200, 2000])
+    parser.add_argument("--endpoints", type=int, nargs="+", default=[200, 2000, 10000])
     parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--concurrency", type=int, help="scrape.max_concurrency (default: ours)")
     args = parser.parse_args()
     with page_servers(SERVERS) as ports:
-        asyncio.run(measure(args.endpoints, args.seconds, ports))
+        asyncio.run(measure(args.endpoints, args.seconds, ports, args.concurrency))
     return 0
 
 

@@ -17,6 +17,7 @@ import contextlib
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, NamedTuple
 
 __all__ = ["Extraction", "Extractor", "Labels", "PageStream", "Sample", "parse_le"]
@@ -303,10 +304,9 @@ _SIMPLE_BODY_RE = re.compile(
 def _parse_labels(body: str) -> Labels:
     if _SIMPLE_BODY_RE.fullmatch(body) is not None:
         parts = body.split('"')  # name=, value, ,name=, value, … [,]
-        values = parts[1::2]
-        simple = dict(zip([name.strip(",=") for name in parts[0:-1:2]], values, strict=True))
-        if len(simple) == len(values):
-            return Labels(simple)
+        simple = Labels(zip(map(str.strip, parts[0:-1:2], repeat(",=")), parts[1::2], strict=True))
+        if len(simple) == len(parts) // 2:
+            return simple
         # a name given twice: the general path below says which
     if _BODY_OK_RE.fullmatch(body) is None:
         raise ValueError("malformed label set")

@@ -185,12 +185,14 @@ class ScrapeSettings(_Group):
         "a busy vLLM page).",
     )
     max_concurrency: int = Field(
-        default=64,
+        default=32,
         ge=1,
         le=10000,
         description="Requests in flight at once, over all clusters. A request's timeout starts "
         "when it gets its turn, so a large fleet queues instead of timing itself out; one "
-        "connection per slot is kept alive.",
+        "connection per slot is kept alive. Each slot holds up to ~128 KiB of body in flight; "
+        "32 slots read 2,000 pods in ~3 s even at 50 ms per page, and past that the CPU, not "
+        "the slots, sets the pace.",
     )
     min_pod_fraction: float = Field(
         default=0.5,
