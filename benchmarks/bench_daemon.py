@@ -19,7 +19,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -66,7 +68,7 @@ async def tick_seconds(port: int) -> tuple[float, float]:
 
 async def run_one(
     endpoints: int, seconds: float, ports: list[int], concurrency: int | None
-) -> dict[str, float]:
+) -> dict[str, Any]:
     clusters = []
     for c in range(endpoints // 10):
         port = ports[c % len(ports)]
@@ -123,6 +125,7 @@ async def run_one(
             last_clusters = last["clusters"]
             assert isinstance(last_clusters, dict)
             failing = sum(len(c["errors"]) for c in last_clusters.values())
+            reasons = Counter(e["reason"] for c in last_clusters.values() for e in c["errors"])
         finally:
             child.terminate()
             await asyncio.wait_for(child.wait(), 20)
@@ -135,6 +138,7 @@ async def run_one(
         "last_tick_failures": failing,
         "ticks": ticks,
         "tick_seconds": (took1 - took0) / ticks if ticks else float("nan"),
+        "reasons": dict(reasons),
     }
 
 
@@ -156,6 +160,12 @@ async def measure(
             f" {r['ticks']:>6.0f} {r['tick_seconds']:>12.2f} {r['first_tick_failures']:>18.0f}"
             f" {r['last_tick_failures']:>19.0f}"
         )
+    for r in rows:
+        if r["reasons"]:
+            print(
+                f"{r['endpoints']:.0f} endpoints, the last tick's failing pages by reason:",
+                r["reasons"],
+            )
 
 
 def main() -> int:
