@@ -162,6 +162,7 @@ class Extractor:
             try:
                 if labels is None:
                     labels = labels_of(body)
+                    cache = self._labels  # a miss may have started a new generation
                 sample: Sample = _new_sample(
                     Sample,
                     (

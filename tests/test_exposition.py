@@ -280,3 +280,17 @@ def test_the_label_cache_keeps_what_is_in_use_when_a_flood_of_new_series_fills_i
     extractor.extract(flood)  # fills the young generation: the working set moves to the old
     again = extractor.extract(working).samples[0].labels
     assert again is first  # reused from the cache, not parsed again
+
+
+def test_label_sets_seen_again_after_a_new_generation_starts_on_the_same_page_move_back() -> None:
+    from controller import exposition
+
+    extractor = exposition.Extractor(gauges=["g"])
+    working = "".join(f'g{{pod="p{i}"}} 1\n' for i in range(100))
+    first = extractor.extract(working).samples[0].labels
+    # one page: new series start a new generation part way, then the working set comes again
+    flood = "".join(f'g{{x="a{i}"}} 1\n' for i in range(exposition._CACHE_LIMIT - 50))
+    extractor.extract(flood + working)
+    # a second flood starts another generation: what the last page used must survive it
+    extractor.extract("".join(f'g{{x="b{i}"}} 1\n' for i in range(exposition._CACHE_LIMIT)))
+    assert extractor.extract(working).samples[0].labels is first
