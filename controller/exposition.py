@@ -324,5 +324,9 @@ def _unescape(match: re.Match[str]) -> str:
 
 
 def parse_le(text: str) -> float:
-    """A histogram bound as a number, so ``"1"`` and ``"1.0"`` name the same bucket."""
-    return float(text)
+    """A histogram bound as a number, so ``"1"`` and ``"1.0"`` name the same bucket. ``NaN``
+    bounds nothing (and is never equal to itself): a ValueError, like any other non-number."""
+    bound = float(text)
+    if bound != bound:
+        raise ValueError(f"le={text!r} is not a bound")
+    return bound

@@ -101,3 +101,12 @@ def test_plain_label_dicts_are_read_the_same_as_extracted_ones() -> None:
     (only,) = histograms.collect(samples, E2E).values()
     assert only.buckets == [(1.0, 3.0), (math.inf, 4.0)]
     assert math.isnan(only.sum)
+
+
+def test_a_nan_bound_is_left_out_like_any_other_malformed_le() -> None:
+    text = (
+        f'{E2E}_bucket{{le="1"}} 2\n{E2E}_bucket{{le="NaN"}} 3\n{E2E}_bucket{{le="+Inf"}} 4\n'
+        f"{E2E}_count 4\n{E2E}_sum 2.5\n"
+    )
+    (only,) = collect(text).values()
+    assert only.buckets == [(1.0, 2.0), (math.inf, 4.0)]
