@@ -93,6 +93,7 @@ class Controller:
         self.publisher: Publisher = publisher or DryRunPublisher()
         self.snapshot = Snapshot(dry_run=dry_run)
         self.registry, self.metrics = make_registry(self.snapshot)
+        self.metrics.interval.set(settings.interval)
         self._clock = clock
         self._serve = serve
         self._session: aiohttp.ClientSession | None = None

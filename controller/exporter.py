@@ -112,6 +112,11 @@ class ControllerMetrics:
             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
             registry=registry,
         )
+        self.interval = Gauge(
+            f"{PREFIX}_interval_seconds",
+            "The configured reconcile interval: what a tick's duration is measured against.",
+            registry=registry,
+        )
         self.last_reconcile = Gauge(
             f"{PREFIX}_last_reconcile_timestamp_seconds",
             "Unix time the last reconcile tick finished.",

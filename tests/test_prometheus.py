@@ -257,6 +257,17 @@ async def test_every_alert_expression_evaluates(stack: Stack, rule: dict[str, An
     assert answer["status"] == "success", answer
 
 
+async def test_the_tick_saturation_alert_reads_what_the_controller_exports(stack: Stack) -> None:
+    """Both sides of WeightControllerTickSaturated exist, from the running controller: its
+    configured interval, and a mean tick that is well under it on this small fleet."""
+    (interval,) = await stack.prometheus.wait_for("weight_controller_interval_seconds")
+    assert float(interval["value"][1]) == stack.settings.interval
+    mean = "max by (instance) (rate(weight_controller_reconcile_duration_seconds_sum[5s]) / "
+    mean += "rate(weight_controller_reconcile_duration_seconds_count[5s]))"
+    (tick,) = await stack.prometheus.wait_for(mean, seconds=30)
+    assert 0 < float(tick["value"][1]) < 0.8 * stack.settings.interval
+
+
 async def test_prometheus_loaded_every_rule_healthy(stack: Stack) -> None:
     answer = await stack.prometheus.get("/api/v1/rules")
     rules = [r for g in answer["data"]["groups"] for r in g["rules"]]
