@@ -1,7 +1,7 @@
 """kubernetes-asyncio, loaded by the piece: import it from here, never directly.
 
 The generated client's package ``__init__`` files import every API group and every model,
-about 1,500 modules and 40 MB of resident memory, as soon as anything under
+about 1,500 modules and 35 MB of resident memory, as soon as anything under
 ``kubernetes_asyncio`` is imported (the maintainers' own account of the cost:
 tomplus/kubernetes_asyncio#293). The controller calls four API groups and reads a handful of
 models. Before the package is first imported, this module puts light stand-ins for those four
