@@ -156,7 +156,7 @@ class Extractor:
         grouped = result.grouped
         for name, body, value, stamp, bad in self._line_re.findall("\n" + text):
             if bad or not value:
-                self._invalid(result, name, bad, "not 'name{labels} value [timestamp]'")
+                self._invalid(result, name + bad, "not 'name{labels} value [timestamp]'")
                 continue
             labels = cache.get(body)
             try:
@@ -173,8 +173,8 @@ class Extractor:
                     ),
                 )
             except ValueError as exc:
-                line = f"{name}{{{body}}} {value} {stamp}".rstrip()
-                self._invalid(result, line, "", str(exc))
+                labelled = f"{name}{{{body}}}" if body else name
+                self._invalid(result, f"{labelled} {value} {stamp}".rstrip(), str(exc))
                 continue
             group = grouped.get(sample.name)
             if group is None:
@@ -183,10 +183,10 @@ class Extractor:
                 group.append(sample)
 
     @staticmethod
-    def _invalid(result: Extraction, name: str, rest: str, why: str) -> None:
+    def _invalid(result: Extraction, line: str, why: str) -> None:
         result.invalid_lines += 1
         if result.first_error is None:
-            result.first_error = f"{why}: {(name + rest)[:120]!r}"
+            result.first_error = f"{why}: {line[:120]!r}"
 
     def _labels_of(self, body: str) -> Labels:
         labels = self._labels.get(body)

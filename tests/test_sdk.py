@@ -11,8 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CONTROLLER
-
 
 def run(code: str) -> dict[str, object]:
     """``code`` in a fresh interpreter (imports are process-wide); it prints one JSON line."""
@@ -95,11 +93,6 @@ def test_a_package_imported_first_is_left_whole() -> None:
         """
     )
     assert found == {"installed": False, "whole": True}
-
-
-def test_the_entry_point_still_starts_with_the_lean_client() -> None:
-    done = subprocess.run([*CONTROLLER, "--version"], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0 and done.stdout.strip()
 
 
 def test_only_the_sdk_module_imports_kubernetes_asyncio() -> None:
