@@ -26,15 +26,11 @@ from controller.exposition import Extractor, Labels
 from controller.sources.scrape import VLLM_E2E, VLLM_EXTRACTOR, VLLM_GAUGES
 
 
-def best_ms(work: Callable[[], object], repeat: int, number: int) -> tuple[float, float]:
-    """Best and median milliseconds per call over ``repeat`` rounds of ``number`` calls."""
-    rounds = []
-    for _ in range(repeat):
-        began = time.perf_counter()
-        for _ in range(number):
-            work()
-        rounds.append((time.perf_counter() - began) * 1000 / number)
-    return min(rounds), statistics.median(rounds)
+def per_call_ms(work: Callable[[], object], number: int) -> float:
+    began = time.perf_counter()
+    for _ in range(number):
+        work()
+    return (time.perf_counter() - began) * 1000 / number
 
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
@@ -66,25 +62,34 @@ def measure(page: str, repeat: int) -> dict[str, float]:
     )
     assert ours == reference, "extractor and reference disagree"
     scale = max(1, 150_000 // len(page))  # about the same work per timed round on every page
-    ref, _ = best_ms(lambda: list(text_string_to_metric_families(page)), repeat, scale)
-    floor, _ = best_ms(page.splitlines, repeat, 20 * scale)
-    warm, _ = best_ms(lambda: VLLM_EXTRACTOR.extract(page), repeat, 20 * scale)
     # Cold: no label set seen before (the first scrape after a start). The patterns are
     # compiled once per process, at import, so only the label cache is emptied each time.
     fresh = Extractor(VLLM_GAUGES, [VLLM_E2E])
 
     def cold_extract() -> None:
-        fresh._labels, fresh._old_labels = {"": Labels()}, {}
+        fresh._labels, fresh._old_labels, fresh._bounds = {"": Labels()}, {}, {}
         fresh.extract(page)
 
-    cold, _ = best_ms(cold_extract, repeat, 5 * scale)
+    work: dict[str, tuple[Callable[[], object], int]] = {
+        "ref": (lambda: list(text_string_to_metric_families(page)), scale),
+        "floor": (page.splitlines, 20 * scale),
+        "warm": (lambda: VLLM_EXTRACTOR.extract(page), 20 * scale),
+        "cold": (cold_extract, 5 * scale),
+    }
+    # Interleaved: every round times each side once, so a ratio compares times taken in the
+    # same moment (this machine's speed drifts by up to 2x within a minute). Times are the
+    # best round's; ratios the median of the rounds'.
+    rounds = [{key: per_call_ms(f, n) for key, (f, n) in work.items()} for _ in range(repeat)]
+    best = {key: min(r[key] for r in rounds) for key in work}
+    ratio = {key: statistics.median(r["ref"] / r[key] for r in rounds) for key in ("warm", "cold")}
+    ratio["floor"] = statistics.median(r["warm"] / r["floor"] for r in rounds)
     return {
         "kib": len(page) / 1024,
         "wanted": len(ours),
-        "ref": ref,
-        "floor": floor,
-        "warm": warm,
-        "cold": cold,
+        **best,
+        "warm x": ratio["warm"],
+        "cold x": ratio["cold"],
+        "warm/floor": ratio["floor"],
     }
 
 
@@ -93,7 +98,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=7)
     args = parser.parse_args()
     rows = [(name, measure(page, args.repeat)) for name, page in pages()]
-    print("extraction, best of rounds, ms per page (one core)")
+    print("extraction, ms per page (best round) and ratios (median of interleaved rounds)")
     print(
         f"{'page':<30} {'KiB':>6} {'wanted':>6} {'prom_client':>11} {'splitlines':>10}"
         f" {'ours warm':>9} {'ours cold':>9} {'warm x':>7} {'cold x':>7} {'warm/floor':>10}"
@@ -101,8 +106,8 @@ def main() -> int:
     for name, r in rows:
         print(
             f"{name:<30} {r['kib']:>6.0f} {r['wanted']:>6.0f} {r['ref']:>11.3f} {r['floor']:>10.3f}"
-            f" {r['warm']:>9.3f} {r['cold']:>9.3f} {r['ref'] / r['warm']:>7.1f}"
-            f" {r['ref'] / r['cold']:>7.1f} {r['warm'] / r['floor']:>10.2f}"
+            f" {r['warm']:>9.3f} {r['cold']:>9.3f} {r['warm x']:>7.1f}"
+            f" {r['cold x']:>7.1f} {r['warm/floor']:>10.2f}"
         )
     return 0
 

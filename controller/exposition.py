@@ -33,6 +33,7 @@ _REST = (
     r"[ \t]*(?:\{(" + _BODY + r")\})?[ \t]+(" + _NUMBER + r")"
     r"(?:[ \t]+(" + _NUMBER + r"))??(?:[ \t]+#[^\n]*)?[ \t]*\r?$"
 )
+_REST_RE = re.compile(_REST)
 _PAIR = r'[ \t]*[a-zA-Z_][a-zA-Z0-9_]*[ \t]*=[ \t]*"(?:[^"\\]|\\.)*"[ \t]*'
 _BODY_OK_RE = re.compile(rf"(?:{_PAIR},)*(?:{_PAIR},?)?[ \t]*")
 _PAIR_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"')
@@ -128,16 +129,15 @@ class Extractor:
                 for spelled in _spellings(family):
                     canonical[spelled + suffix] = family + suffix
         self._canonical = canonical
-        # One pattern finds every wanted line and splits it in the same pass: it is anchored at
-        # a newline (the regex engine skips to the next one in C), so each line is tried once
-        # and a hostile line that repeats a wanted name costs its length, not its length
-        # squared. A wanted name followed by anything that is not a sample ends in the last
-        # group, the whole bad line, so it is counted instead of skipped in silence.
-        self._line_re = re.compile(
-            rf"\n[ \t]*({_trie_pattern(canonical)})(?=[{{ \t])(?:{_REST}|([^\n]*))", re.MULTILINE
-        )
+        # One pattern finds every wanted line: it is anchored at a newline (the regex engine
+        # skips to the next one in C), so each line is tried once and a hostile line that
+        # repeats a wanted name costs its length, not its length squared. What follows the
+        # name is taken whole and split in Python (see extract_into).
+        self._line_re = re.compile(rf"\n[ \t]*({_trie_pattern(canonical)})(?=[{{ \t])([^\n]*)")
+        # Keyed by the label text as the line writes it, braces included ("" for none).
         self._labels: dict[str, Labels] = {"": Labels()}
         self._old_labels: dict[str, Labels] = {}
+        self._bounds: dict[str, float | None] = {}
 
     @property
     def sample_names(self) -> frozenset[str]:
@@ -151,36 +151,66 @@ class Extractor:
 
     def extract_into(self, text: str, result: Extraction) -> None:
         """The wanted samples of ``text`` (whole lines, from the start of one) appended to
-        ``result``."""
+        ``result``.
+
+        Nearly every line is ``name{labels} value`` with a label text seen before: split at
+        its last space, the label text is a cache hit and the value a plain number, and the
+        line is read without a regular expression of its own. That is exact, not a guess: a
+        cached text parsed as a whole label set, so a line of that shape reads only one way.
+        Anything else (a timestamp, an exemplar, CRLF, odd spacing, a new label text, a bad
+        line) goes through the full grammar in ``_read``."""
         canonical, cache, labels_of = self._canonical, self._labels, self._labels_of
         grouped = result.grouped
-        for name, body, value, stamp, bad in self._line_re.findall("\n" + text):
-            if bad or not value:
-                self._invalid(result, name + bad, "not 'name{labels} value [timestamp]'")
-                continue
-            labels = cache.get(body)
-            try:
-                if labels is None:
-                    labels = labels_of(body)
-                    cache = self._labels  # a miss may have started a new generation
-                sample: Sample = _new_sample(
-                    Sample,
-                    (
-                        canonical[name],
-                        labels,
-                        float(value),
-                        float(stamp) / 1000 if stamp else None,
-                    ),
-                )
-            except ValueError as exc:
-                labelled = f"{name}{{{body}}}" if body else name
-                self._invalid(result, f"{labelled} {value} {stamp}".rstrip(), str(exc))
-                continue
+        for name, rest in self._line_re.findall("\n" + text):
+            # No space at all gives head "" and the whole rest as the value, which then starts
+            # with "{" or a tab (the pattern's lookahead) and is never a number.
+            head, _, value = rest.rpartition(" ")
+            labels = cache.get(head)
+            if labels is None and head[-1:] == "}" and head[:1] == "{":
+                try:  # a new label text: parsed here and remembered
+                    labels = labels_of(head)
+                except ValueError:  # not a label set; the line may still be one: _read decides
+                    labels = None
+                cache = self._labels  # a new label set may have started a new generation
+            sample: Sample | None = None
+            # printable and without '_': exactly the characters the grammar allows a value
+            if labels is not None and value.isprintable() and "_" not in value:
+                try:  # not contextlib.suppress: a context manager per line costs more than this
+                    sample = _new_sample(Sample, (canonical[name], labels, float(value), None))
+                except ValueError:  # "zero": _read says why
+                    sample = None
+            if sample is None:
+                sample = self._read(name, rest, result)
+                if sample is None:
+                    continue
+                cache = self._labels  # a miss may have started a new generation
             group = grouped.get(sample.name)
             if group is None:
                 grouped[sample.name] = [sample]
             else:
                 group.append(sample)
+
+    def _read(self, name: str, rest: str, result: Extraction) -> Sample | None:
+        """One wanted line by the full grammar; ``None`` (and counted) when it is not one."""
+        match = _REST_RE.fullmatch(rest)
+        if match is None:
+            self._invalid(result, name + rest, "not 'name{labels} value [timestamp]'")
+            return None
+        body, value, stamp = match.groups()
+        try:
+            labels = self._labels_of("" if body is None else "{" + body + "}")
+            return _new_sample(
+                Sample,
+                (
+                    self._canonical[name],
+                    labels,
+                    float(value),
+                    float(stamp) / 1000 if stamp else None,
+                ),
+            )
+        except ValueError as exc:
+            self._invalid(result, name + rest, str(exc))
+            return None
 
     @staticmethod
     def _invalid(result: Extraction, line: str, why: str) -> None:
@@ -188,17 +218,61 @@ class Extractor:
         if result.first_error is None:
             result.first_error = f"{why}: {line[:120]!r}"
 
-    def _labels_of(self, body: str) -> Labels:
-        labels = self._labels.get(body)
+    def _labels_of(self, text: str) -> Labels:
+        """The label set written ``text`` (``{…}``, or ``""`` for none), from the cache or
+        parsed; a ValueError says what is wrong with it."""
+        labels = self._labels.get(text)
         if labels is not None:
             return labels
-        labels = self._old_labels.get(body)
+        labels = self._old_labels.get(text)
         if labels is None:
-            labels = _parse_labels(body)
+            labels = self._bucket_labels(text) or _parse_labels(text[1:-1])
         if len(self._labels) >= _CACHE_LIMIT:
             self._old_labels, self._labels = self._labels, {}
-        self._labels[body] = labels
+        self._labels[text] = labels
         return labels
+
+    def _bucket_labels(self, text: str) -> Labels | None:
+        """A bucket's label set (``{…,le="0.5"}``) from its series' (``{…}``): the series is
+        parsed once for all its buckets, its ``_sum`` and ``_count`` and the gauges with the
+        same labels, so a first scrape costs a dict copy per bucket instead of a parse.
+        ``None`` where the text is not that shape; the general parse then decides.
+
+        The split is exact: a series text that parses on its own and ends with a closing quote
+        (no trailing comma or space), then ``,le="v"`` with no quote or backslash in ``v``,
+        tokenises only one way."""
+        series_text, _, bound = text.rpartition(',le="')
+        if series_text[-1:] != '"' or bound[-2:] != '"}':
+            return None
+        bound = bound[:-2]
+        if '"' in bound or "\\" in bound:
+            return None
+        series_text += "}"
+        series = self._labels.get(series_text)
+        if series is None:
+            try:
+                series = self._labels_of(series_text)
+            except ValueError:
+                return None
+        if "le" in series:
+            return None  # a duplicate: the general parse says so
+        labels = Labels(series)
+        labels["le"] = bound
+        labels.series = series.derived()[0]
+        try:  # a histogram's bounds recur in every one of its series
+            labels.bound = self._bounds[bound]
+        except KeyError:
+            labels.bound = self._bound(bound)
+        return labels
+
+    def _bound(self, text: str) -> float | None:
+        try:
+            bound: float | None = parse_le(text)
+        except ValueError:
+            bound = None
+        if len(self._bounds) < _CACHE_LIMIT:
+            self._bounds[text] = bound
+        return bound
 
 
 # No real sample line comes near this (labels are short); a longer "line" is a hostile or
