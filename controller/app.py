@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
 import ssl
 import time
@@ -37,6 +38,15 @@ log = structlog.get_logger("controller.app")
 SHUTDOWN_GRACE = 2.0
 # How often the serving certificate's files are checked for a rotation.
 CERT_CHECK_SECONDS = 60.0
+# Python's cyclic collector, for a process that allocates a page's samples by the hundred and
+# keeps almost none of them. With the default (a young pass every 700 new containers) the
+# daemon at 2,000 pods ran ~4,900 young, 450 middle and 40 full passes a minute, the full ones
+# 73 ms each, blocking the loop: 17% of its CPU (benchmarks/bench_daemon.py, timed with
+# gc.callbacks). A young pass costs what is still alive, not what was allocated, so passes
+# 14x rarer cost ~14x less; and what start-up loaded (modules, clients, settings) is never
+# garbage, so gc.freeze() takes it out of every later pass (docs.python.org/3/library/gc.html).
+# Measured together: 0.5 s of collection per 75 s instead of 5.0 s, full passes 45 ms.
+GC_THRESHOLD = (10_000, 10, 10)
 
 
 def source_factory(
@@ -272,10 +282,19 @@ def _always(margin: float = 0.0) -> bool:
     return True
 
 
+def settle_collector() -> None:
+    """Once start-up is done: what exists now is kept for good, so the collector stops
+    looking at it, and young passes come ``GC_THRESHOLD[0]`` new containers apart."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLD)
+
+
 async def serve_forever(settings: Settings, dry_run: bool = False) -> None:
     stop = asyncio.Event()
     install_signal_handlers(stop)
     async with Controller(settings, dry_run=dry_run) as controller:
+        settle_collector()
         await controller.run(stop)
     log.info("stopped")
 

@@ -15,7 +15,9 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
+    GCCollector,
     Histogram,
+    ProcessCollector,
     disable_created_metrics,
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -425,6 +427,10 @@ def make_registry(snapshot: Snapshot) -> tuple[CollectorRegistry, ControllerMetr
     # no use for them (the process's own start time is in process_start_time_seconds).
     disable_created_metrics()  # type: ignore[no-untyped-call]
     registry = CollectorRegistry(auto_describe=False)
+    # The process's own cost, as every prometheus_client process exports it: CPU seconds,
+    # resident memory, open fds, start time (from /proc), and the cyclic collector's passes.
+    ProcessCollector(registry=registry)
+    GCCollector(registry=registry)
     metrics = ControllerMetrics(registry)
     registry.register(SnapshotCollector(snapshot))
     return registry, metrics

@@ -194,6 +194,11 @@ async def test_our_metrics_page_has_every_documented_family(
         "weight_controller_last_reconcile_timestamp_seconds",
         "weight_controller_target_writes_total",
         "weight_controller_build_info",
+        # the process's own cost, for the CPU and memory panel
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_start_time_seconds",
+        "python_gc_collections_total",
     ):
         assert expected in names, expected
     # lean: no _created series, and no zero series for faults that did not happen
@@ -451,3 +456,22 @@ async def test_the_demo_tells_the_same_story_every_time() -> None:
     common = min(len(r) for r in runs)
     assert common >= 3  # bounded by the duration; compare the ticks both runs reached
     assert runs[0][:common] == runs[1][:common]
+
+
+def test_once_started_the_collector_skips_what_start_up_loaded_and_passes_less_often() -> None:
+    """In a fresh interpreter (the suite's own collector is left alone): after
+    settle_collector, the objects start-up made are frozen out of every pass and young
+    passes come GC_THRESHOLD[0] new containers apart instead of 700."""
+    probe = (
+        "import gc, json\n"
+        "from controller.app import GC_THRESHOLD, settle_collector\n"
+        "before = gc.get_threshold()\n"
+        "settle_collector()\n"
+        "print(json.dumps([before, gc.get_threshold(), GC_THRESHOLD, gc.get_freeze_count()]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    before, after, wanted, frozen = json.loads(done.stdout)
+    assert before[0] == 700 and after == list(wanted) and wanted[0] > before[0]
+    assert frozen > 10_000  # modules, classes, functions: all of start-up

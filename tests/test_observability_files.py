@@ -107,8 +107,14 @@ def test_dashboard_has_the_panels_units_and_variable_operators_need() -> None:
         "Decision mode per target",
         "Degraded clusters",
         "Fail static",
+        "Controller CPU (share of one core)",
+        "Controller memory (resident)",
     ):
         assert needed in panels
+    # process_* is every exporter's: only the controller's own series
+    for title in ("Controller CPU (share of one core)", "Controller memory (resident)"):
+        (target,) = panels[title]["targets"]
+        assert "and on (job, instance) weight_controller_build_info" in target["expr"]
     # one unit per panel: no 0/1 gauge beside rates, no seconds-ago beside durations
     assert all("time()" not in t["expr"] for t in panels["Reconcile duration"]["targets"])
     assert all("fail_static" not in t["expr"] for t in panels["API errors"]["targets"])
