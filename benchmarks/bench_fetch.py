@@ -27,6 +27,11 @@ import aiohttp  # noqa: E402
 from controller.settings import ClusterSettings, ScrapeSettings  # noqa: E402
 from controller.sources.scrape import ScrapeSource  # noqa: E402
 
+# Every page on a connection of its own, as production sees it: each pod is its own host, so
+# no connection serves two pods, and vLLM closes an idle connection after 5 s
+# (VLLM_HTTP_TIMEOUT_KEEP_ALIVE, vllm/envs.py), before the next 10 s tick. Served with
+# keep-alive, the pods here (all on one host:port) would share a few connections and each
+# page would skip a TCP connect it pays for in a real fleet.
 SERVER = """
 import sys
 from aiohttp import web
@@ -34,7 +39,9 @@ sys.path.insert(0, {root!r})
 from benchmarks.vllm_page import vllm_v1_page
 body = vllm_v1_page().encode()
 async def page(_):
-    return web.Response(body=body, content_type="text/plain")
+    response = web.Response(body=body, content_type="text/plain")
+    response.force_close()
+    return response
 app = web.Application()
 app.router.add_get("/{{pod}}/metrics", page)
 web.run_app(app, host="127.0.0.1", port={port}, print=None, access_log=None)
