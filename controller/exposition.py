@@ -45,6 +45,9 @@ _UNESCAPE = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
 # use survive (a hit in the old generation moves back), and a page of a million distinct
 # series cannot evict the fleet's working set all at once.
 _CACHE_LIMIT = 16384
+# Real label texts are a few hundred characters at most; a longer one (hostile, or broken) is
+# parsed whole, never through the bucket shortcut, which would parse its series once more.
+_SHORTCUT_CHARS = 4096
 
 
 class Labels(dict[str, str]):
@@ -137,7 +140,10 @@ class Extractor:
         # Keyed by the label text as the line writes it, braces included ("" for none).
         self._labels: dict[str, Labels] = {"": Labels()}
         self._old_labels: dict[str, Labels] = {}
+        # le text → bound, shared by every series of a histogram; capped (past the cap a
+        # bound is parsed each time, so a flood of odd bounds costs speed, never memory).
         self._bounds: dict[str, float | None] = {}
+        self._refused: tuple[str, str] = ("", "")  # the last label text that failed, and why
 
     @property
     def sample_names(self) -> frozenset[str]:
@@ -226,11 +232,21 @@ class Extractor:
             return labels
         labels = self._old_labels.get(text)
         if labels is None:
-            labels = self._bucket_labels(text) or _parse_labels(text[1:-1])
+            bad, why = self._refused
+            if text == bad:  # the same text just failed (a line's head, then the line): once
+                raise ValueError(why)
+            try:
+                labels = self._bucket_labels(text) or _parse_labels(text[1:-1])
+            except ValueError as exc:
+                self._refused = (text, str(exc))
+                raise
+        self._remember(text, labels)
+        return labels
+
+    def _remember(self, text: str, labels: Labels) -> None:
         if len(self._labels) >= _CACHE_LIMIT:
             self._old_labels, self._labels = self._labels, {}
         self._labels[text] = labels
-        return labels
 
     def _bucket_labels(self, text: str) -> Labels | None:
         """A bucket's label set (``{…,le="0.5"}``) from its series' (``{…}``): the series is
@@ -241,6 +257,8 @@ class Extractor:
         The split is exact: a series text that parses on its own and ends with a closing quote
         (no trailing comma or space), then ``,le="v"`` with no quote or backslash in ``v``,
         tokenises only one way."""
+        if len(text) > _SHORTCUT_CHARS:
+            return None
         series_text, _, bound = text.rpartition(',le="')
         if series_text[-1:] != '"' or bound[-2:] != '"}':
             return None
@@ -248,12 +266,15 @@ class Extractor:
         if '"' in bound or "\\" in bound:
             return None
         series_text += "}"
-        series = self._labels.get(series_text)
+        series = self._labels.get(series_text) or self._old_labels.get(series_text)
         if series is None:
+            # Parsed whole, never split again: '{a="1",le="1",le="1",…}' would otherwise
+            # recurse once per repeat (quadratic, and past Python's recursion limit).
             try:
-                series = self._labels_of(series_text)
+                series = _parse_labels(series_text[1:-1])
             except ValueError:
                 return None
+            self._remember(series_text, series)
         if "le" in series:
             return None  # a duplicate: the general parse says so
         labels = Labels(series)

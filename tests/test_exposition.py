@@ -390,3 +390,41 @@ def test_a_bucket_label_set_comes_from_its_series_and_carries_its_bound() -> Non
     assert oops.labels.derived()[1] is None  # kept as a sample, not a bucket
     assert (odd.labels, odd.value) == ({"a": "} 5"}, 7.0)
     assert ours(list(extractor.extract(page).samples)) == reference(page, extractor.sample_names)
+
+
+def test_a_bucket_label_text_repeating_le_is_refused_once_in_linear_time() -> None:
+    """'{a="1",le="1",le="1",…}': the bucket shortcut splits off one le and must not split
+    the rest again (it once recursed per repeat: past 500 repeats a RecursionError escaped the
+    extractor and took the whole fetch with it). Four times the repeats, about four times the
+    CPU, as in the long-line test above."""
+    import time
+
+    def cost(repeats: int) -> float:
+        line = f'{HIST}_bucket{{a="1"' + ',le="1"' * repeats + "} 1\n"
+        best = float("inf")
+        for _ in range(3):
+            extractor = Extractor(histograms=[HIST])
+            began = time.process_time()
+            found = extractor.extract(line + f'{HIST}_bucket{{a="1",le="1"}} 2\n')
+            best = min(best, time.process_time() - began)
+        assert found.invalid_lines == 1 and found.first_error is not None
+        assert "duplicate label 'le'" in found.first_error
+        assert [s.value for s in found.samples] == [2.0]  # the next line still read
+        return max(best, 1e-4)
+
+    small, large = cost(20_000), cost(80_000)
+    assert large / small < 8, (small, large)
+
+
+def test_a_long_label_text_is_read_whole_and_still_right() -> None:
+    """Past the shortcut's length the general parse reads it: same samples as the reference."""
+    value = "v" * 5000
+    page = (
+        f'{HIST}_bucket{{model_name="{value}",le="0.5"}} 3\n'
+        f'{HIST}_bucket{{model_name="{value}",le="+Inf"}} 4\n'
+    )
+    extractor = Extractor(histograms=[HIST])
+    for _ in range(2):  # first sight, then from the cache
+        found = extractor.extract(page)
+        assert found.invalid_lines == 0
+        assert ours(found.samples) == reference(page, extractor.sample_names)
