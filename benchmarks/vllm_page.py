@@ -95,7 +95,7 @@ def _series(engines: int, lora: tuple[str, ...]) -> list[str]:
 
 def vllm_v1_page(seed: int = 0, engines: int = ENGINES, adapters: int = len(LORA)) -> str:
     """The page of a server with ``engines`` data-parallel engines and ``adapters`` LoRA
-    adapters (the defaults give ~150 KiB; 6 engines and 9 adapters about 1 MiB)."""
+    adapters (the defaults give ~150 KiB; 7 engines and 9 adapters 1,066 KiB)."""
     rng = random.Random(seed)
     lora = LORA[:adapters] + tuple(f"lora-{i}" for i in range(len(LORA), adapters))
     out: list[str] = []

@@ -40,12 +40,13 @@ SHUTDOWN_GRACE = 2.0
 CERT_CHECK_SECONDS = 60.0
 # Python's cyclic collector, for a process that allocates a page's samples by the hundred and
 # keeps almost none of them. With the default (a young pass every 700 new containers) the
-# daemon at 2,000 pods ran ~4,900 young, 450 middle and 40 full passes a minute, the full ones
-# 73 ms each, blocking the loop: 17% of its CPU (benchmarks/bench_daemon.py, timed with
-# gc.callbacks). A young pass costs what is still alive, not what was allocated, so passes
-# 14x rarer cost ~14x less; and what start-up loaded (modules, clients, settings) is never
-# garbage, so gc.freeze() takes it out of every later pass (docs.python.org/3/library/gc.html).
-# Measured together: 0.5 s of collection per 75 s instead of 5.0 s, full passes 45 ms.
+# daemon at 2,000 pods ran 4,941 young, 449 middle and 40 full passes in a ~75 s run, the full
+# ones 73 ms each, blocking the loop: 5.0 s, 17% of its CPU (benchmarks/bench_daemon.py, timed
+# with gc.callbacks). A young pass costs what is still alive, not what was allocated, so
+# rarer passes cost less in all; and what start-up loaded (modules, clients, settings) is
+# never garbage, so gc.freeze() takes it out of every later pass
+# (docs.python.org/3/library/gc.html). Measured together: 187 young, 17 middle and 2 full
+# passes (46 ms each), 0.5 s.
 GC_THRESHOLD = (10_000, 10, 10)
 
 
@@ -73,8 +74,10 @@ def source_factory(
 
 
 def _connector(settings: Settings) -> aiohttp.TCPConnector:
-    # As many connections as requests may run at once (scrape.max_concurrency), kept alive to
-    # save a handshake per scrape; a few more for PromQL sources and the Kubernetes client.
+    # As many connections as requests may run at once (scrape.max_concurrency), kept alive
+    # where the server allows (an EPP, Prometheus); a few more for PromQL sources and the
+    # Kubernetes client. vLLM closes an idle connection after 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE),
+    # so at a 10 s interval each of its pages opens one.
     limit = settings.scrape.max_concurrency + 8
     return aiohttp.TCPConnector(limit=limit, limit_per_host=0, ttl_dns_cache=60)
 

@@ -13,14 +13,13 @@ prometheus-client >= 0.23 rewrites ``vllm:`` names to ``vllm_`` for OpenMetrics 
 
 from __future__ import annotations
 
-import contextlib
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any, NamedTuple
 
-__all__ = ["Extraction", "Extractor", "Labels", "PageStream", "Sample", "parse_le"]
+__all__ = ["Extraction", "Extractor", "Labels", "PageStream", "Sample", "bound_or_none", "parse_le"]
 
 # Unrolled loops ("normal* (special normal*)*"): the regex engine eats runs of plain
 # characters in one step instead of trying an alternation per character.
@@ -68,10 +67,7 @@ class Labels(dict[str, str]):
         except AttributeError:
             pass
         self.series = tuple(sorted((k, v) for k, v in self.items() if k != "le"))
-        self.bound = None
-        if "le" in self:
-            with contextlib.suppress(ValueError):
-                self.bound = parse_le(self["le"])
+        self.bound = bound_or_none(self["le"]) if "le" in self else None
         return self.series, self.bound
 
 
@@ -224,9 +220,10 @@ class Extractor:
         if result.first_error is None:
             result.first_error = f"{why}: {line[:120]!r}"
 
-    def _labels_of(self, text: str) -> Labels:
+    def _labels_of(self, text: str, split: bool = True) -> Labels:
         """The label set written ``text`` (``{…}``, or ``""`` for none), from the cache or
-        parsed; a ValueError says what is wrong with it."""
+        parsed; a ValueError says what is wrong with it. ``split=False`` never takes the bucket
+        shortcut (a bucket's own series is parsed whole)."""
         labels = self._labels.get(text)
         if labels is not None:
             return labels
@@ -236,7 +233,8 @@ class Extractor:
             if text == bad:  # the same text just failed (a line's head, then the line): once
                 raise ValueError(why)
             try:
-                labels = self._bucket_labels(text) or _parse_labels(text[1:-1])
+                shortcut = self._bucket_labels(text) if split else None
+                labels = shortcut or _parse_labels(text[1:-1])
             except ValueError as exc:
                 self._refused = (text, str(exc))
                 raise
@@ -265,16 +263,12 @@ class Extractor:
         bound = bound[:-2]
         if '"' in bound or "\\" in bound:
             return None
-        series_text += "}"
-        series = self._labels.get(series_text) or self._old_labels.get(series_text)
-        if series is None:
-            # Parsed whole, never split again: '{a="1",le="1",le="1",…}' would otherwise
-            # recurse once per repeat (quadratic, and past Python's recursion limit).
-            try:
-                series = _parse_labels(series_text[1:-1])
-            except ValueError:
-                return None
-            self._remember(series_text, series)
+        # Parsed whole, never split again: '{a="1",le="1",le="1",…}' would otherwise recurse
+        # once per repeat (quadratic, and past Python's recursion limit).
+        try:
+            series = self._labels_of(series_text + "}", split=False)
+        except ValueError:
+            return None
         if "le" in series:
             return None  # a duplicate: the general parse says so
         labels = Labels(series)
@@ -287,10 +281,7 @@ class Extractor:
         return labels
 
     def _bound(self, text: str) -> float | None:
-        try:
-            bound: float | None = parse_le(text)
-        except ValueError:
-            bound = None
+        bound = bound_or_none(text)
         if len(self._bounds) < _CACHE_LIMIT:
             self._bounds[text] = bound
         return bound
@@ -425,3 +416,12 @@ def parse_le(text: str) -> float:
     if bound != bound:
         raise ValueError(f"le={text!r} is not a bound")
     return bound
+
+
+def bound_or_none(text: str) -> float | None:
+    """``parse_le``, with ``None`` for a text that bounds nothing (the sample is then no
+    bucket)."""
+    try:
+        return parse_le(text)
+    except ValueError:
+        return None

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 from operator import add, sub
 
-from controller.exposition import Labels, Sample, parse_le
+from controller.exposition import Labels, Sample, bound_or_none
 
 SeriesKey = tuple[tuple[str, str], ...]
 Bounds = tuple[float, ...]
@@ -66,10 +66,7 @@ def series_key(labels: Mapping[str, str]) -> SeriesKey:
 def _bound(labels: Mapping[str, str]) -> float | None:
     if isinstance(labels, Labels):
         return labels.derived()[1]
-    try:
-        return parse_le(labels["le"]) if "le" in labels else None
-    except ValueError:
-        return None
+    return bound_or_none(labels["le"]) if "le" in labels else None
 
 
 def collect(

@@ -190,7 +190,8 @@ class ScrapeSettings(_Group):
         le=10000,
         description="Requests in flight at once, over all clusters. A request's timeout starts "
         "when it gets its turn, so a large fleet queues instead of timing itself out; one "
-        "connection per slot is kept alive. Each slot holds up to ~128 KiB of body in flight "
+        "connection per slot is kept alive where the server allows it. Each slot holds up "
+        "to ~128 KiB of body in flight "
         "(aiohttp stops reading at twice its 64 KiB read buffer); at 50 ms a page 32 slots "
         "would read 2,000 pods in ~3 s (2,000 / 32 × 50 ms), and past that the CPU, not "
         "the slots, sets the pace.",

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-import controller.kube.sdk  # noqa: F401  (before any test imports kubernetes_asyncio: the
-
-# tests then use the client loaded by the piece, exactly as the daemon does)
+# Before any test imports kubernetes_asyncio: the tests then use the client loaded by the
+# piece, exactly as the daemon does.
+import controller.kube.sdk  # noqa: F401
 from tests.apiserver import FakeAPIServer
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
