@@ -23,7 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.vllm_page import vllm_v1_page
 from controller.exposition import Extractor, Labels
-from controller.sources.scrape import VLLM_E2E, VLLM_EXTRACTOR, VLLM_GAUGES
+from controller.families import VLLM_E2E, VLLM_GAUGES
+from controller.sources.scrape import VLLM_EXTRACTOR
 
 
 def per_call_ms(work: Callable[[], object], number: int) -> float:

@@ -17,28 +17,28 @@ import aiohttp
 from controller import histograms
 from controller.errors import ScrapeError, ScrapeParseError, ScrapeTruncatedError
 from controller.exposition import MAX_LINE, Extractor, PageStream, Sample
+from controller.families import (
+    EPP_GAUGES,
+    EPP_HISTOGRAMS,
+    EPP_KV,
+    EPP_LATENCY,
+    EPP_QUEUE,
+    EPP_READY,
+    VLLM_E2E,
+    VLLM_GAUGES,
+    VLLM_HISTOGRAMS,
+    VLLM_KV,
+    VLLM_RUNNING,
+    VLLM_WAITING,
+)
 from controller.histograms import Histogram, SeriesKey
 from controller.model import ClusterMetrics, Latency, PodError, Reason
 from controller.settings import ClusterSettings, ScrapeSettings
 from controller.sources.http import ACCEPT_TEXT, Endpoint, TokenFile, get_page, ssl_context
 
-# Preference order matters: the first name present on a page wins.
-VLLM_KV = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-VLLM_WAITING = "vllm:num_requests_waiting"
-VLLM_RUNNING = "vllm:num_requests_running"
-VLLM_E2E = "vllm:e2e_request_latency_seconds"
-EPP_LATENCY = (
-    "llm_d_epp_request_duration_seconds",
-    "inference_objective_request_duration_seconds",
-    "inference_model_request_duration_seconds",
-)
-EPP_KV = ("llm_d_epp_average_kv_cache_utilization", "inference_pool_average_kv_cache_utilization")
-EPP_QUEUE = ("llm_d_epp_average_queue_size", "inference_pool_average_queue_size")
-EPP_READY = "inference_pool_ready_pods"
-
-VLLM_GAUGES = (*VLLM_KV, VLLM_WAITING, VLLM_RUNNING)
-VLLM_EXTRACTOR = Extractor(gauges=VLLM_GAUGES, histograms=(VLLM_E2E,))
-EPP_EXTRACTOR = Extractor(gauges=(*EPP_KV, *EPP_QUEUE, EPP_READY), histograms=EPP_LATENCY)
+# Preference order matters (controller.families): the first name present on a page wins.
+VLLM_EXTRACTOR = Extractor(gauges=VLLM_GAUGES, histograms=VLLM_HISTOGRAMS)
+EPP_EXTRACTOR = Extractor(gauges=EPP_GAUGES, histograms=EPP_HISTOGRAMS)
 
 ByName = dict[str, list[Sample]]
 

@@ -1,60 +1,40 @@
-"""One typed Settings object: a YAML file, overridden by ``WEIGHT_CONTROLLER_*`` environment.
+"""The settings' schema: one typed ``Settings`` with nested groups, validated once at start-up.
 
-Every default says why it is what it is. Durations accept ``500ms``, ``10s``, ``2m``, ``1h`` or a
-bare number of seconds. ``load_settings`` turns every validation problem into one line
-``field.path: reason`` inside a ``ConfigError``; nothing here reads globals at import time.
+Every field's description gives the reason for its default (and ``config/example.yaml``, tested
+field for field against this schema, is the reference an operator reads). Loading a file and the
+environment is ``loading``; checks between fields and of the files the settings name are
+``checks``. Nothing here reads globals at import time.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import os
 import re
-import ssl
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
     HttpUrl,
-    ValidationError,
     field_validator,
     model_validator,
 )
-from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    SettingsError,
-)
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from controller import CONFIG_ENV as _CONFIG_ENV
-from controller.errors import ConfigError
+from controller.settings import checks
+from controller.settings.durations import (
+    INTERVAL,
+    SCRAPE_TIMEOUT,
+    Duration,
+    parse_duration,
+    seconds,
+)
+from controller.settings.queries import PrometheusQueries
 
 ENV_PREFIX = "WEIGHT_CONTROLLER_"
-CONFIG_ENV = _CONFIG_ENV
-
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
-
-
-def parse_duration(value: object) -> object:
-    """``"500ms"`` → 0.5; numbers pass through as seconds; anything else is left to fail."""
-    if isinstance(value, str):
-        found = _DURATION_RE.match(value)
-        if found is None:
-            raise ValueError(f"not a duration: {value!r} (use e.g. 500ms, 10s, 2m)")
-        return float(found.group(1)) * _UNIT_SECONDS[found.group(2)]
-    return value
-
-
-Duration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0, allow_inf_nan=False)]
-"""Seconds, written as ``10s``/``500ms``/``2m`` or a number."""
 
 
 class _Group(BaseModel):
@@ -174,15 +154,15 @@ class ClusterSettings(_Group):
 
 class ScrapeSettings(_Group):
     timeout: Duration = Field(
-        default=3.0,
+        default=SCRAPE_TIMEOUT,
         description="Per-request timeout; well under the interval so a slow pod cannot stall a "
-        "tick.",
+        "tick (unset: 3s, or half the interval when that is shorter).",
     )
     max_body_bytes: int = Field(
         default=10 * 1024 * 1024,
         gt=0,
-        description="A /metrics page larger than this is refused while reading (10 MiB is ~50x "
-        "a busy vLLM page).",
+        description="A /metrics page larger than this is refused while reading: far above a "
+        "busy vLLM page, far below what would hurt the process.",
     )
     max_concurrency: int = Field(
         default=32,
@@ -191,10 +171,8 @@ class ScrapeSettings(_Group):
         description="Requests in flight at once, over all clusters. A request's timeout starts "
         "when it gets its turn, so a large fleet queues instead of timing itself out; one "
         "connection per slot is kept alive where the server allows it. Each slot holds up "
-        "to ~128 KiB of body in flight "
-        "(aiohttp stops reading at twice its 64 KiB read buffer); at 50 ms a page 32 slots "
-        "would read 2,000 pods in ~3 s (2,000 / 32 × 50 ms), and past that the CPU, not "
-        "the slots, sets the pace.",
+        "to twice aiohttp's read buffer of body in flight, so more slots cost memory, and "
+        "past a few dozen the CPU, not the slots, sets the pace (benchmarks/README.md).",
     )
     min_pod_fraction: float = Field(
         default=0.5,
@@ -267,9 +245,9 @@ class WeightSettings(_Group):
     gain: float = Field(
         default=40.0,
         gt=0,
-        description="Points of weight a cluster's target moves per unit of score (≈ KV "
-        "headroom) above or below the fleet's mean. Tuned in the simulator: 100 and up turn "
-        "±2% KV noise into writes and oscillation; 40 settles and still sheds a hot cluster.",
+        description="Integral law: points of weight a cluster's target moves per unit of score "
+        "(≈ KV headroom) above or below the fleet's mean. Higher gains turn KV noise into "
+        "writes and oscillation; this one settles and still sheds a hot cluster.",
     )
     kv_saturation: float = Field(
         default=0.9,
@@ -395,71 +373,6 @@ class ServerSettings(_Group):
     @property
     def port(self) -> int:
         return int(self.bind.rpartition(":")[2])
-
-
-class PrometheusQueries(_Group):
-    """PromQL templates for clusters read through Prometheus. ``$selector`` becomes the
-    cluster's matchers, each with a leading comma (``,cluster="b"``) or nothing; ``$window`` the
-    rate window. Series names are matched as ``vllm[:_]…``: prometheus-client >= 0.23 serves
-    ``vllm_…`` to a Prometheus that negotiates OpenMetrics."""
-
-    window: str = Field(
-        default="1m",
-        pattern=r"^[0-9]+(ms|s|m|h)$",
-        description="Rate window for latency: at least 4 of Prometheus' scrape intervals.",
-    )
-    kv_mean: str = Field(
-        default='avg({__name__=~"vllm[:_]kv_cache_usage_perc"$selector}'
-        ' or {__name__=~"vllm[:_]gpu_cache_usage_perc"$selector})',
-        description="Mean KV-cache use over pods and engines; the new name wins per series.",
-    )
-    kv_max: str = Field(
-        default='max({__name__=~"vllm[:_]kv_cache_usage_perc"$selector}'
-        ' or {__name__=~"vllm[:_]gpu_cache_usage_perc"$selector})',
-        description="Highest KV-cache use of any engine.",
-    )
-    kv_oldest: str = Field(
-        default='min(timestamp({__name__=~"vllm[:_]kv_cache_usage_perc"$selector}'
-        ' or {__name__=~"vllm[:_]gpu_cache_usage_perc"$selector}))',
-        description="Time of the oldest KV sample: older than health.max_staleness is stale "
-        "(Prometheus keeps returning a dead pod's last sample for 5 minutes).",
-    )
-    pods: str = Field(
-        default='count(count by (job, instance) ({__name__=~"vllm[:_](kv|gpu)_cache_usage_perc"'
-        "$selector}))",
-        description="Pods reporting KV-cache use.",
-    )
-    queue: str = Field(
-        default='sum({__name__=~"vllm[:_]num_requests_waiting"$selector})',
-        description="Requests waiting, summed over pods.",
-    )
-    running: str = Field(
-        default='sum({__name__=~"vllm[:_]num_requests_running"$selector})',
-        description="Requests running, summed over pods.",
-    )
-    latency_quantile: str = Field(
-        default="histogram_quantile($quantile, sum by (le) (rate("
-        '{__name__="llm_d_epp_request_duration_seconds_bucket"$selector}[$window])))'
-        " or histogram_quantile($quantile, sum by (le) (rate("
-        '{__name__="inference_objective_request_duration_seconds_bucket"$selector}[$window])))'
-        " or histogram_quantile($quantile, sum by (le) (rate("
-        '{__name__="inference_model_request_duration_seconds_bucket"$selector}[$window])))'
-        " or histogram_quantile($quantile, sum by (le) (rate("
-        '{__name__=~"vllm[:_]e2e_request_latency_seconds_bucket"$selector}[$window])))',
-        description="A latency quantile ($quantile): the EPP histogram, newest name first, "
-        "then vLLM's e2e histogram.",
-    )
-    latency_requests: str = Field(
-        default="sum(increase("
-        '{__name__="llm_d_epp_request_duration_seconds_count"$selector}[$window]))'
-        " or sum(increase("
-        '{__name__="inference_objective_request_duration_seconds_count"$selector}[$window]))'
-        " or sum(increase("
-        '{__name__="inference_model_request_duration_seconds_count"$selector}[$window]))'
-        " or sum(increase("
-        '{__name__=~"vllm[:_]e2e_request_latency_seconds_count"$selector}[$window]))',
-        description="Requests in the window: below scrape.min_latency_requests latency is unknown.",
-    )
 
 
 class HTTPRouteTarget(_Group):
@@ -618,7 +531,7 @@ class Settings(BaseSettings):
     )
 
     interval: Duration = Field(
-        default=10.0,
+        default=INTERVAL,
         description="Reconcile period: fast enough to follow KV pressure, slow enough that a "
         "weight change shows in the next scrape.",
     )
@@ -651,155 +564,18 @@ class Settings(BaseSettings):
         and clusters works (scrape.timeout defaults to min(3s, interval / 2))."""
         if not isinstance(data, dict):
             return data
-        interval = _seconds(data.get("interval", 10.0))
+        interval = seconds(data.get("interval", INTERVAL))
         scrape = data.get("scrape") or {}
         if interval is not None and isinstance(scrape, dict) and "timeout" not in scrape:
-            data = {**data, "scrape": {**scrape, "timeout": min(3.0, interval / 2)}}
+            data = {**data, "scrape": {**scrape, "timeout": min(SCRAPE_TIMEOUT, interval / 2)}}
         return data
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
-        problems = cross_field_problems(self.model_dump(mode="json"))
+        problems = checks.cross_field_problems(self.model_dump(mode="json"))
         if problems:
             raise ValueError("\n".join(problems))
         return self
 
     def cluster_timeout(self, cluster: ClusterSettings) -> float:
         return cluster.timeout if cluster.timeout is not None else self.scrape.timeout
-
-
-def _seconds(value: object) -> float | None:
-    try:
-        parsed = parse_duration(value)
-    except ValueError:
-        return None
-    if isinstance(parsed, int | float) and not isinstance(parsed, bool) and parsed > 0:
-        return float(parsed)
-    return None
-
-
-def cross_field_problems(data: Mapping[str, Any]) -> list[str]:
-    """Problems between fields, found leniently on raw data, so that they are reported in the
-    same run as the field errors (every problem of a file at once, not one per attempt)."""
-    problems: list[str] = []
-    interval = _seconds(data.get("interval", 10.0))
-    clusters = [c for c in data.get("clusters") or [] if isinstance(c, dict)]
-    names = [str(c.get("name")) for c in clusters if c.get("name")]
-    duplicates = sorted({name for name in names if names.count(name) > 1})
-    if duplicates:
-        problems.append(f"clusters: names must be unique: {', '.join(duplicates)}")
-    scrape = data.get("scrape") or {}
-    timeout = _seconds(scrape.get("timeout", 3.0)) if isinstance(scrape, dict) else None
-    if interval is not None and timeout is not None and timeout >= interval:
-        problems.append("scrape.timeout: must be shorter than interval")
-    for index, cluster in enumerate(clusters):
-        prometheus = cluster.get("prometheus")
-        own = prometheus.get("timeout") if isinstance(prometheus, dict) else cluster.get("timeout")
-        seconds = _seconds(own) if own is not None else None
-        if interval is not None and seconds is not None and seconds >= interval:
-            problems.append(f"clusters[{index}].timeout: must be shorter than interval")
-    kubernetes = data.get("kubernetes") or {}
-    routes = kubernetes.get("httproutes") if isinstance(kubernetes, dict) else None
-    for index, route in enumerate(routes or []):
-        backends = route.get("backends") if isinstance(route, dict) else None
-        for backend, cluster_name in (backends or {}).items() if isinstance(backends, dict) else ():
-            if cluster_name not in names:
-                problems.append(
-                    f"kubernetes.httproutes[{index}].backends.{backend}: "
-                    f"no cluster named {cluster_name!r}"
-                )
-    return problems
-
-
-def file_problems(settings: Settings) -> list[str]:
-    """Files the settings name that cannot be used here: tokens, CA bundles, the kubeconfig,
-    the serving certificate. ``check-config`` reports them with the rest, and ``run`` refuses
-    to start on them (one line each) instead of failing later mid-tick."""
-    problems: list[str] = []
-
-    def readable(where: str, path: Path | None, ca: bool = False) -> None:
-        if path is None:
-            return
-        try:
-            path.read_bytes()
-            if ca:
-                ssl.create_default_context(cafile=str(path))
-        except OSError as exc:
-            problems.append(f"{where}: cannot read {path}: {exc.strerror or exc}")
-        except ssl.SSLError as exc:
-            problems.append(f"{where}: {path} is not a CA bundle: {exc.reason or exc}")
-
-    for i, c in enumerate(settings.clusters):
-        readable(f"clusters[{i}].bearer_token_file", c.bearer_token_file)
-        readable(f"clusters[{i}].epp_bearer_token_file", c.epp_bearer_token_file)
-        readable(f"clusters[{i}].ca_file", c.ca_file, ca=True)
-        if c.prometheus is not None:
-            readable(f"clusters[{i}].prometheus.bearer_token_file", c.prometheus.bearer_token_file)
-            readable(f"clusters[{i}].prometheus.ca_file", c.prometheus.ca_file, ca=True)
-    readable("kubernetes.kubeconfig", settings.kubernetes.kubeconfig)
-    readable("server.tls_cert_file", settings.server.tls_cert_file)
-    readable("server.tls_key_file", settings.server.tls_key_file)
-    return problems
-
-
-def _format_loc(loc: tuple[int | str, ...]) -> str:
-    text = ""
-    for part in loc:
-        if isinstance(part, int):
-            text += f"[{part}]"
-        elif part.startswith(("function-after", "function-before")):
-            continue
-        else:
-            text += f".{part}" if text else part
-    return text or "(top level)"
-
-
-def _error_lines(exc: ValidationError) -> list[str]:
-    lines = []
-    for error in exc.errors(include_url=False):
-        message = error["msg"].removeprefix("Value error, ")
-        where = _format_loc(tuple(error["loc"]))
-        for part in message.split("\n"):  # a cross-field check reports all it found
-            lines.append(part if where == "(top level)" and ": " in part else f"{where}: {part}")
-    return lines
-
-
-def read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError([f"{path}: cannot read: {exc.strerror or exc}"]) from exc
-    except UnicodeDecodeError:
-        raise ConfigError([f"{path}: not a YAML file (not UTF-8 text)"]) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError([f"{path}: not valid YAML: {exc}".replace("\n", " ")]) from exc
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError([f"{path}: the top level must be a mapping"])
-    return data
-
-
-def build_settings(data: Mapping[str, Any]) -> Settings:
-    """Validate a mapping (plus the environment) into Settings, or raise ConfigError with
-    every problem: field errors and cross-field ones together, one line each."""
-    try:
-        return Settings(**data)
-    except ValidationError as exc:
-        lines = _error_lines(exc)
-        lines += [p for p in cross_field_problems(data) if p not in lines]
-        raise ConfigError(lines) from None
-    except SettingsError as exc:  # a malformed WEIGHT_CONTROLLER_* variable
-        cause = exc.__cause__
-        detail = f": {cause}" if cause is not None else ""
-        raise ConfigError([f"environment: {exc}{detail}".replace("\n", " ")]) from None
-
-
-def load_settings(path: Path | None = None) -> Settings:
-    """The file named by ``path`` or ``$WEIGHT_CONTROLLER_CONFIG``, then the environment."""
-    if path is None and os.environ.get(CONFIG_ENV):
-        path = Path(os.environ[CONFIG_ENV])
-    data = read_yaml(path) if path is not None else {}
-    return build_settings(data)

@@ -1,0 +1,49 @@
+"""One typed Settings object: the schema (``schema``, with ``queries`` for the PromQL templates),
+loading from a YAML file and the environment (``loading``), and the checks between fields and of
+the files the settings name (``checks``). Import what you need from here."""
+
+from controller import CONFIG_ENV
+from controller.settings.checks import cross_field_problems, file_problems
+from controller.settings.durations import Duration, parse_duration
+from controller.settings.loading import build_settings, load_settings, read_yaml
+from controller.settings.queries import PrometheusQueries
+from controller.settings.schema import (
+    ENV_PREFIX,
+    AnnotationURLSettings,
+    ClusterSettings,
+    HealthSettings,
+    HTTPRouteTarget,
+    KubernetesSettings,
+    LeaderSettings,
+    LogSettings,
+    PrometheusSource,
+    ScrapeSettings,
+    ServerSettings,
+    Settings,
+    WeightSettings,
+)
+
+__all__ = [
+    "CONFIG_ENV",
+    "ENV_PREFIX",
+    "AnnotationURLSettings",
+    "ClusterSettings",
+    "Duration",
+    "HTTPRouteTarget",
+    "HealthSettings",
+    "KubernetesSettings",
+    "LeaderSettings",
+    "LogSettings",
+    "PrometheusQueries",
+    "PrometheusSource",
+    "ScrapeSettings",
+    "ServerSettings",
+    "Settings",
+    "WeightSettings",
+    "build_settings",
+    "cross_field_problems",
+    "file_problems",
+    "load_settings",
+    "parse_duration",
+    "read_yaml",
+]

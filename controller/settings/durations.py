@@ -1,0 +1,50 @@
+"""Durations as settings take them, and the defaults other settings are derived from.
+
+``500ms``, ``10s``, ``2m``, ``1h`` or a bare number of seconds. The two defaults here are read
+by the schema (as field defaults) and by the cross-field checks (on raw, unvalidated data), so
+each is written once.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from pydantic import BeforeValidator, Field
+
+INTERVAL = 10.0
+"""Reconcile period: fast enough to follow KV pressure, slow enough that a weight change shows
+in the next scrape."""
+
+SCRAPE_TIMEOUT = 3.0
+"""Per-request timeout: well under the interval so a slow pod cannot stall a tick (and at most
+half the interval when the interval is shorter)."""
+
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def parse_duration(value: object) -> object:
+    """``"500ms"`` → 0.5; numbers pass through as seconds; anything else is left to fail."""
+    if isinstance(value, str):
+        found = _DURATION_RE.match(value)
+        if found is None:
+            raise ValueError(f"not a duration: {value!r} (use e.g. 500ms, 10s, 2m)")
+        return float(found.group(1)) * _UNIT_SECONDS[found.group(2)]
+    return value
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0, allow_inf_nan=False)]
+"""Seconds, written as ``10s``/``500ms``/``2m`` or a number."""
+
+
+def seconds(value: object) -> float | None:
+    """``value`` as a positive number of seconds, or ``None`` if it is not one (lenient: for
+    checks that run on raw data, beside the field errors)."""
+    try:
+        parsed = parse_duration(value)
+    except ValueError:
+        return None
+    if isinstance(parsed, int | float) and not isinstance(parsed, bool) and parsed > 0:
+        return float(parsed)
+    return None
