@@ -392,7 +392,7 @@ def target_json(view: TargetView) -> dict[str, Any]:
                 "desired": outcome.desired.get(ref),
                 "applied": outcome.applied.get(ref),
                 "share": outcome.share(ref),
-                "goal": decision.targets.get(ref),
+                "goal": decision.goal.get(ref),
                 "factors": dict(decision.factors.get(ref, {})) or None,
                 "realised": view.realised.get(ref),
                 "intended": view.intended.get(ref),

@@ -77,7 +77,7 @@ def _after_failure(
     failures = previous.failures + 1 if previous else 1
     if previous is None or not previous.healthy:
         return ClusterHealth(False, reason, failures, 0, False, previous is None, None)
-    held = previous.signals
+    held = previous.metrics
     if held is not None and _age(held, now) > settings.max_staleness:
         reason = Reason.STALE
     if reason is Reason.STALE or failures >= settings.failures_to_unhealthy:

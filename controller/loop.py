@@ -24,7 +24,7 @@ from typing import Any
 
 import structlog
 
-from controller import health, weights
+from controller import health, signals, weights
 from controller.exporter import ClusterView, ControllerMetrics, Snapshot, TargetView, only_target
 from controller.logs import Conditions
 from controller.model import (
@@ -49,8 +49,6 @@ log = structlog.get_logger("controller.loop")
 
 # A tick must leave room for publishing and for the next one to start on time.
 DEADLINE_SHARE = 0.8
-# Readings the KV forecast fits its slope to: enough to average out noise, few enough to turn.
-FORECAST_POINTS = 3
 REALISED_MIN_REQUESTS = 50  # fewer requests in the window say nothing about a split
 
 
@@ -65,37 +63,6 @@ class TickReport:
     def only(self) -> TargetView | None:
         """The one target, when there is exactly one (the implicit target is one)."""
         return only_target(self.targets)
-
-
-def signals_of(state: ClusterHealth, quantile: str) -> Signals | None:
-    """What weighting may use of a cluster: nothing unless it is healthy."""
-    metrics = state.signals
-    if not state.healthy or metrics is None or metrics.kv_mean is None:
-        return None
-    latency = None
-    if metrics.latency is not None:
-        latency = {"p50": metrics.latency.p50, "p90": metrics.latency.p90}.get(
-            quantile, metrics.latency.mean
-        )
-    return Signals(
-        kv=metrics.kv_mean,
-        queue_per_pod=metrics.queue_per_pod,
-        latency=latency,
-        utilization=utilization(metrics),
-        capacity=float(metrics.pods_answering) if metrics.pods_answering else None,
-    )
-
-
-def utilization(metrics: ClusterMetrics) -> float | None:
-    """KV use, scaled up by the queue when requests wait: (running + waiting) / running × KV
-    is what the cluster would use if it could admit everything offered to it."""
-    kv = metrics.kv_mean
-    if kv is None:
-        return None
-    running, waiting = metrics.running, metrics.queue_depth
-    if not waiting or waiting <= 0 or running is None or running <= 0:
-        return kv
-    return kv * (running + waiting) / running
 
 
 @dataclass(slots=True)
@@ -148,8 +115,7 @@ class Reconciler:
         self._snapshot = snapshot
         self._clock = clock
         self._health: dict[str, ClusterHealth] = {}
-        self._kv_history: dict[str, deque[tuple[float, float]]] = {}
-        self._demand: dict[str, float] = {}  # filtered utilization per cluster
+        self._signal_memory: dict[str, signals.SignalMemory] = {}
         self._in_system: dict[str, float] = {}  # running + waiting at the last good fetch
         self._arrived: dict[str, float | None] = {}  # requests that arrived since then
         settle = settings.weights.settle
@@ -221,7 +187,7 @@ class Reconciler:
             self._health.pop(name, None)
             self._arrived.pop(name, None)
             self._in_system.pop(name, None)
-            self._demand.pop(name, None)
+            self._signal_memory.pop(name, None)
             self._snapshot.clusters.pop(name, None)
         for name, cluster in defined.items():
             if self._dynamic.get(name) != cluster:
@@ -283,7 +249,9 @@ class Reconciler:
         )
         self._health[name] = after
         self._count_arrivals(name, metrics)
-        self._remember(name, metrics, after.healthy and after.signals is metrics, after.healthy)
+        self._signal_memory[name] = signals.remember(
+            self._signal_memory.get(name), metrics, after, self._settings.weights.demand_smoothing
+        )
         clusters = self._snapshot.clusters
         clusters[name] = replace(clusters[name], metrics=metrics, health=after)
         if not any(e.reason is Reason.INTERNAL for e in metrics.errors):
@@ -349,37 +317,12 @@ class Reconciler:
         if in_system is not None:
             self._in_system[name] = in_system
 
-    def _remember(self, name: str, metrics: ClusterMetrics, good: bool, healthy: bool) -> None:
-        """Keep the last few good KV readings of each cluster for the forecast."""
-        history = self._kv_history.setdefault(name, deque(maxlen=FORECAST_POINTS))
-        if good and metrics.kv_mean is not None:
-            history.append((metrics.scraped_at, metrics.kv_mean))
-        elif not good:
-            history.clear()  # after a gap, do not extrapolate across it
-        now = utilization(metrics) if good else None
-        if now is None:
-            if not healthy:
-                self._demand.pop(name, None)  # after an outage, start the filter again
-            return
-        alpha = self._settings.weights.demand_smoothing
-        before = self._demand.get(name)
-        self._demand[name] = now if before is None else before + alpha * (now - before)
-
     def _inputs(self) -> dict[str, Signals | None]:
-        quantile = self._settings.weights.latency_quantile
-        horizon = float(self._settings.weights.forecast_horizon)
-        inputs = {name: signals_of(state, quantile) for name, state in self._health.items()}
-        for name, signals in inputs.items():
-            if signals is not None and name in self._demand:
-                inputs[name] = replace(signals, demand=self._demand[name])
-        if horizon <= 0:
-            return inputs
-        for name, signals in inputs.items():
-            history = self._kv_history.get(name)
-            # Two noisy points make a wild slope: forecast only from a full window.
-            if signals is not None and history and len(history) == FORECAST_POINTS:
-                inputs[name] = replace(signals, kv=weights.forecast_kv(history, horizon))
-        return inputs
+        params = self._settings.weights
+        return {
+            name: signals.derive(state, self._signal_memory.get(name), params)
+            for name, state in self._health.items()
+        }
 
     # ---- weigh -------------------------------------------------------------------------------
     def _weigh(self, target: Target, found: Target, signals: Mapping[str, Signals | None]) -> _Plan:
@@ -517,7 +460,7 @@ class Reconciler:
         factors = {}
         for ref in plan.target.refs:
             state = self._health.get(ref.cluster or "")
-            metrics = state.signals if state and state.healthy else None
+            metrics = state.metrics if state and state.healthy else None
             factors[ref.name] = {
                 "cluster": ref.cluster,
                 "healthy": bool(state and state.healthy),

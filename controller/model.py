@@ -37,7 +37,9 @@ class PodError:
 
 @dataclass(frozen=True, slots=True)
 class Latency:
-    """Request latency over the window between two scrapes (never since process start)."""
+    """Request latency over the source's window (never since process start): between two
+    scrapes for a scraped cluster, the rate window for a PromQL one. ``requests`` is how many
+    requests the quantiles are computed over (too few leave them ``None``)."""
 
     p50: float | None
     p90: float | None
@@ -66,6 +68,9 @@ class ClusterMetrics:
     invalid_samples: int = 0
     errors: tuple[PodError, ...] = ()
     pages: int = 1  # pages (or queries) this fetch asked for: the denominator of error ratios
+    # Requests the cluster completed since this source's previous fetch (None: unknown, e.g.
+    # on the first fetch): what realised share counts, whatever window latency is taken over.
+    completed: float | None = None
 
     @classmethod
     def failed(cls, cluster: str, now: float, reason: Reason, detail: str) -> ClusterMetrics:
@@ -82,11 +87,11 @@ class ClusterMetrics:
 
 @dataclass(frozen=True, slots=True)
 class Signals:
-    """The inputs the weights function uses for one healthy cluster."""
+    """What the laws read of one healthy cluster (derived in ``controller.signals``)."""
 
-    kv: float
+    kv: float  # KV use, or its forecast when weights.forecast_horizon is on
     queue_per_pod: float | None = None
-    latency: float | None = None
+    latency: float | None = None  # the quantile weights.latency_quantile names
     # For the capacity law: utilization counting the queue ((running + waiting) / running × KV),
     # as read now and filtered over recent scrapes, and what the cluster can hold (pods).
     utilization: float | None = None
@@ -96,7 +101,8 @@ class Signals:
 
 @dataclass(frozen=True, slots=True)
 class ClusterHealth:
-    """Health of one cluster after a tick; ``signals`` is what weighting may use."""
+    """Health of one cluster after a tick. ``metrics`` is the fetch weighting may use: this
+    tick's, the last good one while a healthy cluster rides out a failed fetch, or ``None``."""
 
     healthy: bool
     reason: Reason | None
@@ -104,7 +110,7 @@ class ClusterHealth:
     successes: int
     degraded: bool
     changed: bool
-    signals: ClusterMetrics | None = None
+    metrics: ClusterMetrics | None = None
 
 
 class Mode(StrEnum):
@@ -123,15 +129,18 @@ class Mode(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """The weights after a tick. ``weights`` is ``None`` only before any cluster was ever usable."""
+    """One target's decision over its mapped refs, on a 0..100 scale: ``weights`` (``None``
+    only before any cluster was ever usable), the ``goal`` they step towards, how and by which
+    ``law`` they were decided, and why (each healthy ref's score and its parts)."""
 
     weights: Mapping[str, int] | None
-    targets: Mapping[str, float]
+    goal: Mapping[str, float]
     mode: Mode
     changed: bool
     notes: tuple[str, ...] = field(default=())
     scores: Mapping[str, float] = field(default_factory=dict)  # healthy ones: why this weight
     factors: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # the score's parts
+    law: str = field(default="capacity", kw_only=True)  # weights.law in force
 
 
 # ---- routing targets: the unit of decision ---------------------------------------------------

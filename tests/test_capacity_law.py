@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from controller.model import Mode, Signals
 from controller.settings import WeightSettings
-from controller.weights import capacity_goal, decide, load_of, proportional
+from controller.weights import decide, proportional
+from controller.weights.capacity import capacity_goal, load_of
 
 P = WeightSettings()
 

@@ -82,8 +82,8 @@ def test_first_good_fetch_is_healthy_first_bad_is_unhealthy() -> None:
 def test_one_failure_is_a_blip_two_is_an_outage_and_signals_are_held() -> None:
     states = run([good(), bad(now=NOW + 10), bad(now=NOW + 20)])
     assert states[1].healthy and states[1].reason is Reason.TIMEOUT
-    assert states[1].signals is not None and states[1].signals.kv_mean == 0.3
-    assert not states[2].healthy and states[2].changed and states[2].signals is None
+    assert states[1].metrics is not None and states[1].metrics.kv_mean == 0.3
+    assert not states[2].healthy and states[2].changed and states[2].metrics is None
 
 
 def test_recovery_needs_consecutive_successes() -> None:

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from controller.model import Mode, Signals
 from controller.settings import WeightSettings
-from controller.weights import decide, targets
+from controller.weights import decide
+from controller.weights.integral import targets
 
 P = WeightSettings(law="integral")
 
@@ -46,14 +47,14 @@ def test_change_per_tick_is_capped_and_sum_kept() -> None:
         law="integral", gain=400, smoothing=1.0
     )  # wants a 100-point swing at once
     decision = decide({"a": Signals(kv=0.95), "b": Signals(kv=0.0)}, {"a": 90, "b": 10}, eager)
-    assert decision.targets["a"] < 10
+    assert decision.goal["a"] < 10
     assert decision.weights == {"a": 90 - eager.max_step, "b": 10 + eager.max_step}
 
 
 def test_imbalance_is_corrected_by_gain_times_score_difference() -> None:
     decision = decide({"a": Signals(kv=0.9), "b": Signals(kv=0.0)}, {"a": 90, "b": 10}, P)
     # scores 0 and 1, mean 0.5: the target moves a by -gain/2, the step takes `smoothing` of it
-    assert decision.targets["a"] == pytest.approx(90 - P.gain / 2)
+    assert decision.goal["a"] == pytest.approx(90 - P.gain / 2)
     assert decision.weights == {
         "a": round(90 - P.smoothing * P.gain / 2),
         "b": round(10 + P.smoothing * P.gain / 2),
@@ -78,7 +79,7 @@ def test_a_small_persistent_imbalance_is_corrected_in_deadband_sized_steps() -> 
 
 def test_smoothing_takes_part_of_the_way() -> None:
     decision = decide({"a": Signals(kv=0.45), "b": Signals(kv=0.0)}, {"a": 50, "b": 50}, P)
-    goal = decision.targets
+    goal = decision.goal
     assert decision.weights is not None
     assert decision.weights["b"] == round(50 + P.smoothing * (goal["b"] - 50))
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
-from controller import health, weights
+from controller import health, signals, weights
 from controller.exporter import Snapshot, make_registry
-from controller.loop import Reconciler, signals_of
+from controller.loop import Reconciler
 from controller.model import ClusterHealth, ClusterMetrics, Signals, Write
 from controller.publish.dryrun import DryRunPublisher
 from controller.settings import Settings
@@ -115,7 +115,7 @@ class _Judged:
             self._health[name] = health.judge(
                 self._health.get(name), m, settings.health, settings.scrape.min_pod_fraction, now
             )
-        usable = {n: signals_of(h, "p90") for n, h in self._health.items()}
+        usable = {n: signals.current(h, "p90") for n, h in self._health.items()}
         healthy = {n: s for n, s in usable.items() if s is not None}
         if not healthy:
             return None  # fail static, as the daemon does

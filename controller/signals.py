@@ -1,0 +1,120 @@
+"""Pure: what the laws read of each healthy cluster, derived from its fetches over time.
+
+A cluster's ``Signals`` come from its last usable fetch (``ClusterHealth.metrics``) and a small
+memory carried from tick to tick (``SignalMemory``):
+
+- *utilization*: KV use scaled up by the queue, ``(running + waiting) / running × KV`` when
+  requests wait: what the cluster would use if it could admit everything offered to it;
+- *demand*: that utilization filtered over recent scrapes (an EWMA with
+  ``weights.demand_smoothing``), started afresh after an outage;
+- *kv*: the newest KV use, or with ``weights.forecast_horizon`` its value that far ahead on the
+  line through the last ``FORECAST_POINTS`` good readings (only when rising);
+- *capacity*: the pods that answered.
+
+The loop keeps one ``SignalMemory`` per cluster and calls ``remember`` after judging each fetch
+and ``derive`` before weighing; the simulator's baselines use ``current`` (no memory).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from controller.model import ClusterHealth, ClusterMetrics, Signals
+from controller.settings import WeightSettings
+
+# Readings the KV forecast fits its slope to: enough to average out noise, few enough to turn.
+FORECAST_POINTS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class SignalMemory:
+    """What one cluster's signals remember between ticks."""
+
+    history: tuple[tuple[float, float], ...] = ()  # (scraped_at, KV) of the last good fetches
+    demand: float | None = None  # the filtered utilization
+
+
+def utilization(metrics: ClusterMetrics) -> float | None:
+    """KV use, scaled up by the queue when requests wait: (running + waiting) / running × KV
+    is what the cluster would use if it could admit everything offered to it."""
+    kv = metrics.kv_mean
+    if kv is None:
+        return None
+    running, waiting = metrics.running, metrics.queue_depth
+    if not waiting or waiting <= 0 or running is None or running <= 0:
+        return kv
+    return kv * (running + waiting) / running
+
+
+def remember(
+    memory: SignalMemory | None, metrics: ClusterMetrics, health: ClusterHealth, smoothing: float
+) -> SignalMemory:
+    """``memory`` after a fetch judged ``health``. Only a fetch that is in use (healthy, and
+    not a failed one ridden out on the last good signals) feeds the filter and the forecast;
+    after a gap the forecast starts again, and after an outage so does the filter."""
+    memory = memory or SignalMemory()
+    good = health.healthy and health.metrics is metrics
+    history = memory.history
+    if good and metrics.kv_mean is not None:
+        history = (*history, (metrics.scraped_at, metrics.kv_mean))[-FORECAST_POINTS:]
+    elif not good:
+        history = ()  # do not extrapolate across a gap
+    now = utilization(metrics) if good else None
+    if now is None:
+        return SignalMemory(history, memory.demand if health.healthy else None)
+    before = memory.demand
+    return SignalMemory(history, now if before is None else before + smoothing * (now - before))
+
+
+def current(health: ClusterHealth, quantile: str) -> Signals | None:
+    """A cluster's signals from its last usable fetch alone; nothing unless it is healthy."""
+    metrics = health.metrics
+    if not health.healthy or metrics is None or metrics.kv_mean is None:
+        return None
+    latency = None
+    if metrics.latency is not None:
+        latency = {"p50": metrics.latency.p50, "p90": metrics.latency.p90}.get(
+            quantile, metrics.latency.mean
+        )
+    return Signals(
+        kv=metrics.kv_mean,
+        queue_per_pod=metrics.queue_per_pod,
+        latency=latency,
+        utilization=utilization(metrics),
+        capacity=float(metrics.pods_answering) if metrics.pods_answering else None,
+    )
+
+
+def derive(
+    health: ClusterHealth, memory: SignalMemory | None, params: WeightSettings
+) -> Signals | None:
+    """What the laws read of a cluster this tick: ``current`` with its filtered demand and,
+    when ``forecast_horizon`` is on and the window is full, its KV forecast."""
+    signals = current(health, params.latency_quantile)
+    if signals is None or memory is None:
+        return signals
+    if memory.demand is not None:
+        signals = replace(signals, demand=memory.demand)
+    horizon = float(params.forecast_horizon)
+    # Two noisy points make a wild slope: forecast only from a full window.
+    if horizon > 0 and len(memory.history) == FORECAST_POINTS:
+        signals = replace(signals, kv=forecast_kv(memory.history, horizon))
+    return signals
+
+
+def forecast_kv(history: Sequence[tuple[float, float]], horizon: float) -> float:
+    """KV ``horizon`` seconds after the last of ``history`` ((time, kv) pairs, oldest first),
+    on the least-squares line through them when it rises; at most 1. One point: itself."""
+    last = history[-1][1]
+    if horizon <= 0 or len(history) < 2:
+        return last
+    n = len(history)
+    mean_t = sum(t for t, _ in history) / n
+    mean_kv = sum(kv for _, kv in history) / n
+    spread = sum((t - mean_t) ** 2 for t, _ in history)
+    if spread <= 0:
+        return last
+    slope = sum((t - mean_t) * (kv - mean_kv) for t, kv in history) / spread
+    # Only rising KV is anticipated: late shedding overloads, late returning merely waits.
+    return min(1.0, last + max(0.0, slope) * horizon)

@@ -1,0 +1,181 @@
+"""Pure: per-cluster signals + health + the weights now in force → the next integer weights.
+
+``weigh`` applies a law to one routing target (an ExternalModel, an HTTPRoute rule, or the
+configured clusters): the refs that map to a cluster share what the unmapped ones leave, on the
+target's own scale. It is the only place weights are decided; the loop calls it once per target
+per tick, and publishers only write what it returned.
+
+The result always sums to exactly 100 (the ExternalModel ``weight`` field is 0..100 and the
+router picks by weighted random choice over the total) and is never all zeros. Unhealthy
+clusters get 0 at once; with no healthy cluster the weights in force are kept (fail static).
+
+Two laws, one module each: ``capacity`` (the default: hold at rest, step by capacity share
+minus demand share under pressure, then settle) and ``integral`` (the previous law). The
+signals they read are derived in ``controller.signals``; rounding is ``rounding``, and what the
+laws share about stepping from the weights in force is ``steps``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+from controller.model import Decision, Mode, Signals, Target
+from controller.settings import WeightSettings
+from controller.weights import capacity, integral
+from controller.weights.rounding import TOTAL, at_least, proportional, round_to_total
+from controller.weights.steps import survivors
+
+__all__ = [
+    "TOTAL",
+    "at_least",
+    "budget",
+    "decide",
+    "factors",
+    "pin_problem",
+    "proportional",
+    "round_to_total",
+    "weigh",
+]
+
+
+def budget(target: Target) -> int:
+    """What the mapped refs of ``target`` share between them, on the object's scale.
+
+    ExternalModel weights are percentages (0..100): the mapped refs get what the unmapped ones
+    leave of 100. HTTPRoute weights are relative within their rule (``weight / sum``,
+    0..1,000,000): the rule keeps its total, so unmapped backends keep their share; a rule that
+    is all ours is written on at least a 0..100 scale (its defaults of 1 give no resolution)."""
+    mapped = sum(r.weight for r in target.refs if r.cluster is not None)
+    unmapped = sum(r.weight for r in target.refs if r.cluster is None)
+    if target.total is not None:
+        return target.total - unmapped
+    return mapped if unmapped > 0 else max(mapped, TOTAL)
+
+
+def weigh(
+    target: Target,
+    signals: Mapping[str, Signals | None],
+    params: WeightSettings,
+    settling: bool = False,
+) -> tuple[dict[str, int], Decision]:
+    """The weights every ref of ``target`` should hold (unmapped refs keep theirs), and the
+    decision over the mapped refs on a 0..100 scale. ``target.weights`` is what is in force;
+    a mapped ref whose cluster has no signals this tick counts as unhealthy. ``settling``:
+    the target changed less than ``settle`` ago (the capacity law waits for it to act)."""
+    held = target.weights
+    law = params.law
+    if params.freeze:
+        return held, Decision(held, {}, Mode.FROZEN, False, ("weights.freeze is on",), law=law)
+    if target.paused is not None:
+        return held, Decision(held, {}, Mode.PAUSED, False, (target.paused,), law=law)
+    if target.pinned is not None:
+        return _pinned(target, held, law)
+    mapped = [ref for ref in target.refs if ref.cluster is not None]
+    share = budget(target)
+    if not mapped or share < len(mapped) * max(1, target.minimum):
+        note = "no ref maps to a known cluster" if not mapped else "unmapped refs hold it all"
+        return held, Decision(None, {}, Mode.NO_DATA, False, (note,), law=law)
+    inputs = {ref.name: signals.get(ref.cluster or "") for ref in mapped}
+    current = {ref.name: ref.weight for ref in mapped}
+    in_force = proportional(current, TOTAL) if sum(current.values()) > 0 else None
+    healthy = {name: s for name, s in inputs.items() if s is not None}
+    why = factors(healthy, params)
+    decision = replace(
+        decide(inputs, in_force, params, settling),
+        scores={n: f["score"] for n, f in why.items()},
+        factors=why,
+    )
+    if not decision.changed or decision.weights is None:
+        return held, decision
+    scaled = at_least(proportional(decision.weights, share), target.minimum)
+    return {**held, **scaled}, decision
+
+
+def pin_problem(target: Target) -> str | None:
+    """Why ``target``'s pin cannot be applied, or ``None``."""
+    pinned = target.pinned
+    if pinned is None:
+        return None
+    if not pinned:
+        return "the pin annotation is not a JSON map of ref name to integer weight"
+    unknown = sorted(set(pinned) - set(target.weights))
+    if unknown:
+        return f"the pin names refs the target does not have: {', '.join(unknown)}"
+    if any(w < target.minimum for w in pinned.values()):
+        return f"a pinned weight is below the schema's minimum of {target.minimum}"
+    total = target.total
+    if total is not None and sum({**target.weights, **pinned}.values()) != total:
+        return f"the pinned weights (with any refs not named) must add up to {total}"
+    if sum({**target.weights, **pinned}.values()) <= 0:
+        return "the pinned weights would send all traffic nowhere"
+    return None
+
+
+def _pinned(target: Target, held: dict[str, int], law: str) -> tuple[dict[str, int], Decision]:
+    """An operator's pin, applied as it is; a pin that cannot be applied holds instead."""
+    problem = pin_problem(target)
+    if problem is not None:
+        note = f"pin ignored, weights held: {problem}"
+        return held, Decision(held, {}, Mode.PAUSED, False, (note,), law=law)
+    assert target.pinned is not None
+    desired = {**held, **target.pinned}
+    changed = desired != held
+    return desired, Decision(desired, {}, Mode.PINNED, changed, ("pinned by annotation",), law=law)
+
+
+def factors(healthy: Mapping[str, Signals], params: WeightSettings) -> dict[str, dict[str, float]]:
+    """Why each healthy cluster deserves the traffic it gets, for the law in use."""
+    if params.law == capacity.LAW:
+        return capacity.factors(healthy)
+    return integral.factors(healthy, params)
+
+
+def decide(
+    clusters: Mapping[str, Signals | None],
+    in_force: Mapping[str, int] | None,
+    params: WeightSettings,
+    settling: bool = False,
+) -> Decision:
+    """The next weights (see ``_decide``), with a note when the floor cannot hold.
+
+    Weights are whole points out of 100. With more healthy clusters than ``100 / floor`` the
+    floor is lowered to what 100 points allow — one point each up to 100 clusters, so no
+    healthy ref sits at 0 while one point each is possible (an ExternalModel has at most 64
+    refs, so it always is). Past 100 healthy clusters (only the implicit target can have so
+    many) 100 points cannot cover them: some get 0, and the note says so."""
+    decision = _decide(clusters, in_force, params, settling)
+    healthy = sum(1 for s in clusters.values() if s is not None)
+    if healthy == 0 or decision.weights is None or params.floor * healthy <= TOTAL:
+        return decision
+    if healthy > TOTAL:
+        note = f"{healthy} healthy clusters share {TOTAL} points: some get 0, not the floor"
+    else:
+        note = f"floor lowered to {TOTAL // healthy}: {healthy} healthy clusters × {params.floor}"
+        note += f" > {TOTAL}"
+    return replace(decision, notes=(*decision.notes, note))
+
+
+def _decide(
+    clusters: Mapping[str, Signals | None],
+    in_force: Mapping[str, int] | None,
+    params: WeightSettings,
+    settling: bool = False,
+) -> Decision:
+    """The next weights. ``clusters`` maps every cluster to its signals, or ``None`` if
+    unhealthy; ``in_force`` is what was last published (``None`` before the first time)."""
+    previous = {n: in_force.get(n, 0) for n in clusters} if in_force else None
+    if previous is not None and sum(previous.values()) <= 0:
+        previous = None
+    healthy = [n for n, s in clusters.items() if s is not None]
+    law = params.law
+    if not healthy:
+        if previous is None:
+            note = "no cluster has usable data yet"
+            return Decision(None, {}, Mode.NO_DATA, False, (note,), law=law)
+        note = "every cluster is unhealthy: keeping the last weights (fail static)"
+        return Decision(previous, {}, Mode.FAIL_STATIC, False, (note,), law=law)
+    base = survivors(previous, healthy) if previous else None
+    if law == capacity.LAW:
+        return capacity.decide(clusters, previous, base, params, settling)
+    return integral.decide(clusters, previous, base, params)
