@@ -26,11 +26,9 @@ sys.path.insert(0, str(ROOT))
 from controller import logs  # noqa: E402
 from controller.app import Controller  # noqa: E402
 from controller.demo.runner import PERIOD, apply_scenario, demo_fleet  # noqa: E402
-from controller.exporter import Snapshot, make_registry  # noqa: E402
-from controller.loop import Reconciler  # noqa: E402
 from controller.model import ClusterMetrics  # noqa: E402
-from controller.publish.dryrun import DryRunPublisher  # noqa: E402
 from controller.settings import build_settings  # noqa: E402
+from controller.testing import build_loop  # noqa: E402
 
 
 class Clock:
@@ -73,10 +71,8 @@ async def steady(clusters: int, minutes: float) -> tuple[float, float, float]:
             "clusters": [{"name": n, "vllm_urls": ["http://127.0.0.1:1/"]} for n in names],
         }
     )
-    snapshot = Snapshot()
-    _, metrics = make_registry(snapshot)
     sources = [Steady(n, clock, rng) for n in names]
-    reconciler = Reconciler(settings, sources, DryRunPublisher(), metrics, snapshot, clock)
+    reconciler = build_loop(settings, sources, clock=clock).reconciler
     stream = capture()
     for _ in range(6):  # the first minute settles the first weights; not counted
         await reconciler.tick()

@@ -11,25 +11,26 @@ import ssl
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any
 
 import aiohttp
 import structlog
 from aiohttp import web
 
 from controller import server
-from controller.exporter import Snapshot, cluster_json, make_registry
+from controller.exporter import make_registry
 from controller.kube import client as kube_client
 from controller.kube.access import AccessReviewer
 from controller.kube.leader import LeaderElector
-from controller.loop import Reconciler, TickReport
 from controller.publish import Publisher
-from controller.publish.dryrun import DryRunPublisher
+from controller.publish.configured import implicit
+from controller.publish.dryrun import DryRun
 from controller.publish.kubernetes import KubernetesPublisher
+from controller.reconcile.loop import Reconciler
 from controller.settings import ClusterSettings, Settings
 from controller.sources import ClusterMetricsSource
 from controller.sources.prometheus import PrometheusQuerySource
 from controller.sources.scrape import ScrapeSource
+from controller.state import Snapshot, TickReport
 
 log = structlog.get_logger("controller.app")
 
@@ -39,14 +40,10 @@ SHUTDOWN_GRACE = 2.0
 # How often the serving certificate's files are checked for a rotation.
 CERT_CHECK_SECONDS = 60.0
 # Python's cyclic collector, for a process that allocates a page's samples by the hundred and
-# keeps almost none of them. With the default (a young pass every 700 new containers) the
-# daemon at 2,000 pods ran 4,941 young, 449 middle and 40 full passes in a ~75 s run, the full
-# ones 73 ms each, blocking the loop: 5.0 s, 17% of its CPU (benchmarks/bench_daemon.py, timed
-# with gc.callbacks). A young pass costs what is still alive, not what was allocated, so
-# rarer passes cost less in all; and what start-up loaded (modules, clients, settings) is
-# never garbage, so gc.freeze() takes it out of every later pass
-# (docs.python.org/3/library/gc.html). Measured together: 187 young, 17 middle and 2 full
-# passes (46 ms each), 0.5 s.
+# keeps almost none of them. A young pass costs what is still alive, not what was allocated, so
+# rarer passes cost less in all; and what start-up loaded (modules, clients, settings) is never
+# garbage, so gc.freeze() takes it out of every later pass (docs.python.org/3/library/gc.html).
+# What the defaults cost the daemon, and what this saves, is measured in benchmarks/README.md.
 GC_THRESHOLD = (10_000, 10, 10)
 
 
@@ -103,7 +100,7 @@ class Controller:
         self._api = api
         self._owns_api = api is None
         self.leader: LeaderElector | None = None
-        self.publisher: Publisher = publisher or DryRunPublisher()
+        self.publisher: Publisher = publisher or implicit(c.name for c in settings.clusters)
         self.snapshot = Snapshot(dry_run=dry_run)
         self.registry, self.metrics = make_registry(self.snapshot)
         self.metrics.interval.set(settings.interval)
@@ -224,9 +221,8 @@ class Controller:
             self.metrics.leader.set(1)  # a single replica is its own leader
             is_leader = _always
         if kube.enabled:
-            self.publisher = KubernetesPublisher(
-                self.settings, self._api, self.metrics, is_leader, self._dry_run
-            )
+            writer = KubernetesPublisher(self.settings, self._api, self.metrics, is_leader)
+            self.publisher = DryRun(writer) if self._dry_run else writer
 
     async def _close_clients(self) -> None:
         if self._api is not None and self._owns_api:
@@ -302,24 +298,4 @@ async def serve_forever(settings: Settings, dry_run: bool = False) -> None:
     log.info("stopped")
 
 
-def report_json(report: TickReport) -> dict[str, Any]:
-    """The ``once`` output: every cluster's signals and health (``weight``: its share in the
-    implicit target, or in the only target), and every target's decision and write."""
-    only = report.only
-    return {
-        "clusters": {name: cluster_json(view) for name, view in report.clusters.items()},
-        "targets": {
-            key: {
-                "desired": dict(view.outcome.desired),
-                "applied": dict(view.outcome.applied),
-                "write": view.outcome.write.value,
-                "mode": view.outcome.decision.mode.value,
-                "notes": list(view.outcome.decision.notes),
-            }
-            for key, view in report.targets.items()
-        },
-        "mode": only.outcome.decision.mode.value if only else None,
-    }
-
-
-__all__ = ["Controller", "report_json", "serve_forever"]
+__all__ = ["Controller", "serve_forever"]

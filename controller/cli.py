@@ -290,7 +290,8 @@ def _check_config(path: Path) -> int:
 
 
 async def _once(settings: Settings, apply: bool) -> int:
-    from controller.app import Controller, report_json
+    from controller.app import Controller
+    from controller.render import report_json
 
     async with Controller(settings, serve=False, dry_run=not apply) as controller:
         report = await controller.once()

@@ -252,15 +252,18 @@ class WriteResult:
 
 @dataclass(frozen=True, slots=True)
 class TargetDecision:
-    """One target after a tick: what was decided (``desired``, by ref), what it holds
-    (``applied``; in a dry run what would be applied), and what the write did."""
+    """One target after a tick: what was in force when it was decided (``held``, by ref), what
+    was decided (``desired``), what it holds now (``applied``; in a dry run what would be
+    applied), and what the write did (with a short ``reason`` and a ``detail`` when it failed)."""
 
     target: Target
+    held: Mapping[str, int]
     desired: Mapping[str, int]
     applied: Mapping[str, int]
     decision: Decision
     write: Write
     detail: str | None = None
+    reason: str | None = None
 
     @property
     def key(self) -> str:

@@ -17,7 +17,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 
-from controller.exporter import Snapshot, state_json
+from controller.render import state_json
+from controller.state import Snapshot
 
 # The loop is alive if it ticked within this many intervals.
 LIVENESS_INTERVALS = 3
@@ -77,20 +78,21 @@ def make_app(
     started = time.monotonic()
 
     async def healthz(_: web.Request) -> web.Response:
-        last = snapshot.last_tick_monotonic or started
+        last = snapshot.report.finished_monotonic or started
         age = time.monotonic() - last
         if age > LIVENESS_INTERVALS * interval:
             return web.Response(status=503, text=f"no tick for {age:.1f}s\n")
         return web.Response(text="ok\n")
 
     async def readyz(_: web.Request) -> web.Response:
-        if snapshot.ticks == 0:
+        if snapshot.report.tick == 0:
             return web.Response(status=503, text="first reconcile not done\n")
         return web.Response(text="ok\n")
 
     async def state(_: web.Request) -> web.Response:
         leader = registry.get_sample_value("weight_controller_leader")
-        return web.json_response(state_json(snapshot, None if leader is None else leader == 1))
+        known = None if leader is None else leader == 1
+        return web.json_response(state_json(snapshot.report, known, snapshot.dry_run))
 
     app = web.Application(middlewares=[_guard(authorize)] if authorize is not None else [])
     app.router.add_get("/debug/state", state)

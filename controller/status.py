@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 
 from controller.logs import mask_url
+from controller.render import health_words
 
 STATE_PATH = "/debug/state"
 
@@ -72,11 +73,6 @@ def render(state: dict[str, Any], now: float | None = None, explain: bool = Fals
     ]
     rows = [["CLUSTER", "KV", "KV MAX", "QUEUE", "P50", "P90", "PODS", "HEALTH", "WEIGHT"]]
     for name, c in sorted(state["clusters"].items()):
-        health = "healthy" if c["healthy"] else f"UNHEALTHY ({c['reason']})"
-        if c["healthy"] and c["reason"]:
-            health = f"healthy, last fetch failed ({c['reason']})"
-        elif c["healthy"] and c["degraded"]:
-            health = "healthy, degraded"
         rows.append(
             [
                 name,
@@ -86,7 +82,7 @@ def render(state: dict[str, Any], now: float | None = None, explain: bool = Fals
                 _ms(c["latency_p50_seconds"]),
                 _ms(c["latency_p90_seconds"]),
                 f"{c['pods_answering']}/{c['pods_scraped']}",
-                health,
+                health_words(c),
                 _num(c["weight"], "d"),
             ]
         )
@@ -126,25 +122,48 @@ def _targets(targets: dict[str, Any], now: float) -> list[str]:
     return [*_table(rows), *notes]
 
 
-CAPACITY_PARTS = (
-    ("CAPACITY", "capacity", ".0f"),
-    ("UTILIZATION", "utilization", ".2f"),
-    ("CAP SHARE", "capacity_share", ".2f"),
-    ("DEMAND SHARE", "demand_share", ".2f"),
-)
-INTEGRAL_PARTS = (
-    ("KV HEADROOM", "kv_headroom", ".3f"),
-    ("QUEUE", "queue_penalty", ".3f"),
-    ("LATENCY", "latency_penalty", ".3f"),
-)
+# Each law's factors (``weights.<law>.factors``) as explain's columns, and what its score is.
+LAWS: dict[str, tuple[tuple[tuple[str, str, str], ...], str]] = {
+    "capacity": (
+        (
+            ("CAPACITY", "capacity", ".0f"),
+            ("UTILIZATION", "utilization", ".2f"),
+            ("CAP SHARE", "capacity_share", ".2f"),
+            ("DEMAND SHARE", "demand_share", ".2f"),
+        ),
+        "score = capacity share − demand share (above 0: room for more); realised/intended:"
+        " % of the target's requests served vs asked for; '-' for unhealthy or unmapped",
+    ),
+    "integral": (
+        (
+            ("KV HEADROOM", "kv_headroom", ".3f"),
+            ("QUEUE", "queue_penalty", ".3f"),
+            ("LATENCY", "latency_penalty", ".3f"),
+        ),
+        "score = kv headroom × queue penalty × latency penalty (relative to the best cluster);"
+        " '-' for an unhealthy or unmapped ref",
+    ),
+}
 
 
 def _explain(targets: dict[str, Any]) -> list[str]:
-    """Why each ref has its weight: its cluster's score and the score's parts (for the law in
-    use), its goal, and the share its cluster really served beside the one intended."""
-    factors = [r.get("factors") or {} for t in targets.values() for r in t["refs"].values()]
-    integral = any("kv_headroom" in f for f in factors)
-    parts = INTEGRAL_PARTS if integral else CAPACITY_PARTS
+    """Why each ref has its weight, per law in force (each decision names its law): its
+    cluster's score and the score's parts, its goal, and the share its cluster really served
+    beside the one intended."""
+    lines: list[str] = []
+    for law in sorted({t.get("law", "capacity") for t in targets.values()}):
+        chosen = {k: t for k, t in targets.items() if t.get("law", "capacity") == law}
+        lines += [f"law: {law}", *_explain_law(chosen, *LAWS.get(law, ((), "")))]
+    for key, t in sorted(targets.items()):
+        lines.append(
+            f"{key}: mode {t['mode']}" + (f" ({'; '.join(t['notes'])})" if t.get("notes") else "")
+        )
+    return lines
+
+
+def _explain_law(
+    targets: dict[str, Any], parts: tuple[tuple[str, str, str], ...], legend: str
+) -> list[str]:
     rows = [
         [
             "TARGET",
@@ -174,19 +193,4 @@ def _explain(targets: dict[str, Any]) -> list[str]:
                     _num(r.get("intended"), ".1f"),
                 ]
             )
-    lines = _table(rows)
-    if integral:
-        lines.append(
-            "score = kv headroom × queue penalty × latency penalty (relative to the best cluster);"
-            " '-' for an unhealthy or unmapped ref"
-        )
-    else:
-        lines.append(
-            "score = capacity share − demand share (above 0: room for more); realised/intended:"
-            " % of the target's requests served vs asked for; '-' for unhealthy or unmapped"
-        )
-    for key, t in sorted(targets.items()):
-        lines.append(
-            f"{key}: mode {t['mode']}" + (f" ({'; '.join(t['notes'])})" if t.get("notes") else "")
-        )
-    return lines
+    return [*_table(rows), legend]

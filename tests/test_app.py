@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +19,11 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller.app import Controller, report_json
+from controller.app import Controller
 from controller.fakes.clusters import Fault, Fleet, SimCluster
-from controller.loop import TickReport
+from controller.render import report_json
 from controller.settings import Settings, build_settings
+from controller.state import TickReport
 from tests.conftest import CONTROLLER, free_port
 
 INTERVAL = 0.25
@@ -222,7 +224,9 @@ async def test_readyz_waits_for_the_first_reconcile_and_healthz_for_a_live_loop(
             await controller.once()
             async with session.get(base + "/readyz") as response:
                 assert response.status == 200
-            controller.snapshot.last_tick_monotonic = time.monotonic() - 10 * INTERVAL
+            stalled = time.monotonic() - 10 * INTERVAL
+            report = controller.snapshot.report
+            controller.snapshot.report = replace(report, finished_monotonic=stalled)
             async with session.get(base + "/healthz") as response:
                 assert response.status == 503
 

@@ -94,8 +94,8 @@ async def test_healthz_answers_while_a_hostile_ten_megabyte_page_is_read(serve: 
                 await asyncio.sleep(0.1)
         stop.set()
         await asyncio.wait_for(run, 10)
-        clusters = controller.snapshot.clusters
-        target = controller.snapshot.targets["configured"].outcome
+        clusters = controller.snapshot.report.clusters
+        target = controller.snapshot.report.targets["configured"].outcome
     assert slowest < 0.5, slowest
     hostile_view, honest_view = clusters["hostile"], clusters["honest"]
     assert honest_view.health is not None and honest_view.health.healthy

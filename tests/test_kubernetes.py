@@ -259,7 +259,7 @@ async def test_a_target_deleted_mid_tick_is_forgotten(
         with capture_logs() as logs:
             await controller.once()
         assert any(e["event"] == "target gone" for e in logs)
-        assert "ExternalModel/maas-system/llama" not in controller.snapshot.targets
+        assert "ExternalModel/maas-system/llama" not in controller.snapshot.report.targets
         await controller.once()  # and the next tick goes on without it
 
 
@@ -275,7 +275,7 @@ async def test_api_down_keeps_deciding_and_applies_the_latest_once_back(
             await ticks(controller, 3)
         # one line when it starts, not one per tick; and one when it ends (below)
         assert [e["event"] for e in logs].count("cannot read targets") == 1
-        view = controller.snapshot.targets["ExternalModel/maas-system/llama"].outcome
+        view = controller.snapshot.report.targets["ExternalModel/maas-system/llama"].outcome
         assert view.desired["west"] > view.applied["west"] == 50
         api_errors = controller.registry.get_sample_value(
             "weight_controller_api_errors_total", {"reason": "unavailable"}
@@ -391,7 +391,7 @@ async def test_providers_can_define_clusters_by_annotation(
         settings = settings_for(sims, kubernetes=loopback_ok)
         async with Controller(settings, serve=False, api=api) as controller:
             await ticks(controller, 4)
-            assert "remote-llm" in controller.snapshot.clusters
+            assert "remote-llm" in controller.snapshot.report.clusters
     final = weights_of(apiserver)
     assert final["east"] > final["remote-llm"]
 
@@ -591,7 +591,7 @@ async def test_a_schema_rejection_is_told_from_a_conflict_and_not_retried(
                 "field": "spec.externalProviderRefs[0].weight",
             },
         )
-        view = controller.snapshot.targets["ExternalModel/maas-system/llama"].outcome
+        view = controller.snapshot.report.targets["ExternalModel/maas-system/llama"].outcome
     assert len(apiserver.writes("PATCH")) == 1  # refused once, never sent again
     assert rejected == 1
     refused = [e for e in logs if e["event"] == "write refused"]
@@ -799,7 +799,7 @@ async def test_models_in_every_namespace_are_found_with_no_namespace_configured(
     sims["east"].kv = 0.95
     async with Controller(settings_for(sims), serve=False, api=api) as controller:
         await ticks(controller, 2)
-        found = set(controller.snapshot.targets)
+        found = set(controller.snapshot.report.targets)
     assert found == {"ExternalModel/llm/m", "ExternalModel/team-b/m"}
     lists = [
         path
@@ -818,7 +818,7 @@ async def test_an_explicit_namespace_list_reads_only_those(
     settings = settings_for(sims, kubernetes={"namespaces": ["llm"]})
     async with Controller(settings, serve=False, api=api) as controller:
         await ticks(controller, 1)
-        assert set(controller.snapshot.targets) == {"ExternalModel/llm/m"}
+        assert set(controller.snapshot.report.targets) == {"ExternalModel/llm/m"}
     assert all("/namespaces/team-b/" not in path for _, path, _, _ in apiserver.requests)
 
 
@@ -865,7 +865,7 @@ async def test_each_rule_is_weighed_on_its_own_and_keeps_its_total(
     sims["east"].fault = Fault.NONE
     async with Controller(route_settings(sims), serve=False, api=api) as controller:
         await ticks(controller, 4)
-        keys = set(controller.snapshot.targets)
+        keys = set(controller.snapshot.report.targets)
     first, second, third, fourth = rules_of(apiserver)
     assert keys == {"HTTPRoute/apps/llama/rule-0", "HTTPRoute/apps/llama/rule-1"}
     assert first["saas"] == 200 and first["svc-east"] + first["svc-west"] == 1000
@@ -901,7 +901,7 @@ async def test_a_route_owned_by_another_controller_is_refused(
     async with Controller(route_settings(sims), serve=False, api=api) as controller:
         with capture_logs() as logs:
             await ticks(controller, 3)
-        refused = dict(controller.snapshot.refused)
+        refused = dict(controller.snapshot.report.refused)
     assert apiserver.writes("PATCH") == []
     assert rules_of(apiserver) == [{"svc-east": 50, "svc-west": 50}]
     assert refused == {
@@ -977,7 +977,7 @@ async def test_a_hostile_annotation_is_refused_and_never_fetched(
     async with Controller(settings, serve=False, api=api) as controller:
         with capture_logs() as logs:
             await ticks(controller, 3)
-        redirector = controller.snapshot.clusters["redirector"]
+        redirector = controller.snapshot.report.clusters["redirector"]
     problems = [e["problem"] for e in logs if e["event"] == "ignoring provider annotations"]
     assert any("metadata-ip" in p and "link-local address 169.254.169.254" in p for p in problems)
     assert any("api-server" in p and "it is the Kubernetes API server" in p for p in problems)
@@ -1013,7 +1013,7 @@ async def test_a_paused_target_holds_its_weights_until_unpaused(
     async with Controller(settings_for(sims), serve=False, api=api) as controller:
         with capture_logs() as logs:
             await ticks(controller, 3)
-            view = controller.snapshot.targets["ExternalModel/maas-system/llama"].outcome
+            view = controller.snapshot.report.targets["ExternalModel/maas-system/llama"].outcome
             assert weights_of(apiserver) == {"east": 50, "west": 50}
             assert view.decision.mode.value == "paused"
             assert view.decision.notes == ("INC-42: investigating east",)
@@ -1044,11 +1044,11 @@ async def test_a_pin_sets_the_weights_and_a_bad_pin_holds(
         annotate(apiserver, PIN_ANNOTATION, '{"east": 10, "west": 90}')
         await ticks(controller, 3)
         assert weights_of(apiserver) == {"east": 10, "west": 90}
-        view = controller.snapshot.targets["ExternalModel/maas-system/llama"].outcome
+        view = controller.snapshot.report.targets["ExternalModel/maas-system/llama"].outcome
         assert view.decision.mode.value == "pinned"
         annotate(apiserver, PIN_ANNOTATION, '{"east": 10, "west": 10}')  # adds up to 20
         await ticks(controller, 2)
-        view = controller.snapshot.targets["ExternalModel/maas-system/llama"].outcome
+        view = controller.snapshot.report.targets["ExternalModel/maas-system/llama"].outcome
     assert weights_of(apiserver) == {"east": 10, "west": 90}  # held, not half-applied
     assert view.decision.mode.value == "paused"
     assert "must add up to 100" in view.decision.notes[0]
@@ -1062,6 +1062,6 @@ async def test_a_global_freeze_holds_every_target(
     frozen = settings_for(sims, weights={"freeze": True})
     async with Controller(frozen, serve=False, api=api) as controller:
         await ticks(controller, 3)
-        view = controller.snapshot.targets["ExternalModel/maas-system/llama"].outcome
+        view = controller.snapshot.report.targets["ExternalModel/maas-system/llama"].outcome
     assert apiserver.writes("PATCH") == []
     assert view.decision.mode.value == "frozen"

@@ -9,13 +9,23 @@ PACKAGE = Path(__file__).resolve().parents[1] / "controller"
 
 # Lowest first. A module may import its own layer and the ones below, never one above.
 LAYERS = [
-    {"controller", "__version__", "CONFIG_ENV", "model", "errors", "logs", "exposition", "fakes"},
-    {"settings", "histograms", "addresses"},
-    {"sources", "health", "weights", "kube"},
-    {"exporter"},
+    {
+        "controller",
+        "__version__",
+        "CONFIG_ENV",
+        "model",
+        "errors",
+        "logs",
+        "exposition",
+        "families",
+        "fakes",
+    },
+    {"settings", "histograms", "addresses", "metrics"},
+    {"sources", "health", "signals", "weights", "state"},
+    {"render", "kube"},
     {"publish"},
-    {"loop"},
-    {"server", "app"},
+    {"reconcile", "exporter"},
+    {"server", "app", "testing"},
     {"demo", "simulation", "status", "cli", "__main__"},
 ]
 # The daemon's own path (everything up to the wiring) never imports the fakes.

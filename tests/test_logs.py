@@ -25,13 +25,11 @@ from structlog.testing import capture_logs
 from controller import logs
 from controller.app import Controller
 from controller.demo.runner import apply_scenario, demo_fleet
-from controller.exporter import Snapshot, make_registry
 from controller.kube.leader import LeaderElector
 from controller.logs import Conditions
-from controller.loop import Reconciler
 from controller.model import ClusterMetrics
-from controller.publish.dryrun import DryRunPublisher
 from controller.settings import LeaderSettings, build_settings
+from controller.testing import build_loop
 from tests import crds
 from tests.apiserver import FakeAPIServer
 from tests.test_kubernetes import CRD, NS, model, provider, wait_until
@@ -182,10 +180,8 @@ async def test_two_hundred_steady_clusters_write_only_the_summaries() -> None:
             "clusters": [{"name": n, "vllm_urls": ["http://127.0.0.1:1/"]} for n in names],
         }
     )
-    snapshot = Snapshot()
-    _, metrics = make_registry(snapshot)
     sources = [Steady(n, clock) for n in names]
-    reconciler = Reconciler(settings, sources, DryRunPublisher(), metrics, snapshot, clock)
+    reconciler = build_loop(settings, sources, clock=clock).reconciler
     await reconciler.tick()  # the start: every cluster's first status, the first weights
     with capture_logs() as lines:
         for _ in range(60):  # ten minutes

@@ -11,13 +11,13 @@ import pytest
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
-from controller.exporter import Snapshot, make_registry
 from controller.logs import redact
-from controller.loop import Reconciler
 from controller.model import ClusterMetrics, Reason, Ref, Target, Write, WriteResult
 from controller.publish import Discovery, Publisher
-from controller.publish.dryrun import DryRunPublisher
+from controller.reconcile.loop import Reconciler
 from controller.settings import Settings, build_settings
+from controller.state import Snapshot
+from controller.testing import build_loop
 
 
 class ScriptedSource:
@@ -76,12 +76,8 @@ class FailingPublisher:
 def make(
     settings: Settings, *sources: ScriptedSource, publisher: Publisher | None = None
 ) -> tuple[Reconciler, Snapshot, CollectorRegistry]:
-    snapshot = Snapshot()
-    registry, metrics = make_registry(snapshot)
-    reconciler = Reconciler(
-        settings, list(sources), publisher or DryRunPublisher(), metrics, snapshot
-    )
-    return reconciler, snapshot, registry
+    loop = build_loop(settings, list(sources), publisher)
+    return loop.reconciler, loop.snapshot, loop.registry
 
 
 def settings(interval: float = 0.1) -> Settings:
@@ -132,7 +128,7 @@ async def test_ticks_stay_on_the_grid_skip_missed_slots_and_never_overlap() -> N
     assert all(abs(o - round(o)) < 0.3 for o in offsets), offsets
     gaps = [round(y - x) for x, y in itertools.pairwise(offsets)]
     assert max(gaps) >= 2  # the slow tick's missed slots were skipped, not bunched up
-    assert snapshot.ticks == len(a.starts)
+    assert snapshot.report.tick == len(a.starts)
 
 
 async def test_the_tick_deadline_fails_only_the_slow_cluster() -> None:
@@ -169,7 +165,7 @@ async def test_a_failed_publish_keeps_the_old_weights_in_force() -> None:
     outcome = reconciler.targets["ExternalModel/ns/m"].outcome
     assert outcome.write is Write.FAILED and publisher.attempts == 1
     assert outcome.applied == {"a": 50, "b": 50} and outcome.desired["b"] > 50
-    assert snapshot.clusters["a"].weight == 50
+    assert snapshot.report.clusters["a"].weight == 50
     assert (
         registry.get_sample_value("weight_controller_reconcile_errors_total", {"stage": "publish"})
         == 1

@@ -18,10 +18,11 @@ import pytest_asyncio
 from kubernetes_asyncio import client
 
 from controller import health
-from controller.app import Controller, report_json
+from controller.app import Controller
 from controller.fakes.clusters import Fault, Fleet, SimCluster
 from controller.fakes.pages import LATENCY_BOUNDS
 from controller.model import Reason
+from controller.render import report_json
 from controller.settings import Settings, build_settings
 from controller.sources.prometheus import PrometheusQuerySource
 from controller.sources.scrape import ScrapeSource

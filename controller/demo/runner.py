@@ -14,11 +14,11 @@ import sys
 from dataclasses import replace
 from typing import TextIO
 
-from controller import logs
+from controller import logs, render
 from controller.app import Controller, install_signal_handlers
 from controller.fakes.clusters import Fault, Fleet, SimCluster
-from controller.loop import TickReport
 from controller.settings import build_settings
+from controller.state import TickReport
 
 PERIOD = 60  # ticks per scenario cycle
 
@@ -71,8 +71,9 @@ def _cell(value: float | None, fmt: str) -> str:
 
 
 def print_table(report: TickReport, out: TextIO) -> None:
-    """One block per tick: each target's mode and write, then each cluster's signals and its
-    share of that target (the demo has one: the implicit target over its three clusters)."""
+    """One block per tick: each target's mode and write, then each cluster's signals (as
+    ``/debug/state`` shows them) and its share of that target (the demo has one: the implicit
+    target over its three clusters)."""
     for key, view in report.targets.items():
         outcome = view.outcome
         print(
@@ -85,19 +86,15 @@ def print_table(report: TickReport, out: TextIO) -> None:
             file=out,
         )
         for ref, cluster in outcome.target.clusters.items():
-            view_of = report.clusters.get(cluster or "")
-            m = view_of.metrics if view_of else None
-            h = view_of.health if view_of else None
-            p90 = m.latency.p90 if m and m.latency else None
-            health = "-" if h is None else ("healthy" if h.healthy else f"UNHEALTHY ({h.reason})")
-            if h is not None and h.healthy and h.reason is not None:
-                health = f"healthy ({h.reason}!)"
+            shown = report.clusters.get(cluster or "")
+            c = render.cluster_json(shown) if shown else None
+            p90 = c["latency_p90_seconds"] if c else None
             weight = outcome.applied.get(ref, 0)
             print(
-                f"  {ref:<10} {_cell(m.kv_mean if m else None, '.2f'):>5}"
-                f" {_cell(m.queue_depth if m else None, '.1f'):>6}"
+                f"  {ref:<10} {_cell(c['vram_utilization'] if c else None, '.2f'):>5}"
+                f" {_cell(c['queue_depth'] if c else None, '.1f'):>6}"
                 f" {_cell(p90 * 1000 if p90 is not None else None, '.0f') + 'ms':>7}"
-                f"  {health:<22} {weight:>3} {'#' * (weight // 4)}",
+                f"  {render.health_words(c) if c else '-':<22} {weight:>3} {'#' * (weight // 4)}",
                 file=out,
             )
     out.flush()

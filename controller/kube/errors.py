@@ -13,11 +13,16 @@ APIError
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import aiohttp
 
 from controller.kube.sdk import ApiException
+
+T = TypeVar("T")
 
 
 class APIError(Exception):
@@ -111,3 +116,13 @@ def translate(exc: BaseException, doing: str) -> APIError:
     if isinstance(exc, aiohttp.ClientError | TimeoutError | OSError):
         return APIUnavailableError(f"{doing}: {type(exc).__name__}: {exc}")
     raise exc
+
+
+async def call(doing: str, request: Callable[[], Awaitable[T]], seconds: float) -> T:
+    """``request()`` within ``seconds``; a failure as our own error, saying what we were
+    ``doing`` (``patch externalmodels llm/granite``)."""
+    try:
+        async with asyncio.timeout(seconds):
+            return await request()
+    except API_EXCEPTIONS as exc:
+        raise translate(exc, doing) from exc

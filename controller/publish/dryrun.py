@@ -1,7 +1,9 @@
-"""The publisher with nothing to write to: no Kubernetes (the demo, tests, a plain ``run``).
+"""A dry run: any discoverer as a publisher that writes nothing.
 
-It finds no targets, so the loop weighs the configured clusters as one implicit target whose
-weights exist only in the controller: logged, exported and shown, never written.
+The one place that decides "would write": ``run --dry-run`` and a read-only ``once`` wrap the
+Kubernetes publisher in it (it sends only GETs and LISTs), and the implicit target, which no
+object holds, is always wrapped in it. What a dry run would apply is remembered by the loop
+(``reconcile.memory``), so it moves as a live run would.
 """
 
 from __future__ import annotations
@@ -9,12 +11,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from controller.model import Target, Write, WriteResult
-from controller.publish import Discovery
+from controller.publish import Discoverer, Discovery
 
 
-class DryRunPublisher:
+class DryRun:
+    def __init__(self, inner: Discoverer) -> None:
+        self._inner = inner
+
     async def discover(self) -> Discovery:
-        return Discovery()
+        return await self._inner.discover()
 
     async def write(self, target: Target, desired: Mapping[str, int], why: str) -> WriteResult:
         return WriteResult(Write.WOULD, target.holding(desired))

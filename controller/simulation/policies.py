@@ -16,11 +16,9 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from controller import health, signals, weights
-from controller.exporter import Snapshot, make_registry
-from controller.loop import Reconciler
-from controller.model import ClusterHealth, ClusterMetrics, Signals, Write
-from controller.publish.dryrun import DryRunPublisher
+from controller.model import IMPLICIT_TARGET, ClusterHealth, ClusterMetrics, Signals, Write
 from controller.settings import Settings
+from controller.testing import build_loop
 
 
 class Policy(Protocol):
@@ -56,16 +54,8 @@ class Ours:
         self.name = name
         self._now = 0.0
         self._sources = {c.name: _SimSource(c.name) for c in settings.clusters}
-        self._snapshot = Snapshot()
-        _, metrics = make_registry(self._snapshot)
-        self._reconciler = Reconciler(
-            settings,
-            list(self._sources.values()),
-            DryRunPublisher(),
-            metrics,
-            self._snapshot,
-            clock=lambda: self._now,
-        )
+        loop = build_loop(settings, list(self._sources.values()), clock=lambda: self._now)
+        self._reconciler, self._snapshot = loop.reconciler, loop.snapshot
 
     async def tick(
         self, now: float, metrics: Mapping[str, ClusterMetrics]
@@ -80,17 +70,17 @@ class Ours:
         return dict(only.outcome.applied)
 
     def healthy(self, name: str) -> bool | None:
-        state = self._snapshot.clusters[name].health
+        state = self._snapshot.report.clusters[name].health
         return None if state is None else state.healthy
 
     def realised(self) -> dict[str, float]:
         """The implicit target's realised share per cluster, as the daemon exports it."""
-        view = self._snapshot.targets.get("configured")
+        view = self._snapshot.report.targets.get(IMPLICIT_TARGET)
         return dict(view.realised) if view is not None else {}
 
     def intended(self) -> dict[str, float]:
         """... and the share its weights intended over the same window."""
-        view = self._snapshot.targets.get("configured")
+        view = self._snapshot.report.targets.get(IMPLICIT_TARGET)
         return dict(view.intended) if view is not None else {}
 
 

@@ -28,6 +28,7 @@ from controller.settings import (
     PrometheusSource,
     ScrapeSettings,
 )
+from controller.settings.durations import seconds
 from controller.sources.http import Endpoint, TokenFile, get_text, ssl_context
 
 ACCEPT_JSON = "application/json"
@@ -109,9 +110,11 @@ class PrometheusQuerySource:
             ssl_context(prometheus.ca_file, prometheus.tls_insecure_skip_verify),
         )
         self._queries = queries_for(queries, prometheus.matchers)
+        self._window = seconds(queries.window) or 60.0  # the pattern admits "0m": never 0
         self._min_requests = scrape.min_latency_requests
         self._session = session
         self._clock = clock
+        self._previous: float | None = None  # when the last fetch started
 
     @property
     def cluster(self) -> str:
@@ -141,9 +144,25 @@ class PrometheusQuerySource:
             else:
                 values[name] = answer
         duration = time.perf_counter() - began
+        since, self._previous = self._previous, started
         if any(name in REQUIRED for name in names if name not in values):
-            return ClusterMetrics(self._name, started, duration, 1, 0, errors=tuple(errors[:1]))
-        return self._metrics(values, started, duration, tuple(errors))
+            failed = tuple(errors[:1])
+            return ClusterMetrics(
+                self._name, started, duration, 1, 0, errors=failed, pages=len(names)
+            )
+        metrics = self._metrics(values, started, duration, tuple(errors))
+        return replace(metrics, pages=len(names), completed=self._completed(values, since, started))
+
+    def _completed(
+        self, values: Mapping[str, float | None], since: float | None, now: float
+    ) -> float | None:
+        """Requests completed since the previous fetch, from the rate window's increase: the
+        window's count scaled to the time since then (a fetch reads a whole window, so two
+        fetches a tick apart share most of it). Unknown on the first fetch."""
+        requests = values.get("latency_requests")
+        if requests is None or since is None:
+            return None
+        return requests * min(max(0.0, now - since), self._window) / self._window
 
     def _metrics(
         self,

@@ -221,6 +221,7 @@ class PageReader:
             )
             detail = f"no {names} series{scope} on {len(answered)} page(s) that answered"
             errors.append(PodError("*", Reason.MISSING_METRIC, detail))
+        latency = self._latency_from(epp_page, pods)
         return ClusterMetrics(
             cluster=self._name,
             scraped_at=started,
@@ -233,11 +234,13 @@ class PageReader:
             queue_depth=values.queue_depth,
             queue_per_pod=values.queue_per_pod,
             running=values.running,
-            latency=self._latency_from(epp_page, pods),
+            latency=latency,
             observed_at=values.observed_at,
             invalid_samples=values.invalid_samples,
             errors=tuple(errors),
             pages=len(results) + (epp is not None),
+            # the increase between two scrapes: what completed since the last one
+            completed=latency.requests if latency is not None else None,
         )
 
     def _from_vllm(self, pods: Sequence[Page]) -> Summary:

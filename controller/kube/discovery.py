@@ -1,0 +1,317 @@
+"""Finds the routing targets in Kubernetes; writing them is ``controller.publish.kubernetes``.
+
+Every tick ``discover`` lists the opted-in ExternalModels and their ExternalProviders (each
+object parsed again only when its resourceVersion changed) and reads the configured HTTPRoutes
+(one target per rule). It also says which clusters ExternalProviders define by annotation, and
+which objects it will not write and why. When the API server is unreachable the known targets
+are kept, so weights are still decided and exported, and written once the API answers again.
+Problems with the objects read persist across ticks as conditions: one line when one starts,
+one when it ends (``logs.Conditions``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import structlog
+
+from controller import addresses
+from controller.kube import objects
+from controller.kube.errors import (
+    APIError,
+    APINotFoundError,
+    APIServerError,
+    APIUnavailableError,
+    call,
+)
+from controller.kube.objects import ProviderMapping
+from controller.kube.sdk import client
+from controller.logs import Conditions
+from controller.metrics import ControllerMetrics
+from controller.model import Target
+from controller.settings import ClusterSettings, HTTPRouteTarget, Settings
+
+log = structlog.get_logger("controller.publish")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Discovery:
+    """What discovery found: the targets to weigh, the clusters that objects define beyond the
+    configured ones (by annotations), the objects it will not write and why, and whether the
+    Kubernetes API could be read this time (``None``: no Kubernetes) and if not, why."""
+
+    targets: Sequence[Target] = ()
+    clusters: Sequence[ClusterSettings] = field(default=())
+    refused: Mapping[str, str] = field(default_factory=dict)
+    reachable: bool | None = None
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class _Cache:
+    """Parsed targets by uid, reused while the resourceVersion (and the mapping) is unchanged."""
+
+    parsed: dict[str, tuple[tuple[str, int], ProviderMapping, Target]] = field(default_factory=dict)
+
+    def get(self, obj: Mapping[str, Any], mapping: ProviderMapping, minimum: int) -> Target:
+        meta = obj.get("metadata", {})
+        uid = str(meta.get("uid", ""))
+        version = (str(meta.get("resourceVersion", "")), minimum)
+        hit = self.parsed.get(uid)
+        if hit is not None and hit[0] == version and hit[1] == mapping:
+            return hit[2]
+        target = objects.external_model(obj, mapping, minimum)
+        self.parsed[uid] = (version, mapping, target)
+        return target
+
+
+class TargetDiscovery:
+    def __init__(self, settings: Settings, api: client.ApiClient, metrics: ControllerMetrics):
+        self._kube = settings.kubernetes
+        self._custom = client.CustomObjectsApi(api)
+        self._metrics = metrics
+        self._targets: dict[str, Target] = {}
+        self._defined: list[ClusterSettings] = []
+        self._cache = _Cache()
+        self._configured = {c.name for c in settings.clusters}
+        self.routes = {(r.namespace, r.name): r for r in self._kube.httproutes}
+        # Provider mappings from the last discovery, reused when a written or re-read object
+        # is parsed again in the same tick (instead of listing the providers once per write).
+        self._mappings: dict[str, ProviderMapping] = {}
+        self._conditions = Conditions(log, settings.log.repeat_interval)
+        self._seen: set[tuple[str, ...]] = set()
+        self._minimum: int | None = None  # the ExternalModel CRD's lowest weight, once known
+        self._refused: dict[str, str] = {}  # objects we will not write, and why
+        self._last_refused: dict[str, str] = {}
+        ours = urlsplit(api.configuration.host or "")
+        port = ours.port or (443 if ours.scheme == "https" else 80)
+        self._api_hosts = addresses.api_server_hosts([f"{(ours.hostname or '').lower()}:{port}"])
+
+    @property
+    def targets(self) -> Mapping[str, Target]:
+        return self._targets
+
+    async def discover(self) -> Discovery:
+        """Refresh the targets and the clusters ExternalProviders define by annotation."""
+        self._seen = set()
+        self._refused = {}
+        try:
+            targets, defined = await self._read_targets()
+        except APIError as exc:
+            self.count(exc)
+            self._conditions.observe(
+                "cannot read targets",
+                ("api",),
+                reason=exc.reason,
+                error=str(exc),
+                kept_targets=len(self._targets),
+            )
+            known = tuple(self._targets.values())
+            return Discovery(known, self._defined, self._last_refused, False, str(exc))
+        if not targets:
+            self._problem(
+                "no target opted in",
+                ("none",),
+                label_selector=self._kube.label_selector,
+                namespaces=self._kube.namespaces or "all",
+                httproutes=len(self.routes),
+            )
+        self._last_refused = dict(self._refused)
+        self._conditions.clear(("api",))
+        self._conditions.retain(("discovery",), set(self._seen))
+        self._targets = {t.key: t for t in targets}
+        self._defined = defined
+        self._cache.parsed = {t.uid: v for t in targets if (v := self._cache.parsed.get(t.uid))}
+        return Discovery(tuple(targets), defined, self._last_refused, True)
+
+    def remember(self, target: Target) -> None:
+        """``target`` as it is now (after a write or a re-read)."""
+        self._targets[target.key] = target
+
+    def forget(self, target: Target) -> None:
+        log.info("target gone", target=target.key)
+        self._targets.pop(target.key, None)
+
+    async def parse(self, obj: Mapping[str, Any], like: Target) -> Target | None:
+        """``like`` as read from ``obj`` again (``None``: that rule or ref list is gone)."""
+        if like.kind == "HTTPRoute":
+            rules = objects.httproute(obj, self.routes[(like.namespace, like.name)])
+            return next((rule for rule in rules if rule.key == like.key), None)
+        mapping = self._mappings.get(like.namespace) or await self._providers(like.namespace)
+        return objects.external_model(obj, mapping, like.minimum)
+
+    async def weight_minimum(self) -> int:
+        """The lowest weight an ExternalModel ref accepts: the setting, else the installed
+        CRD's ``minimum`` (MaaS v0.2.0 rejects 0 with a 422), else 1, which every version
+        accepts. Read once; an unreachable API server is asked again next time."""
+        if self._minimum is not None:
+            return self._minimum
+        setting = self._kube.min_weight
+        if setting != "auto":
+            self._minimum = setting
+            log.info("weight minimum", minimum=setting, source="setting")
+            return setting
+        try:
+            crd = await self._call(
+                f"get customresourcedefinitions {objects.EXTERNAL_MODEL_CRD}",
+                lambda: self._custom.get_cluster_custom_object(
+                    "apiextensions.k8s.io",
+                    "v1",
+                    "customresourcedefinitions",
+                    objects.EXTERNAL_MODEL_CRD,
+                ),
+            )
+            self._minimum = objects.weight_minimum(crd)
+        except (APIUnavailableError, APIServerError) as exc:
+            self.count(exc)
+            return 1  # for now; the CRD is read again on the next discovery
+        except (APIError, KeyError, ValueError, TypeError, AttributeError) as exc:
+            if isinstance(exc, APIError):
+                self.count(exc)
+            self._minimum = 1
+            log.info("weight minimum", minimum=1, source="assumed", error=str(exc))
+            return 1
+        log.info("weight minimum", minimum=self._minimum, source="crd")
+        return self._minimum
+
+    def count(self, exc: APIError) -> None:
+        self._metrics.api_errors.labels(exc.reason).inc()
+
+    # ---- reading -----------------------------------------------------------------------------
+    async def _read_targets(self) -> tuple[list[Target], list[ClusterSettings]]:
+        targets: list[Target] = []
+        defined: list[ClusterSettings] = []
+        minimum = await self.weight_minimum()
+        for namespace, models in (await self._models()).items():
+            mapping = self._mappings[namespace]
+            defined += mapping.defined
+            for obj in models:
+                model = self._cache.get(obj, mapping, minimum)
+                if len(model.refs) >= 2 and self._usable(model):
+                    targets.append(model)
+        for route in self.routes.values():
+            for rule in await self._read_httproute(route):
+                if len(rule.refs) >= 2 and self._usable(rule):
+                    targets.append(rule)
+        return targets, defined
+
+    async def _models(self) -> dict[str, list[dict[str, Any]]]:
+        """Opted-in ExternalModels by namespace, with each namespace's provider mapping read.
+
+        No namespaces configured (the default): one LIST of each kind across the cluster —
+        MaaS puts ExternalModels in model namespaces (e.g. ``llm``), not in ours. Otherwise two
+        LISTs per configured namespace, which namespaced Roles can grant."""
+        if self._kube.namespaces:
+            found = {}
+            for namespace in self._kube.namespaces:
+                self._mappings[namespace] = await self._providers(namespace)
+                found[namespace] = await self._list(objects.EXTERNAL_MODEL, namespace, True)
+            return found
+        providers = _by_namespace(await self._list(objects.EXTERNAL_PROVIDER, None, False))
+        models = _by_namespace(await self._list(objects.EXTERNAL_MODEL, None, True))
+        for namespace in models:
+            self._mappings[namespace] = self._mapping(providers.get(namespace, []))
+        return models
+
+    async def _list(
+        self, gvp: tuple[str, str, str], namespace: str | None, selected: bool
+    ) -> list[dict[str, Any]]:
+        group, version, plural = gvp
+        selector = self._kube.label_selector if selected else ""  # "": every object
+        if namespace is None:
+            found = await self._call(
+                f"list {plural} in all namespaces",
+                lambda: self._custom.list_cluster_custom_object(
+                    group, version, plural, label_selector=selector
+                ),
+            )
+        else:
+            found = await self._call(
+                f"list {plural} in {namespace}",
+                lambda: self._custom.list_namespaced_custom_object(
+                    group, version, namespace, plural, label_selector=selector
+                ),
+            )
+        return list(found.get("items", []))
+
+    async def _providers(self, namespace: str) -> ProviderMapping:
+        return self._mapping(await self._list(objects.EXTERNAL_PROVIDER, namespace, False))
+
+    def _mapping(self, providers: list[dict[str, Any]]) -> ProviderMapping:
+        mapping = objects.map_providers(providers, self._configured, self._refuse)
+        for problem in mapping.problems:
+            self._problem("ignoring provider annotations", ("provider", problem), problem=problem)
+        return mapping
+
+    def _refuse(self, url: str) -> str | None:
+        return addresses.refusal(url, self._kube.annotation_urls, self._api_hosts)
+
+    def _problem(self, event: str, key: tuple[str, ...], **fields: Any) -> None:
+        """A problem with the objects read in this discovery; it ends when one no longer has it."""
+        full = ("discovery", *key)
+        self._seen.add(full)
+        self._conditions.observe(event, full, **fields)
+
+    async def _read_httproute(self, config: HTTPRouteTarget) -> list[Target]:
+        namespace, name = config.namespace, config.name
+        try:
+            obj = await self._call(
+                f"get httproutes {namespace}/{name}",
+                lambda: self._custom.get_namespaced_custom_object(
+                    *objects.HTTPROUTE[:2], namespace, objects.HTTPROUTE[2], name
+                ),
+            )
+        except APINotFoundError:
+            self._problem(
+                "configured HTTPRoute not found",
+                ("route", namespace, name),
+                route=f"{namespace}/{name}",
+            )
+            return []
+        owner = objects.controller_owner(obj)
+        if owner is not None:
+            # e.g. the payload processor's route for an ExternalModel: it rewrites the spec
+            # from its own object, so weights written here would be undone (steer the
+            # ExternalModel instead).
+            why = f"owned by {owner}, which rewrites its spec"
+            self._refused[f"HTTPRoute/{namespace}/{name}"] = why
+            self._problem(
+                "route refused: owned by another controller",
+                ("owned", namespace, name),
+                route=f"{namespace}/{name}",
+                owner=owner,
+            )
+            return []
+        return objects.httproute(obj, config)
+
+    def _usable(self, target: Target) -> bool:
+        names = [ref.name for ref in target.refs]
+        if len(set(names)) != len(names):
+            self._problem(
+                "target skipped: a ref name appears twice", ("dup", target.key), target=target.key
+            )
+            return False
+        for ref in target.refs:
+            if ref.cluster is None:
+                self._problem(
+                    "ref unmapped",
+                    ("unmapped", target.key, ref.name),
+                    target=target.key,
+                    ref=ref.name,
+                    weight=ref.weight,
+                )
+        return True
+
+    async def _call(self, doing: str, request: Callable[[], Awaitable[T]]) -> T:
+        return await call(doing, request, self._kube.api_timeout)
+
+
+def _by_namespace(items: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for item in items:
+        grouped.setdefault(str(item.get("metadata", {}).get("namespace", "")), []).append(item)
+    return grouped

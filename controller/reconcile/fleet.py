@@ -1,0 +1,102 @@
+"""The clusters the loop reads, and what it remembers of each between ticks.
+
+A source per cluster: the configured ones, and the ones objects define (ExternalProviders with
+metrics annotations), followed as discovery finds them. Per cluster, its health (hysteresis in
+``controller.health``), its signal memory (``controller.signals``) and its arrivals
+(``realised``); a cluster no longer referenced is forgotten whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+import structlog
+
+from controller import health, signals
+from controller.metrics import ControllerMetrics
+from controller.model import ClusterHealth, ClusterMetrics, Signals
+from controller.reconcile.realised import Arrivals
+from controller.settings import ClusterSettings, Settings
+from controller.sources import ClusterMetricsSource
+from controller.state import ClusterView
+
+log = structlog.get_logger("controller.loop")
+
+SourceFactory = Callable[[ClusterSettings], ClusterMetricsSource]
+
+
+class Fleet:
+    def __init__(
+        self,
+        settings: Settings,
+        sources: Iterable[ClusterMetricsSource],
+        metrics: ControllerMetrics,
+        factory: SourceFactory | None = None,
+    ) -> None:
+        self._settings = settings
+        self._metrics = metrics
+        self._factory = factory
+        self._sources = {source.cluster: source for source in sources}
+        self._static = set(self._sources)
+        self._defined: dict[str, ClusterSettings] = {}
+        self._last: dict[str, ClusterMetrics] = {}
+        self._health: dict[str, ClusterHealth] = {}
+        self._memory: dict[str, signals.SignalMemory] = {}
+        self.arrivals = Arrivals()
+        for name in self._sources:
+            metrics.add_cluster(name)
+
+    @property
+    def sources(self) -> Mapping[str, ClusterMetricsSource]:
+        return self._sources
+
+    def follow(self, clusters: Sequence[ClusterSettings]) -> None:
+        """Read the clusters objects define now (beyond the configured ones), and only those."""
+        defined = {c.name: c for c in clusters if c.name not in self._static}
+        if defined == self._defined or self._factory is None:
+            return
+        for name in self._defined.keys() - defined.keys():
+            log.info("cluster no longer referenced", cluster=name)
+            self._forget(name)
+        for name, cluster in defined.items():
+            if self._defined.get(name) != cluster:
+                log.info("watching cluster defined by annotations", cluster=name)
+                self._sources[name] = self._factory(cluster)
+                self._metrics.add_cluster(name)
+        self._defined = defined
+
+    def _forget(self, name: str) -> None:
+        self._sources.pop(name, None)
+        self._last.pop(name, None)
+        self._health.pop(name, None)
+        self._memory.pop(name, None)
+        self.arrivals.forget(name)
+
+    def judge(self, metrics: ClusterMetrics, now: float) -> ClusterHealth:
+        """The cluster's health after this fetch; its signal memory and arrivals follow it."""
+        name = metrics.cluster
+        settings = self._settings
+        after = health.judge(
+            self._health.get(name), metrics, settings.health, settings.scrape.min_pod_fraction, now
+        )
+        self._last[name] = metrics
+        self._health[name] = after
+        self.arrivals.count(name, metrics)
+        smoothing = settings.weights.demand_smoothing
+        self._memory[name] = signals.remember(self._memory.get(name), metrics, after, smoothing)
+        return after
+
+    def signals(self) -> dict[str, Signals | None]:
+        """What the laws read of each judged cluster this tick (``None``: unusable)."""
+        params = self._settings.weights
+        return {
+            name: signals.derive(state, self._memory.get(name), params)
+            for name, state in self._health.items()
+        }
+
+    def views(self, weights: Mapping[str, int | None]) -> dict[str, ClusterView]:
+        """Every cluster as this tick left it, with its share in the only target."""
+        return {
+            name: ClusterView(self._last.get(name), self._health.get(name), weights.get(name))
+            for name in self._sources
+        }

@@ -1,0 +1,173 @@
+"""The log lines of a tick, composed in one place from the previous and the current
+``TickReport`` (structlog's canonical lines): what changed is logged once, at info or above;
+what persists is a condition (``logs.Conditions``: logged when it starts, now and then while it
+lasts, and when it ends); the rest is at debug, and a periodic summary shows the state of a
+quiet controller. Every event is in the event catalogue (``manifests/RUNBOOKS.md``).
+
+Lines about a failure that is not in the report (an exception, with its traceback) are logged
+by the stage that caught it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from controller import render
+from controller.logs import Conditions
+from controller.model import ClusterHealth, Mode, TargetDecision, Write
+from controller.settings import LogSettings
+from controller.state import ClusterView, TargetView, TickReport
+
+log = structlog.get_logger("controller.loop")
+
+
+class Journal:
+    def __init__(self, settings: LogSettings, conditions: Conditions, clock: Callable[[], float]):
+        self._every = settings.summary_interval
+        self._conditions = conditions
+        self._clock = clock
+        self._last_summary: float | None = None
+
+    def write(self, previous: TickReport, current: TickReport) -> None:
+        for name, cluster in current.clusters.items():
+            before = previous.clusters.get(name)
+            self._health(name, before.health if before else None, cluster)
+            self._pods(name, cluster)
+        self._conditions.retain(("pod",), self._pod_keys(current))
+        for target in current.targets.values():
+            self._control(target)
+        for target in current.targets.values():
+            self._write(target, current)
+        for prefix in ("fail static", "control", "write"):
+            self._conditions.retain((prefix,), {(prefix, key) for key in current.targets})
+        summary = self._summary_due()
+        self._statuses(previous, current, summary)
+        if summary:
+            for target in current.targets.values():
+                log.info("target summary", **render.summary_fields(target))
+
+    # ---- clusters ----------------------------------------------------------------------------
+    def _health(self, name: str, before: ClusterHealth | None, view: ClusterView) -> None:
+        after, metrics = view.health, view.metrics
+        if after is None or not after.changed:
+            return
+        if after.healthy and before is None:
+            log.info("cluster healthy", cluster=name, successes=after.successes)
+        elif after.healthy:
+            log.info("cluster healthy again", cluster=name, successes=after.successes)
+        else:
+            errors = metrics.errors if metrics else ()
+            log.warning(
+                "cluster unhealthy",
+                cluster=name,
+                reason=after.reason.value if after.reason else None,
+                detail=errors[0].detail if errors else None,
+                failures=after.failures,
+                failing_pods=[e.url for e in errors],
+            )
+
+    def _pods(self, name: str, view: ClusterView) -> None:
+        """While a cluster stays usable, each of its failing pods is a condition of its own."""
+        if view.health is None or not view.health.healthy or view.metrics is None:
+            return
+        for error in view.metrics.errors:
+            self._conditions.observe(
+                "pod failing",
+                ("pod", name, error.url),
+                cluster=name,
+                pod=error.url,
+                reason=error.reason.value,
+                detail=error.detail,
+            )
+
+    @staticmethod
+    def _pod_keys(report: TickReport) -> set[tuple[str, str, str]]:
+        return {
+            ("pod", name, error.url)
+            for name, view in report.clusters.items()
+            if view.health is not None and view.health.healthy and view.metrics is not None
+            for error in view.metrics.errors
+        }
+
+    def _statuses(self, previous: TickReport, current: TickReport, summary: bool) -> None:
+        """A cluster's status line at info when it changes (health, reason, pods) and in the
+        periodic summary; at debug on every other tick."""
+        for name, view in current.clusters.items():
+            fields = render.status_fields(name, view)
+            before = previous.clusters.get(name)
+            if before is None or _shown(render.status_fields(name, before)) != _shown(fields):
+                log.info("cluster status", **fields)
+            elif summary:
+                log.info("cluster status", **fields, summary=True)
+            else:
+                log.debug("cluster status", **fields)
+
+    def _summary_due(self) -> bool:
+        now = self._clock()
+        if self._last_summary is None:
+            self._last_summary = now
+        if self._every > 0 and now - self._last_summary >= self._every:
+            self._last_summary = now
+            return True
+        return False
+
+    # ---- targets -----------------------------------------------------------------------------
+    def _control(self, view: TargetView) -> None:
+        """Fail static, and an operator's hand on a target (pause, pin, freeze): one line when
+        it starts and one when it ends, with how long it lasted."""
+        outcome = view.outcome
+        key, decision = outcome.target.key, outcome.decision
+        note = decision.notes[0] if decision.notes else None
+        if decision.mode is Mode.FAIL_STATIC:
+            self._conditions.observe(
+                "fail static",
+                ("fail static", key),
+                "error",
+                target=key,
+                note=note,
+                weights=dict(outcome.held),
+            )
+        else:
+            self._conditions.clear(("fail static", key))
+        control = ("control", key)
+        if decision.mode is Mode.PAUSED:
+            self._conditions.observe("target paused", control, "info", target=key, note=note)
+        elif decision.mode is Mode.PINNED:
+            weights = dict(decision.weights or {})
+            self._conditions.observe("target pinned", control, "info", target=key, weights=weights)
+        elif decision.mode is Mode.FROZEN:
+            self._conditions.observe("target frozen", control, "info", target=key, note=note)
+        else:
+            self._conditions.clear(control)
+
+    def _write(self, view: TargetView, report: TickReport) -> None:
+        """One line per change of a target's weights, with what drove it; a write that keeps
+        failing is one condition (logged when it starts and ends), not a line per tick."""
+        outcome = view.outcome
+        key = ("write", outcome.target.key)
+        if outcome.write in (Write.DONE, Write.WOULD, Write.NONE):
+            self._conditions.clear(key)
+        if outcome.write is Write.DONE:
+            log.info("weights written", **render.change_fields(outcome, report.clusters))
+        elif outcome.write is Write.WOULD:
+            log.info("would write", **render.change_fields(outcome, report.clusters))
+        elif outcome.write is Write.REFUSED:
+            self._conditions.observe("write refused", key, "error", **_failure(outcome))
+        elif outcome.write in (Write.FAILED, Write.CONFLICT):
+            self._conditions.observe("write failed", key, **_failure(outcome))
+
+
+def _failure(outcome: TargetDecision) -> dict[str, Any]:
+    return {
+        "target": outcome.target.key,
+        "reason": outcome.reason,
+        "detail": outcome.detail,
+        "wanted": render.change(outcome.held, outcome.desired),
+    }
+
+
+def _shown(fields: dict[str, object]) -> tuple[object, ...]:
+    return tuple(fields.get(k) for k in render.STATUS_CHANGES)

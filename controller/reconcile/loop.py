@@ -1,0 +1,313 @@
+"""The reconcile loop. One tick is a list of stages, read top to bottom in ``tick()``:
+
+    discover  the routing targets the publisher knows, and the clusters objects define
+    read      every cluster's signals, each under the tick deadline
+    judge     each cluster's health from its fetch (``fleet``)
+    weigh     every target, once, with ``weights.weigh`` from what it holds now (``memory``)
+    publish   what changed, through the publisher (a conflict is weighed again from a fresh read)
+    record    the tick's report, built whole (with realised share) and swapped in at once
+    journal   the log lines, from the previous report and this one
+
+Ticks never overlap and do not drift: each starts on the interval grid, and a tick that overran
+skips the slots it missed instead of bunching up. One cluster's failure stays that cluster's,
+and one target's failure stays that target's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import structlog
+
+from controller import render, weights
+from controller.logs import Conditions
+from controller.metrics import ControllerMetrics
+from controller.model import (
+    ClusterMetrics,
+    Decision,
+    Reason,
+    Signals,
+    Target,
+    TargetDecision,
+    Write,
+    WriteResult,
+)
+from controller.publish import Discovery, Publisher
+from controller.reconcile.fleet import Fleet, SourceFactory
+from controller.reconcile.journal import Journal
+from controller.reconcile.memory import TargetMemory, after_write, in_force, settling
+from controller.settings import Settings
+from controller.sources import ClusterMetricsSource
+from controller.state import ClusterView, Snapshot, TargetView, TickReport
+
+log = structlog.get_logger("controller.loop")
+
+# A tick must leave room for publishing and for the next one to start on time.
+DEADLINE_SHARE = 0.8
+STAGES = ("discover", "fetch", "publish", "tick")
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One target weighed: as found, as in force, and what it should hold."""
+
+    found: Target
+    target: Target
+    desired: dict[str, int]
+    decision: Decision
+
+
+class Reconciler:
+    def __init__(
+        self,
+        settings: Settings,
+        sources: Sequence[ClusterMetricsSource],
+        publisher: Publisher,
+        metrics: ControllerMetrics,
+        snapshot: Snapshot,
+        clock: Callable[[], float] = time.time,
+        on_tick: Callable[[TickReport], None] | None = None,
+        source_factory: SourceFactory | None = None,
+    ) -> None:
+        self._settings = settings
+        self._publisher = publisher
+        self._metrics = metrics
+        self._snapshot = snapshot
+        self._clock = clock
+        self._on_tick = on_tick
+        self._fleet = Fleet(settings, sources, metrics, source_factory)
+        self._memory: dict[str, TargetMemory] = {}
+        self._conditions = Conditions(log, settings.log.repeat_interval, clock)
+        self._journal = Journal(settings.log, self._conditions, clock)
+        self._found = Discovery()
+        self._tick = 0
+        settle = settings.weights.settle
+        self._settle = 2 * settings.interval if settle is None else float(settle)
+        snapshot.report = replace(snapshot.report, clusters=self._fleet.views({}))
+        for stage in STAGES:
+            metrics.reconcile_errors.labels(stage)
+
+    @property
+    def targets(self) -> Mapping[str, TargetView]:
+        """Every target after the last tick."""
+        return self._snapshot.report.targets
+
+    async def tick(self) -> TickReport:
+        self._tick += 1
+        began = time.perf_counter()
+        with structlog.contextvars.bound_contextvars(tick=self._tick):
+            found = await self._discover()
+            self._judge(await self._read())
+            inputs = self._fleet.signals()
+            plans = [self._weigh(target, inputs) for target in found.targets]
+            outcomes = [await self._publish(plan, inputs) for plan in plans]
+            report = self._record(found, outcomes, began)
+            self._journal.write(self._snapshot.report, report)
+            self._snapshot.report = report
+        if self._on_tick is not None:
+            self._on_tick(report)
+        return report
+
+    # ---- discover ----------------------------------------------------------------------------
+    async def _discover(self) -> Discovery:
+        """The publisher's targets; clusters it names beyond the configured ones are read too.
+        If discovery fails, the targets as the last tick left them are weighed again."""
+        try:
+            async with asyncio.timeout(self._settings.interval * DEADLINE_SHARE):
+                found = await self._publisher.discover()
+        except Exception:  # discovery failing must not stop scraping what we know
+            self._metrics.reconcile_errors.labels("discover").inc()
+            self._conditions.observe("discovery failed", ("discover",), "error", exc_info=True)
+            known = tuple(view.outcome.target for view in self.targets.values())
+            return replace(self._found, targets=known)
+        self._conditions.clear(("discover",))
+        self._found = found
+        self._fleet.follow(found.clusters)
+        return found
+
+    # ---- read and judge ----------------------------------------------------------------------
+    async def _read(self) -> list[ClusterMetrics]:
+        sources = list(self._fleet.sources.values())
+        return await asyncio.gather(*(self._fetch(source) for source in sources))
+
+    async def _fetch(self, source: ClusterMetricsSource) -> ClusterMetrics:
+        deadline = self._settings.interval * DEADLINE_SHARE
+        try:
+            async with asyncio.timeout(deadline):
+                return await source.fetch()
+        except TimeoutError:
+            detail = f"tick deadline {deadline:g}s passed"
+            return ClusterMetrics.failed(source.cluster, self._clock(), Reason.TIMEOUT, detail)
+        except Exception as exc:  # a bug in one source must not take the others down
+            self._metrics.reconcile_errors.labels("fetch").inc()
+            key = ("fetch", source.cluster)
+            self._conditions.observe(
+                "fetch raised", key, "error", cluster=source.cluster, exc_info=True
+            )
+            detail = f"{type(exc).__name__} (the log has the traceback)"
+            return ClusterMetrics.failed(source.cluster, self._clock(), Reason.INTERNAL, detail)
+
+    def _judge(self, fetched: Sequence[ClusterMetrics]) -> None:
+        now = self._clock()
+        for metrics in fetched:
+            self._metrics.count_fetch(metrics)
+            after = self._fleet.judge(metrics, now)
+            if after.changed:
+                to = "healthy" if after.healthy else "unhealthy"
+                self._metrics.health_transitions.labels(metrics.cluster, to).inc()
+            if not any(e.reason is Reason.INTERNAL for e in metrics.errors):
+                self._conditions.clear(("fetch", metrics.cluster))
+
+    # ---- weigh -------------------------------------------------------------------------------
+    def _weigh(
+        self, found: Target, inputs: Mapping[str, Signals | None], fresh: bool = False
+    ) -> Plan:
+        """The one place a target's weights are decided: ``weights.weigh`` on what it holds
+        (the object's weights, or a dry run's shadow; ``fresh``: the object as just re-read)."""
+        memory = self._memory.get(found.key)
+        target = found if fresh else in_force(found, memory)
+        wait = settling(memory, self._clock(), self._settle)
+        desired, decision = weights.weigh(target, inputs, self._settings.weights, wait)
+        return Plan(found, target, desired, decision)
+
+    # ---- publish -----------------------------------------------------------------------------
+    async def _publish(self, plan: Plan, inputs: Mapping[str, Signals | None]) -> TargetDecision:
+        """Write what changed; after a conflict, weigh again from the fresh read and retry."""
+        result = WriteResult(Write.NONE, plan.target)
+        for _ in range(self._settings.kubernetes.write_retries):
+            if plan.desired == plan.target.weights:
+                result = WriteResult(Write.NONE, plan.target)
+                break
+            result = await self._write(plan)
+            if result.write is not Write.CONFLICT or result.target is None:
+                break
+            plan = self._weigh(result.target, inputs, fresh=True)
+        else:
+            detail = "the object changed under every attempt"
+            result = replace(result, detail=detail, reason="conflict")
+        key = plan.found.key
+        if result.write not in (Write.NONE, Write.FOLLOWER):
+            self._metrics.add_target(key)
+            self._metrics.target_writes.labels(key, result.write.value).inc()
+        memory = self._memory.setdefault(key, TargetMemory())
+        now = self._clock()
+        applied = after_write(memory, plan.found, plan.target, plan.desired, result, now)
+        return TargetDecision(
+            target=result.target or plan.target,
+            held=plan.target.weights,
+            desired=plan.desired,
+            applied=applied,
+            decision=plan.decision,
+            write=result.write,
+            detail=result.detail,
+            reason=result.reason,
+        )
+
+    async def _write(self, plan: Plan) -> WriteResult:
+        memory = self._memory.setdefault(plan.found.key, TargetMemory())
+        if memory.refused is not None and memory.refused[0] == plan.desired:
+            return memory.refused[1]  # the schema refused exactly this: do not send it again
+        why = f"{plan.decision.mode.value}: {render.change(plan.target.weights, plan.desired)}"
+        try:
+            result = await self._publisher.write(plan.target, plan.desired, why)
+        except Exception as exc:  # one target's failure must not stop the others
+            self._metrics.reconcile_errors.labels("publish").inc()
+            key = plan.found.key
+            self._conditions.observe(
+                "publish raised", ("publish", key), "error", target=key, exc_info=True
+            )
+            result = WriteResult(Write.FAILED, plan.target, type(exc).__name__, "internal")
+        schema = result.write is Write.REFUSED and result.reason == "schema"
+        memory.refused = (dict(plan.desired), result) if schema else None
+        return result
+
+    # ---- record ------------------------------------------------------------------------------
+    def _record(
+        self, found: Discovery, outcomes: Sequence[TargetDecision], began: float
+    ) -> TickReport:
+        """This tick's report: every target's outcome with its history and realised share,
+        every cluster's fetch and health, built whole so readers never see half a tick."""
+        now = self._clock()
+        window = self._settings.weights.realised_window
+        arrived = self._fleet.arrivals.latest
+        views = {}
+        for outcome in outcomes:
+            if outcome.write is Write.GONE:
+                continue
+            memory = self._memory.setdefault(outcome.key, TargetMemory())
+            realised, intended = memory.realised.add(now, window, outcome, arrived)
+            views[outcome.key] = TargetView(
+                outcome, memory.last_write, memory.last_change, realised, intended
+            )
+        for key in self._memory.keys() - views.keys():
+            del self._memory[key]
+        only = next(iter(views.values())) if len(views) == 1 else None
+        shares = {
+            name: _cluster_share(only.outcome, name) if only else None
+            for name in self._fleet.sources
+        }
+        duration = time.perf_counter() - began
+        self._metrics.reconcile_duration.observe(duration)
+        self._metrics.last_reconcile.set(now)
+        return TickReport(
+            tick=self._tick,
+            clusters=self._fleet.views(shares),
+            targets=views,
+            refused=found.refused,
+            kubernetes=(found.reachable, found.error),
+            duration=duration,
+            finished=now,
+            finished_monotonic=time.monotonic(),
+        )
+
+    # ---- the loop ----------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        """Tick on the interval grid until ``stop`` is set; an exception costs one tick only."""
+        loop = asyncio.get_running_loop()
+        interval = self._settings.interval
+        next_at = loop.time()
+        while not stop.is_set():
+            try:
+                await self.tick()
+                self._conditions.clear(("tick",))
+            except Exception:
+                self._metrics.reconcile_errors.labels("tick").inc()
+                self._conditions.observe("tick failed", ("tick",), "error", exc_info=True)
+            next_at += interval
+            behind = loop.time() - next_at
+            if behind > 0:
+                skipped = math.ceil(behind / interval)
+                next_at += skipped * interval
+                self._conditions.observe(
+                    "tick overran the interval", ("overrun",), skipped_ticks=skipped
+                )
+            else:
+                self._conditions.clear(("overrun",))
+            await wait_or_stop(stop, next_at - loop.time())
+
+
+def _cluster_share(outcome: TargetDecision, cluster: str) -> int | None:
+    """A cluster's share of the only target's traffic as applied, in whole points."""
+    shares = [
+        outcome.share(ref) for ref, mapped in outcome.target.clusters.items() if mapped == cluster
+    ]
+    known = [s for s in shares if s is not None]
+    return round(sum(known)) if known else None
+
+
+async def wait_or_stop(stop: asyncio.Event, seconds: float) -> None:
+    """Sleep that a shutdown cuts short."""
+    if seconds <= 0:
+        return
+    try:
+        async with asyncio.timeout(seconds):
+            await stop.wait()
+    except TimeoutError:
+        pass
+
+
+__all__ = ["ClusterView", "Reconciler", "TickReport", "wait_or_stop"]

@@ -1,0 +1,105 @@
+"""Realised share: did the router send each cluster the share its weight asked for?
+
+Each tick adds, per cluster, the requests that reached it since its last fetch (``Arrivals``):
+the ones that completed (``ClusterMetrics.completed``) plus the growth of those still running
+or waiting — completions alone undercount a saturated cluster, which finishes only what it can.
+Per target, a ``Window`` keeps those counts for its mapped refs beside the share the weights in
+force intended, over ``weights.realised_window``. A tick where a cluster holding weight could
+not be read is left out rather than counted as 0.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from controller.model import ClusterMetrics, TargetDecision
+
+MIN_REQUESTS = 50  # fewer requests in the window say nothing about a split
+
+
+class Arrivals:
+    """Requests that reached each cluster since its previous fetch (``None``: unknown)."""
+
+    def __init__(self) -> None:
+        self._in_system: dict[str, float] = {}  # running + waiting at the last counted fetch
+        self.latest: dict[str, float | None] = {}
+
+    def count(self, name: str, metrics: ClusterMetrics) -> None:
+        if metrics.completed is None:
+            self.latest[name] = None
+            return
+        in_system = None
+        if metrics.running is not None and metrics.queue_depth is not None:
+            in_system = metrics.running + metrics.queue_depth
+        before = self._in_system.get(name)
+        growth = in_system - before if in_system is not None and before is not None else 0.0
+        self.latest[name] = max(0.0, metrics.completed + growth)
+        if in_system is not None:
+            self._in_system[name] = in_system
+
+    def forget(self, name: str) -> None:
+        self._in_system.pop(name, None)
+        self.latest.pop(name, None)
+
+
+@dataclass(slots=True)
+class Window:
+    """One target's counts over the window: (time, requests per mapped ref, share intended per
+    mapped ref), oldest first."""
+
+    served: deque[tuple[float, dict[str, float], dict[str, float]]] = field(default_factory=deque)
+
+    def add(
+        self,
+        now: float,
+        window: float,
+        outcome: TargetDecision,
+        arrived: Mapping[str, float | None],
+    ) -> tuple[dict[str, float], dict[str, float]]:
+        """Count this tick for ``outcome``'s mapped refs; the realised and intended shares
+        (0..100 over the mapped refs) over the window, or nothing while too few requests."""
+        served = self.served
+        while served and served[0][0] <= now - window:
+            served.popleft()
+        mapped = {ref: c for ref, c in outcome.target.clusters.items() if c is not None}
+        weights = {ref: outcome.applied.get(ref, 0) for ref in mapped}
+        total = sum(weights.values())
+        counts = _counts(mapped, weights, arrived)
+        if counts and total > 0:
+            shares = {ref: 100.0 * w / total for ref, w in weights.items()}
+            served.append((now, counts, shares))
+        return self._shares()
+
+    def _shares(self) -> tuple[dict[str, float], dict[str, float]]:
+        requests: dict[str, float] = {}
+        intended: dict[str, float] = {}
+        served = self.served
+        for _, tick_counts, tick_shares in served:
+            for ref, n in tick_counts.items():
+                requests[ref] = requests.get(ref, 0.0) + n
+            for ref, share in tick_shares.items():
+                intended[ref] = intended.get(ref, 0.0) + share / len(served)
+        seen = sum(requests.values())
+        if seen < MIN_REQUESTS:
+            return {}, {}
+        realised = {ref: 100.0 * n / seen for ref, n in requests.items()}
+        return realised, {ref: intended.get(ref, 0.0) for ref in realised}
+
+
+def _counts(
+    mapped: Mapping[str, str],
+    weights: Mapping[str, int],
+    arrived: Mapping[str, float | None],
+) -> dict[str, float]:
+    """This tick's arrivals per mapped ref; nothing if a ref holding weight has no count."""
+    counts: dict[str, float] = {}
+    for ref, cluster in mapped.items():
+        count = arrived.get(cluster)
+        if count is None:
+            if weights[ref] > 0:
+                return {}
+            continue
+        counts[ref] = count
+    return counts
