@@ -24,10 +24,9 @@ Bounds = tuple[float, ...]
 class Histogram:
     """Cumulative bucket counts by ascending upper bound; the last bound is +Inf when complete.
 
-    Compact because a baseline is kept per series of every page between scrapes (2,000 pods
-    × 9 series): counts are a C array of doubles, and equal bound tuples are one shared
-    object, so a 22-bucket series costs about 360 bytes instead of 2.1 KB of float pairs
-    (tracemalloc, a vLLM e2e series with its dict entry).
+    Compact because a baseline is kept per series of every page between scrapes: counts are a
+    C array of doubles, and equal bound tuples are one shared object, so a series costs a few
+    hundred bytes rather than a list of float pairs (benchmarks/README.md has the figures).
     """
 
     bounds: Bounds

@@ -14,116 +14,119 @@ from controller import __version__
 from controller.model import ClusterMetrics, Write
 
 PREFIX = "weight_controller"
+API_ERROR_REASONS = (
+    "not_found",
+    "conflict",
+    "invalid",
+    "schema",
+    "forbidden",
+    "server_error",
+    "unavailable",
+    "error",
+)
+
+
+class _Factory:
+    """Metrics of one registry, named with our prefix."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def counter(self, name: str, doc: str, *labels: str) -> Counter:
+        return Counter(f"{PREFIX}_{name}", doc, list(labels), registry=self._registry)
+
+    def gauge(self, name: str, doc: str, *labels: str) -> Gauge:
+        return Gauge(f"{PREFIX}_{name}", doc, list(labels), registry=self._registry)
+
+    def histogram(self, name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+        return Histogram(f"{PREFIX}_{name}", doc, buckets=buckets, registry=self._registry)
 
 
 class ControllerMetrics:
     """The process's own counters and histograms, registered in a private registry."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        # Fleet-wide: a histogram per cluster would be 14 series each (at 200 clusters most
-        # of the page); each cluster's last fetch time is a gauge in the snapshot instead.
-        self.scrape_duration = Histogram(
-            f"{PREFIX}_scrape_duration_seconds",
+        new = _Factory(registry)
+        # Fleet-wide: a histogram per cluster would be 14 series each (most of the page at a
+        # few hundred clusters); each cluster's last fetch time is a gauge in the state instead.
+        self.scrape_duration = new.histogram(
+            "scrape_duration_seconds",
             "Time to fetch all of a cluster's pages in one tick, over every cluster.",
-            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
-            registry=registry,
+            (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
         )
-        self.scrape_errors = Counter(
-            f"{PREFIX}_scrape_errors_total",
+        self.scrape_errors = new.counter(
+            "scrape_errors_total",
             "Pages (or whole clusters) that gave no usable data, by reason.",
-            ["cluster", "reason"],
-            registry=registry,
+            "cluster",
+            "reason",
         )
-        self.scrape_pages = Counter(
-            f"{PREFIX}_scrape_pages_total",
+        self.scrape_pages = new.counter(
+            "scrape_pages_total",
             "Pages (or PromQL queries) fetched, failed or not: with scrape_errors_total, the "
             "share of a cluster's pages that fail.",
-            ["cluster"],
-            registry=registry,
+            "cluster",
         )
-        self.invalid_samples = Counter(
-            f"{PREFIX}_invalid_samples_total",
+        self.invalid_samples = new.counter(
+            "invalid_samples_total",
             "KV-cache samples ignored because they were NaN, infinite or outside 0..1.",
-            ["cluster"],
-            registry=registry,
+            "cluster",
         )
-        self.reconcile_duration = Histogram(
-            f"{PREFIX}_reconcile_duration_seconds",
+        self.reconcile_duration = new.histogram(
+            "reconcile_duration_seconds",
             "Duration of one reconcile tick: fetch, judge, weigh, publish.",
-            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
-            registry=registry,
+            (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
         )
-        self.interval = Gauge(
-            f"{PREFIX}_interval_seconds",
+        self.interval = new.gauge(
+            "interval_seconds",
             "The configured reconcile interval: what a tick's duration is measured against.",
-            registry=registry,
         )
-        self.last_reconcile = Gauge(
-            f"{PREFIX}_last_reconcile_timestamp_seconds",
-            "Unix time the last reconcile tick finished.",
-            registry=registry,
+        self.last_reconcile = new.gauge(
+            "last_reconcile_timestamp_seconds", "Unix time the last reconcile tick finished."
         )
-        self.reconcile_errors = Counter(
-            f"{PREFIX}_reconcile_errors_total",
+        self.reconcile_errors = new.counter(
+            "reconcile_errors_total",
             "Ticks (or parts of ticks) that raised an unexpected exception.",
-            ["stage"],
-            registry=registry,
+            "stage",
         )
-        self.target_writes = Counter(
-            f"{PREFIX}_target_writes_total",
-            "Attempts to make a target hold new weights, by result (would: dry run).",
-            ["target", "result"],
-            registry=registry,
+        self._publishing(new)
+        self.health_transitions = new.counter(
+            "health_transitions_total", "Clusters turning healthy or unhealthy.", "cluster", "to"
         )
-        self.schema_rejections = Counter(
-            f"{PREFIX}_schema_rejections_total",
-            "Writes the API server refused because the object broke the CRD's schema, by the "
-            "field it named. Not retried until the decision changes.",
-            ["target", "field"],
-            registry=registry,
-        )
-        self.api_errors = Counter(
-            f"{PREFIX}_api_errors_total",
-            "Kubernetes API calls that failed, by reason.",
-            ["reason"],
-            registry=registry,
-        )
-        for reason in (
-            "not_found",
-            "conflict",
-            "invalid",
-            "schema",
-            "forbidden",
-            "server_error",
-            "unavailable",
-            "error",
-        ):
-            self.api_errors.labels(reason)
-        self.insecure = Gauge(
-            f"{PREFIX}_cluster_insecure",
-            "1 for a risk an operator opted into for a cluster: TLS not verified "
-            "(tls_insecure_skip_verify), or a bearer token over plain http.",
-            ["cluster", "risk"],
-            registry=registry,
-        )
-        self.leader = Gauge(
-            f"{PREFIX}_leader",
-            "1 while this replica holds the Lease and may write.",
-            registry=registry,
-        )
-        self.health_transitions = Counter(
-            f"{PREFIX}_health_transitions_total",
-            "Clusters turning healthy or unhealthy.",
-            ["cluster", "to"],
-            registry=registry,
-        )
-        build = Gauge(
-            f"{PREFIX}_build_info",
+        build = new.gauge(
+            "build_info",
             "Always 1; labels say which build is running.",
-            ["version", "python_version"],
-            registry=registry,
+            "version",
+            "python_version",
         )
         build.labels(__version__, platform.python_version()).set(1)
+
+    def _publishing(self, new: _Factory) -> None:
+        self.target_writes = new.counter(
+            "target_writes_total",
+            "Attempts to make a target hold new weights, by result (would: dry run).",
+            "target",
+            "result",
+        )
+        self.schema_rejections = new.counter(
+            "schema_rejections_total",
+            "Writes the API server refused because the object broke the CRD's schema, by the "
+            "field it named. Not retried until the decision changes.",
+            "target",
+            "field",
+        )
+        self.api_errors = new.counter(
+            "api_errors_total", "Kubernetes API calls that failed, by reason.", "reason"
+        )
+        for reason in API_ERROR_REASONS:
+            self.api_errors.labels(reason)
+        self.insecure = new.gauge(
+            "cluster_insecure",
+            "1 for a risk an operator opted into for a cluster: TLS not verified "
+            "(tls_insecure_skip_verify), or a bearer token over plain http.",
+            "cluster",
+            "risk",
+        )
+        self.leader = new.gauge("leader", "1 while this replica holds the Lease and may write.")
 
     def add_cluster(self, cluster: str) -> None:
         """Create every labelled series at 0, so rate() and alerts see them from the start."""

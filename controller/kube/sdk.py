@@ -1,15 +1,15 @@
 """kubernetes-asyncio, loaded by the piece: import it from here, never directly.
 
-The generated client's package ``__init__`` files import every API group and every model,
-about 1,500 modules and 35 MB of resident memory, as soon as anything under
-``kubernetes_asyncio`` is imported (the maintainers' own account of the cost:
-tomplus/kubernetes_asyncio#293). The controller calls four API groups and reads a handful of
-models. Before the package is first imported, this module puts light stand-ins for those four
-package ``__init__`` modules in ``sys.modules``: each knows, from the real ``__init__``'s own
-import lines, which submodule defines each name, and imports that submodule the first time the
-name is used. Everything else is the library's own code, unchanged: ``client.CoordinationV1Api``
-is the real class, and the deserialiser's ``getattr(kubernetes_asyncio.client.models, "V1Lease")``
-loads ``v1_lease`` and nothing more.
+The generated client's package ``__init__`` files import every API group and every model as
+soon as anything under ``kubernetes_asyncio`` is imported (the maintainers' own account of the
+cost: tomplus/kubernetes_asyncio#293; what it costs the daemon is in benchmarks/README.md).
+The controller calls four API groups and reads a handful of models. Before the package is
+first imported, this module puts light stand-ins for those four package ``__init__`` modules in
+``sys.modules``: each knows, from the real ``__init__``'s own import lines, which submodule
+defines each name, and imports that submodule the first time the name is used. Everything else
+is the library's own code, unchanged: ``client.CoordinationV1Api`` is the real class, and the
+deserialiser's ``getattr(kubernetes_asyncio.client.models, "V1Lease")`` loads ``v1_lease`` and
+nothing more.
 
 If ``kubernetes_asyncio`` was already imported (a test or a tool did it first), nothing is
 replaced and the full package is used.

@@ -68,82 +68,138 @@ async def run(
     """Simulate ``scenario`` under ``policy``. ``jitter`` is the actuation delay's relative
     spread (uniform ± that fraction). ``honour=False`` is a router that ignores what is
     published and keeps the even split (what the realised-share alert is for)."""
-    # One stream for the world (the same requests whatever the policy), one for the scrapes.
-    world_rng = random.Random(f"{scenario.name}/{seed}/world")
-    route_rng = random.Random(f"{scenario.name}/{seed}/route")
-    scraper = Scraper(random.Random(f"{scenario.name}/{seed}/scrape"))
-    clusters = {c.name: Cluster.build(c) for c in scenario.clusters}
-    for cluster in clusters.values():
-        cluster.scrape_age = scenario.scrape_age
-    readers = {
-        c.name: PageReader(c, settings.scrape.min_latency_requests) for c in settings.clusters
-    }
-    names = list(clusters)
-    trace = Trace(names)
-    routed = Arrivals(scenario.load, random.Random(f"{scenario.name}/{seed}/arrivals"))
-    local = {
-        n: Arrivals(c.spec.local, random.Random(f"{scenario.name}/{seed}/local/{n}"))
-        for n, c in clusters.items()
-    }
-    lengths = scenario.lengths
-    effective = dict.fromkeys(names, 100.0 / len(names))
-    pending: list[tuple[float, dict[str, int]]] = []
-    events = sorted(scenario.events, key=lambda e: e.at)
-    interval = settings.interval
-    next_tick = 0.0
-    ident = 0
-    done: list[tuple[Request, float]] = []
-    steps = int(scenario.duration / DT)
-    for step in range(steps):
+    world = _World(scenario, settings, seed)
+    router = _Router(world, scenario, policy, settings, seed, delay, jitter, honour)
+    for step in range(int(scenario.duration / DT)):
         t = step * DT
-        while events and events[0].at <= t:
-            event = events.pop(0)
-            event.action(clusters[event.cluster], scraper, t)
-            trace.events.append((t, event.note))
-        for cluster in clusters.values():
+        world.happen(t)
+        await router.decide(t)
+        router.actuate(t)
+        router.route(t)
+        world.serve(t, router.effective)
+    return world.finish()
+
+
+class _World:
+    """The clusters, the requests no weight moves, and the trace of what happened."""
+
+    def __init__(self, scenario: Scenario, settings: Settings, seed: int) -> None:
+        # One stream for the world (the same requests whatever the policy), one for the scrapes.
+        self.rng = random.Random(f"{scenario.name}/{seed}/world")
+        self.scraper = Scraper(random.Random(f"{scenario.name}/{seed}/scrape"))
+        self.clusters = {c.name: Cluster.build(c) for c in scenario.clusters}
+        for cluster in self.clusters.values():
+            cluster.scrape_age = scenario.scrape_age
+        self.readers = {
+            c.name: PageReader(c, settings.scrape.min_latency_requests) for c in settings.clusters
+        }
+        self.names = list(self.clusters)
+        self.trace = Trace(self.names)
+        self.lengths = scenario.lengths
+        self.local = {
+            n: Arrivals(c.spec.local, random.Random(f"{scenario.name}/{seed}/local/{n}"))
+            for n, c in self.clusters.items()
+        }
+        self.events = sorted(scenario.events, key=lambda e: e.at)
+        self.ident = 0
+        self._done: list[tuple[Request, float]] = []
+
+    def happen(self, t: float) -> None:
+        """The scenario's events due by ``t``; every cluster notes the time."""
+        while self.events and self.events[0].at <= t:
+            event = self.events.pop(0)
+            event.action(self.clusters[event.cluster], self.scraper, t)
+            self.trace.events.append((t, event.note))
+        for cluster in self.clusters.values():
             cluster.remember(t)
-        if t >= next_tick - 1e-9:
-            await _tick(t, clusters, scraper, readers, policy, trace)
-            if trace.published and trace.published[-1][0] == t:
-                spread = 1.0 + route_rng.uniform(-jitter, jitter)
-                bisect.insort(pending, (t + delay * spread, trace.published[-1][1]))
-            next_tick += interval
-        while pending and pending[0][0] <= t:
-            published = pending.pop(0)[1]
-            if honour:
-                effective = {n: float(w) for n, w in published.items()}
-        order = [n for n in names if effective[n] > 0]
-        cumulative: list[float] = []
-        running = 0.0
-        for n in order:
-            running += effective[n]
-            cumulative.append(running)
-        for arrival in routed.until(t + DT):
-            prompt, output = lengths.draw(world_rng)
-            ident += 1
-            pick = route_rng.random() * running
-            target = order[min(bisect.bisect_right(cumulative, pick), len(order) - 1)]
-            clusters[target].offer(Request(arrival, prompt, output, True, ident))
-        for name, source in local.items():
+
+    def request(self, arrival: float, routed: bool) -> Request:
+        prompt, output = self.lengths.draw(self.rng)
+        self.ident += 1
+        return Request(arrival, prompt, output, routed, self.ident)
+
+    def serve(self, t: float, effective: dict[str, float]) -> None:
+        """Local traffic arrives, every live replica runs one slice, the trace records it."""
+        for name, source in self.local.items():
             for arrival in source.until(t + DT):
-                prompt, output = lengths.draw(world_rng)
-                ident += 1
-                clusters[name].offer(Request(arrival, prompt, output, False, ident))
-        for name, cluster in clusters.items():
+                self.clusters[name].offer(self.request(arrival, False))
+        trace = self.trace
+        for name, cluster in self.clusters.items():
             if cluster.alive:
                 for replica in cluster.replicas:
-                    replica.step(t, DT, done)
+                    replica.step(t, DT, self._done)
             trace.kv[name].append(cluster.kv if cluster.alive else 0.0)
             trace.waiting[name].append(cluster.waiting if cluster.alive else 0)
             trace.alive[name].append(cluster.alive)
             trace.effective[name].append(effective[name])
         trace.seconds.append(t)
-        for _, latency in done:
+        for _, latency in self._done:
             trace.e2e.append(latency)
-        done.clear()
-    trace.lost = sum(c.lost for c in clusters.values())
-    trace.ttft = _ttfts(clusters)
-    return trace
+        self._done.clear()
+
+    def finish(self) -> Trace:
+        self.trace.lost = sum(c.lost for c in self.clusters.values())
+        self.trace.ttft = _ttfts(self.clusters)
+        return self.trace
+
+
+class _Router:
+    """The policy's decisions every interval, acting after the actuation delay, and the
+    routed requests split by the weights in force."""
+
+    def __init__(
+        self,
+        world: _World,
+        scenario: Scenario,
+        policy: Policy,
+        settings: Settings,
+        seed: int,
+        delay: float,
+        jitter: float,
+        honour: bool,
+    ) -> None:
+        self._world = world
+        self._policy = policy
+        self._rng = random.Random(f"{scenario.name}/{seed}/route")
+        self._arrivals = Arrivals(scenario.load, random.Random(f"{scenario.name}/{seed}/arrivals"))
+        self._interval = settings.interval
+        self._delay, self._jitter, self._honour = delay, jitter, honour
+        self._next_tick = 0.0
+        self._pending: list[tuple[float, dict[str, int]]] = []
+        self.effective = dict.fromkeys(world.names, 100.0 / len(world.names))
+
+    async def decide(self, t: float) -> None:
+        """On the interval: the policy reads the pages and may publish; a publication takes
+        effect ``delay`` (± ``jitter``) later."""
+        if t < self._next_tick - 1e-9:
+            return
+        world = self._world
+        await _tick(t, world.clusters, world.scraper, world.readers, self._policy, world.trace)
+        published = world.trace.published
+        if published and published[-1][0] == t:
+            spread = 1.0 + self._rng.uniform(-self._jitter, self._jitter)
+            bisect.insort(self._pending, (t + self._delay * spread, published[-1][1]))
+        self._next_tick += self._interval
+
+    def actuate(self, t: float) -> None:
+        while self._pending and self._pending[0][0] <= t:
+            published = self._pending.pop(0)[1]
+            if self._honour:
+                self.effective = {n: float(w) for n, w in published.items()}
+
+    def route(self, t: float) -> None:
+        """This slice's routed requests, each to a cluster picked by the weights in force."""
+        order = [n for n in self._world.names if self.effective[n] > 0]
+        cumulative: list[float] = []
+        running = 0.0
+        for n in order:
+            running += self.effective[n]
+            cumulative.append(running)
+        for arrival in self._arrivals.until(t + DT):
+            request = self._world.request(arrival, True)
+            pick = self._rng.random() * running
+            target = order[min(bisect.bisect_right(cumulative, pick), len(order) - 1)]
+            self._world.clusters[target].offer(request)
 
 
 def _ttfts(clusters: dict[str, Cluster]) -> list[float]:

@@ -31,8 +31,8 @@ from controller.exposition import PageStream
 # The classic text format: prometheus-client >= 0.23 would rename vllm: metrics for OpenMetrics.
 ACCEPT_TEXT = "text/plain;version=0.0.4;q=1.0,*/*;q=0.1"
 _CHUNK = 64 * 1024
-# Give the event loop back after this much body: a typical page (~150 KiB, ~0.5 ms of
-# extraction here) goes through in one go, a 10 MB one in 40 steps.
+# Give the event loop back after this much body: a typical vLLM page goes through in one go,
+# and the largest page allowed in a few dozen steps, so no page holds the loop for long.
 _YIELD_EVERY = 256 * 1024
 _ERROR_BODY = 300  # bytes of an error response kept for the log
 
