@@ -73,7 +73,7 @@ async def run(
     for step in range(int(scenario.duration / DT)):
         t = step * DT
         world.happen(t)
-        await router.decide(t)
+        await router.ask(t)
         router.actuate(t)
         router.route(t)
         world.serve(t, router.effective)
@@ -168,7 +168,7 @@ class _Router:
         self._pending: list[tuple[float, dict[str, int]]] = []
         self.effective = dict.fromkeys(world.names, 100.0 / len(world.names))
 
-    async def decide(self, t: float) -> None:
+    async def ask(self, t: float) -> None:
         """On the interval: the policy reads the pages and may publish; a publication takes
         effect ``delay`` (± ``jitter``) later."""
         if t < self._next_tick - 1e-9:

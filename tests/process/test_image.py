@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from controller import __version__
-from tests.conftest import free_port
+from tests.support.servers import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 UID = 54321  # no such user: any UID must do, as on OpenShift
 
 

@@ -4,19 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.app import Controller
@@ -24,7 +20,6 @@ from controller.fakes.clusters import Fault, Fleet, SimCluster
 from controller.render import report_json
 from controller.settings import Settings, build_settings
 from controller.state import TickReport
-from tests.conftest import CONTROLLER, free_port
 
 INTERVAL = 0.25
 
@@ -245,175 +240,6 @@ async def test_once_reports_every_cluster_as_json() -> None:
     assert clusters["old"]["vram_utilization"] is None and clusters["old"]["weight"] == 0
     assert sum(c["weight"] for c in clusters.values()) == 100
     json.dumps(report)
-
-
-async def _process(
-    tmp_path: Path, sims: Fleet, *args: str
-) -> tuple[asyncio.subprocess.Process, int]:
-    port = free_port()
-    config = {
-        "interval": "300ms",
-        "clusters": sims.settings_clusters(),
-        "scrape": {"timeout": "100ms"},
-        "server": {"bind": f"127.0.0.1:{port}"},
-    }
-    path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    process = await asyncio.create_subprocess_exec(
-        *CONTROLLER,
-        *args,
-        "--config",
-        str(path),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-    )
-    return process, port
-
-
-async def test_once_cli_prints_json(tmp_path: Path) -> None:
-    async with fleet() as sims:
-        process, _ = await _process(tmp_path, sims, "once")
-        stdout, stderr = await asyncio.wait_for(process.communicate(), 60)
-    assert process.returncode == 0, stderr
-    clusters = json.loads(stdout)["clusters"]
-    assert clusters["cool"]["healthy"] is True and isinstance(clusters["cool"]["weight"], int)
-
-
-async def test_sigterm_stops_the_real_process_cleanly_within_5s(tmp_path: Path) -> None:
-    async with fleet() as sims:
-        sims["hot"].fault = Fault.HANG  # a tick in flight when SIGTERM lands
-        process, port = await _process(tmp_path, sims, "run")
-        async with aiohttp.ClientSession() as session:
-            for _ in range(200):
-                try:
-                    async with session.get(f"http://127.0.0.1:{port}/readyz") as response:
-                        if response.status == 200:
-                            break
-                except aiohttp.ClientConnectionError:
-                    pass
-                await asyncio.sleep(0.1)
-            else:
-                raise AssertionError("controller never became ready")
-        await asyncio.sleep(0.4)
-        began = time.monotonic()
-        process.send_signal(signal.SIGTERM)
-        stdout, stderr = await asyncio.wait_for(process.communicate(), 10)
-        took = time.monotonic() - began
-    assert process.returncode == 0, stderr.decode()
-    assert took < 5
-    events = [json.loads(line) for line in stdout.decode().splitlines() if line.startswith("{")]
-    status = [e for e in events if e["event"] == "cluster status" and e["cluster"] == "cool"]
-    assert status and {"vram_util", "queue", "p50_ms", "healthy", "weight", "tick"} <= set(
-        status[-1]
-    )
-    assert any(e["event"] == "cluster unhealthy" and e["reason"] == "timeout" for e in events)
-    assert events[-1]["event"] == "stopped"
-
-
-async def test_a_taken_metrics_port_is_a_clear_error(tmp_path: Path) -> None:
-    import socket
-
-    with socket.socket() as holder:
-        holder.bind(("127.0.0.1", 0))
-        holder.listen()
-        taken = holder.getsockname()[1]
-        async with fleet() as sims:
-            config = {
-                "clusters": sims.settings_clusters(),
-                "server": {"bind": f"127.0.0.1:{taken}"},
-            }
-            path = tmp_path / "config.yaml"
-            path.write_text(yaml.safe_dump(config))
-            done = await asyncio.create_subprocess_exec(
-                *CONTROLLER,
-                "run",
-                "--config",
-                str(path),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-            )
-            _, stderr = await asyncio.wait_for(done.communicate(), 30)
-    assert done.returncode == 1
-    assert "address already in use" in stderr.decode()
-    assert "Traceback" not in stderr.decode()
-    assert "Unclosed" not in stderr.decode()
-
-
-async def test_sigterm_in_the_middle_of_a_hung_tick_exits_0_quickly_without_a_traceback(
-    tmp_path: Any,
-) -> None:
-    import signal
-
-    from aiohttp import web
-
-    from tests.conftest import free_port
-
-    arrived = asyncio.Event()
-
-    async def hang(_: web.Request) -> web.Response:
-        arrived.set()
-        await asyncio.sleep(60)
-        return web.Response(text="late\n")
-
-    app = web.Application()
-    app.router.add_get("/metrics", hang)
-    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=0.1)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    config = tmp_path / "config.yaml"
-    config.write_text(
-        "interval: 30s\nscrape: {timeout: 20s}\n"
-        f"clusters: [{{name: a, vllm_urls: ['http://127.0.0.1:{port}/metrics']}}]\n"
-        f"server: {{bind: '127.0.0.1:{free_port()}'}}\n"
-    )
-    child = await asyncio.create_subprocess_exec(
-        *CONTROLLER,
-        "run",
-        "--config",
-        str(config),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        await asyncio.wait_for(arrived.wait(), 30)  # the tick is now stuck in the fetch
-        child.send_signal(signal.SIGTERM)
-        began = asyncio.get_running_loop().time()
-        out, err = await asyncio.wait_for(child.communicate(), 15)
-        took = asyncio.get_running_loop().time() - began
-    finally:
-        if child.returncode is None:
-            child.kill()
-        await runner.cleanup()
-    assert child.returncode == 0, err.decode()
-    assert took < 5, took
-    assert b"Traceback" not in out + err and b"CancelledError" not in out + err
-
-
-def test_quick_commands_do_not_load_the_kubernetes_client(tmp_path: Any) -> None:
-    """--version, check-config and status start without importing the Kubernetes client or
-    the daemon (measured in the README: well under half a second)."""
-    config = tmp_path / "c.yaml"
-    config.write_text("clusters: [{name: a, vllm_urls: ['http://127.0.0.1:1/']}]\n")
-    probe = (
-        "import sys, contextlib, io\n"
-        "from controller import cli\n"
-        "for argv in (['--version'], ['check-config', sys.argv[1]], ['status', '--url', '127.0.0.1:9']):\n"
-        "    with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
-        "        cli.main(argv)\n"
-        "print(sorted(m for m in ('kubernetes_asyncio', 'controller.app', 'controller.loop', 'prometheus_client') if m in sys.modules))\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", probe, str(config)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    assert done.stdout.strip() == "[]", done.stdout + done.stderr
 
 
 async def test_opted_in_risks_are_warned_about_at_start_up_and_exported() -> None:

@@ -6,7 +6,6 @@ real kubernetes-asyncio client."""
 from __future__ import annotations
 
 import ast
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -18,12 +17,11 @@ from structlog.testing import capture_logs
 from controller.app import Controller
 from controller.fakes.clusters import Fleet, SimCluster
 from controller.status import render
-from tests.apiserver import FakeAPIServer
-from tests.conftest import CONTROLLER
-from tests.test_failover import kubeconfig
-from tests.test_kubernetes import CRD, NS, model, provider, settings_for, ticks, weights_of
+from tests.conftest import StartDaemon
+from tests.support.apiserver import FakeAPIServer
+from tests.support.kube import CRD, NS, kubeconfig, model, provider, settings_for, ticks, weights_of
 
-PACKAGE = Path(__file__).resolve().parents[1] / "controller"
+PACKAGE = Path(__file__).resolve().parents[2] / "controller"
 GRANITE = "ExternalModel/maas-system/granite"
 LLAMA = "ExternalModel/maas-system/llama"
 
@@ -94,44 +92,30 @@ async def test_each_model_is_weighed_over_its_own_clusters_and_shown_as_written(
         )
 
 
-async def _once(config: Path, *flags: str) -> dict[str, Any]:
+async def _once(daemon: StartDaemon, config: dict[str, Any], *flags: str) -> dict[str, Any]:
     """``weight-controller once`` as a child process (so the double keeps serving meanwhile)."""
-    child = await asyncio.create_subprocess_exec(
-        *CONTROLLER,
-        "once",
-        "--config",
-        str(config),
-        *flags,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(child.communicate(), 60)
-    assert child.returncode == 0, err.decode()
-    result: dict[str, Any] = json.loads(out)
+    child = await daemon(config, "once", *flags)
+    assert await child.finish() == 0, child.err.decode()
+    result: dict[str, Any] = json.loads(child.out)
     return result
 
 
 async def test_once_is_read_only_unless_told_to_apply(
-    apiserver: FakeAPIServer, tmp_path: Path
+    apiserver: FakeAPIServer, tmp_path: Path, daemon: StartDaemon
 ) -> None:
     for name in ("east", "west"):
         apiserver.put_object(CRD, "externalproviders", provider(name))
     apiserver.put_object(CRD, "externalmodels", model("granite", [("east", 50), ("west", 50)]))
     async with Fleet([SimCluster("east", kv=0.9, seed=1), SimCluster("west", kv=0.1)]) as sims:
-        config = tmp_path / "config.yaml"
-        config.write_text(
-            json.dumps(
-                {
-                    "clusters": sims.settings_clusters(),
-                    "kubernetes": {
-                        "enabled": True,
-                        "namespaces": [NS],
-                        "kubeconfig": str(kubeconfig(tmp_path / "kubeconfig", apiserver.url)),
-                    },
-                }
-            )
-        )
-        looked = await _once(config)
+        config = {
+            "clusters": sims.settings_clusters(),
+            "kubernetes": {
+                "enabled": True,
+                "namespaces": [NS],
+                "kubeconfig": str(kubeconfig(tmp_path / "kubeconfig", apiserver.url)),
+            },
+        }
+        looked = await _once(daemon, config)
         assert apiserver.writes() == []
         assert weights_of(apiserver, "granite") == {"east": 50, "west": 50}
         planned = looked["targets"][GRANITE]
@@ -139,7 +123,7 @@ async def test_once_is_read_only_unless_told_to_apply(
         assert planned["applied"]["west"] == planned["desired"]["west"] > 50
         assert looked["clusters"]["west"]["weight"] == planned["desired"]["west"]
 
-        applied = await _once(config, "--apply")
+        applied = await _once(daemon, config, "--apply")
     written = applied["targets"][GRANITE]
     assert written["write"] == "done"
     assert weights_of(apiserver, "granite") == written["applied"] == written["desired"]

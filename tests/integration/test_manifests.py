@@ -15,23 +15,11 @@ import yaml
 
 from controller.kube import objects
 from controller.settings import build_settings
-from tests import crds
+from tests.support import crds
+from tests.support.manifests import render
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 K8S_VERSION = kubernetes_validate.latest_version()
-
-
-def render(path: str) -> list[dict[str, Any]]:
-    kubectl = shutil.which("kubectl")
-    assert kubectl, "kubectl (with kustomize) is needed to render manifests/"
-    done = subprocess.run(
-        [kubectl, "kustomize", str(ROOT / path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
 
 
 @pytest.fixture(scope="module")

@@ -8,30 +8,19 @@ import json
 import re
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import yaml
 
-from tests.prometheus_server import ROOT, RULES, binary
-
-DASHBOARD = ROOT / "grafana" / "weight-controller.json"
-PROMETHEUS_RULE = ROOT / "manifests" / "prometheusrule.yaml"
-RULES_TEST = ROOT / "tests" / "prometheus" / "rules_test.yaml"
-
-
-def alert_rules() -> list[dict[str, Any]]:
-    return [
-        rule for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"]
-    ]
-
-
-def dashboard_queries() -> list[tuple[str, str]]:
-    dashboard = json.loads(DASHBOARD.read_text())
-    return [
-        (panel["title"], target["expr"])
-        for panel in dashboard["panels"]
-        for target in panel["targets"]
-    ]
+from tests.support.observability import (
+    DASHBOARD,
+    PROMETHEUS_RULE,
+    ROOT,
+    RULES,
+    RULES_TEST,
+    alert_rules,
+    dashboard_queries,
+)
+from tests.support.prometheus import binary
 
 
 def test_promtool_checks_and_unit_tests_the_rules() -> None:

@@ -13,10 +13,8 @@ from typing import Any
 import aiohttp
 import yaml
 
-from tests.conftest import free_port
-
-ROOT = Path(__file__).resolve().parents[1]
-RULES = ROOT / "manifests" / "prometheus" / "weight-controller-rules.yaml"
+from tests.support.observability import RULES
+from tests.support.servers import free_port
 
 
 def binary(name: str) -> str:

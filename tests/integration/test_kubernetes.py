@@ -1,5 +1,5 @@
 """Publishing to Kubernetes with the real kubernetes-asyncio client over HTTP, against the
-API-server double in tests/apiserver.py (its docstring lists the behaviours it implements)."""
+API-server double in tests/support/apiserver.py (its docstring lists the behaviours it implements)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import itertools
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +19,24 @@ from structlog.testing import capture_logs
 from controller import weights
 from controller.app import Controller
 from controller.fakes.clusters import Fault, Fleet, SimCluster
-from controller.kube.objects import LAST_APPLIED, MANAGED_LABEL, VLLM_URLS_ANNOTATION
+from controller.kube.objects import LAST_APPLIED, VLLM_URLS_ANNOTATION
 from controller.model import Signals
 from controller.settings import Settings, build_settings
-from tests.apiserver import FakeAPIServer
-from tests.conftest import CONTROLLER
-
-CRD = "inference.opendatahub.io/v1alpha1"
-NS = "maas-system"
+from tests.conftest import StartDaemon
+from tests.support.apiserver import FakeAPIServer
+from tests.support.kube import (
+    CRD,
+    GATEWAY,
+    NS,
+    model,
+    provider,
+    route,
+    seed,
+    settings_for,
+    ticks,
+    wait_until,
+    weights_of,
+)
 
 
 @pytest.fixture
@@ -39,70 +49,6 @@ async def api(apiserver: FakeAPIServer) -> AsyncIterator[client.ApiClient]:
 async def sims() -> AsyncIterator[Fleet]:
     async with Fleet([SimCluster("east", kv=0.2), SimCluster("west", kv=0.2)]) as fleet:
         yield fleet
-
-
-def provider(name: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, "namespace": NS}
-    if annotations:
-        meta["annotations"] = annotations
-    spec = {
-        "provider": "openai",
-        "endpoint": f"{name}.example.com",
-        "auth": {"type": "simple", "secretRef": {"name": f"{name}-api-key"}},
-    }
-    return {"metadata": meta, "spec": spec}
-
-
-def model(name: str, refs: list[tuple[str, int]], managed: bool = True) -> dict[str, Any]:
-    labels = {MANAGED_LABEL: "true"} if managed else {}
-    return {
-        "metadata": {"name": name, "namespace": NS, "labels": labels},
-        "spec": {
-            "externalProviderRefs": [
-                {
-                    "ref": {"name": ref},
-                    "targetModel": "llama",
-                    "apiFormat": "openai-chat",
-                    "path": "/v1/chat/completions",
-                    "weight": weight,
-                }
-                for ref, weight in refs
-            ]
-        },
-    }
-
-
-def seed(apiserver: FakeAPIServer, refs: list[tuple[str, int]], name: str = "llama") -> None:
-    for ref, _ in refs:
-        if apiserver.get(CRD, "externalproviders", NS, ref) is None:
-            apiserver.put_object(CRD, "externalproviders", provider(ref))
-    apiserver.put_object(CRD, "externalmodels", model(name, refs))
-
-
-def weights_of(apiserver: FakeAPIServer, name: str = "llama") -> dict[str, int]:
-    obj = apiserver.get(CRD, "externalmodels", NS, name)
-    assert obj is not None
-    return {r["ref"]["name"]: r["weight"] for r in obj["spec"]["externalProviderRefs"]}
-
-
-def settings_for(sims: Fleet, **extra: Any) -> Settings:
-    # These tests call once() back to back, faster than the interval: no settling between
-    # steps (weights.settle: 0), so every tick may take its step.
-    return build_settings(
-        {
-            "interval": 1,
-            "clusters": sims.settings_clusters(),
-            "scrape": {"timeout": 0.5},
-            "weights": {"settle": 0, **extra.pop("weights", {})},
-            "kubernetes": {"enabled": True, "api_timeout": 1, **extra.pop("kubernetes", {})},
-            **extra,
-        }
-    )
-
-
-async def ticks(controller: Controller, n: int) -> None:
-    for _ in range(n):
-        await controller.once()
 
 
 # ---- the pure part ---------------------------------------------------------------------------
@@ -439,16 +385,6 @@ def elector_settings(identity: str) -> Any:
     return LeaderSettings(identity=identity, **LEASE)
 
 
-async def wait_until(check: Callable[[], bool], seconds: float) -> float:
-    loop = asyncio.get_running_loop()
-    began = loop.time()
-    while loop.time() - began < seconds:
-        if check():
-            return loop.time() - began
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition not met in time")
-
-
 @contextlib.asynccontextmanager
 async def leading(api: client.ApiClient, identity: str = "a") -> AsyncIterator[Any]:
     """An elector that has taken the Lease; stopped (and the Lease released) on exit."""
@@ -525,31 +461,18 @@ async def test_leader_stops_writing_when_it_cannot_renew(
         await wait_until(a.is_leader, 3)
 
 
-def test_missing_kubeconfig_is_a_config_error_not_a_traceback(tmp_path: Any) -> None:
-    import subprocess
-
-    config = tmp_path / "config.yaml"
-    config.write_text(
+async def test_missing_kubeconfig_is_a_config_error_not_a_traceback(
+    daemon: StartDaemon, tmp_path: Path
+) -> None:
+    config = (
         "clusters: [{name: a, vllm_urls: ['http://127.0.0.1:9/metrics']}]\n"
         "kubernetes: {enabled: true}\nserver: {bind: '127.0.0.1:0'}\n"
     )
-    done = subprocess.run(
-        [
-            *CONTROLLER,
-            "run",
-            "--config",
-            str(config),
-            "--kubeconfig",
-            str(tmp_path / "absent"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 2
-    assert "config error: kubernetes: cannot load credentials" in done.stderr
-    assert "Traceback" not in done.stderr
+    child = await daemon(config, "run", "--kubeconfig", str(tmp_path / "absent"))
+    assert await child.finish() == 2
+    stderr = child.err.decode()
+    assert "config error: kubernetes: cannot load credentials" in stderr
+    assert "Traceback" not in stderr
 
 
 # ---- the upstream schemas --------------------------------------------------------------------
@@ -558,7 +481,7 @@ def test_missing_kubeconfig_is_a_config_error_not_a_traceback(tmp_path: Any) -> 
 async def test_a_dead_cluster_goes_to_the_schema_minimum_never_below(
     apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
 ) -> None:
-    from tests import crds
+    from tests.support import crds
 
     seed(apiserver, [("east", 50), ("west", 50)])
     sims["east"].fault = Fault.HTTP_500
@@ -654,9 +577,9 @@ def test_last_writer_is_unknown_on_a_tie_and_never_ourselves() -> None:
 
 
 def test_every_sample_and_fixture_object_passes_the_upstream_schemas() -> None:
-    from tests import crds
+    from tests.support import crds
 
-    samples = Path(__file__).resolve().parents[1] / "manifests" / "samples"
+    samples = Path(__file__).resolve().parents[2] / "manifests" / "samples"
     objects_ = [
         doc
         for path in sorted(samples.glob("*.yaml"))
@@ -823,20 +746,6 @@ async def test_an_explicit_namespace_list_reads_only_those(
 
 
 # ---- HTTPRoute rules -------------------------------------------------------------------------
-
-GATEWAY = "gateway.networking.k8s.io/v1"
-
-
-def route(rules: list[list[tuple[str, int]]], **meta: Any) -> dict[str, Any]:
-    return {
-        "metadata": {"name": "llama", "namespace": "apps", **meta},
-        "spec": {
-            "rules": [
-                {"backendRefs": [{"name": n, "port": 8000, "weight": w} for n, w in rule]}
-                for rule in rules
-            ]
-        },
-    }
 
 
 def rules_of(apiserver: FakeAPIServer) -> list[dict[str, int]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "controller"
+PACKAGE = Path(__file__).resolve().parents[2] / "controller"
 
 # Lowest first. A module may import its own layer and the ones below, never one above.
 LAYERS = [

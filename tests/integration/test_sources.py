@@ -15,7 +15,8 @@ from aiohttp import web
 from controller.model import ClusterMetrics, Reason
 from controller.settings import ClusterSettings, ScrapeSettings
 from controller.sources.scrape import ScrapeSource
-from tests.conftest import Handler, Server, fixture_text, free_port, text_handler
+from tests.support.pages import fixture_text
+from tests.support.servers import Handler, Server, free_port, text_handler
 
 Serve = Callable[[dict[str, Handler]], Awaitable[Server]]
 

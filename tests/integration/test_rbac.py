@@ -17,9 +17,9 @@ from controller.app import Controller
 from controller.fakes.clusters import Fleet, SimCluster
 from controller.kube.leader import LeaderElector
 from controller.settings import LeaderSettings, build_settings
-from tests.apiserver import FakeAPIServer
-from tests.test_kubernetes import CRD, GATEWAY, NS, model, provider, route, wait_until
-from tests.test_manifests import render
+from tests.support.apiserver import FakeAPIServer
+from tests.support.kube import CRD, GATEWAY, NS, model, provider, route, wait_until
+from tests.support.manifests import render
 
 PATH = re.compile(
     r"^/(?:api/v1|apis/(?P<group>[^/]+)/[^/]+)"

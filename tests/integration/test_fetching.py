@@ -14,7 +14,7 @@ from aiohttp import web
 
 from controller.app import Controller
 from controller.settings import build_settings
-from tests.conftest import Server
+from tests.support.servers import Server
 
 Serve = Callable[
     [dict[str, Callable[[web.Request], Awaitable[web.StreamResponse]]]], Awaitable[Server]

@@ -16,7 +16,7 @@ from kubernetes_asyncio import client
 from controller.app import Controller
 from controller.fakes.clusters import Fleet, SimCluster
 from controller.settings import build_settings
-from tests.apiserver import FakeAPIServer
+from tests.support.apiserver import FakeAPIServer
 
 
 def self_signed(directory: Path) -> tuple[Path, Path]:

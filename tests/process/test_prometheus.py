@@ -26,10 +26,10 @@ from controller.render import report_json
 from controller.settings import Settings, build_settings
 from controller.sources.prometheus import PrometheusQuerySource
 from controller.sources.scrape import ScrapeSource
-from tests.apiserver import FakeAPIServer
-from tests.prometheus_server import Prometheus, binary, job
-from tests.test_kubernetes import seed
-from tests.test_observability_files import alert_rules, dashboard_queries
+from tests.support.apiserver import FakeAPIServer
+from tests.support.kube import seed
+from tests.support.observability import alert_rules, dashboard_queries
+from tests.support.prometheus import Prometheus, binary, job
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

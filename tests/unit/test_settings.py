@@ -12,7 +12,7 @@ import yaml
 from controller.errors import ConfigError
 from controller.settings import Settings, load_settings
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MINIMAL = """\
 interval: 10s
 clusters:

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from controller.exposition import Extractor, Labels, Sample
 from controller.sources.scrape import EPP_EXTRACTOR, VLLM_EXTRACTOR
-from tests.conftest import fixture_names, fixture_text
+from tests.support.pages import fixture_names, fixture_text
 
 Row = tuple[str, tuple[tuple[str, str], ...], float | str, float | None]
 

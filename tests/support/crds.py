@@ -18,7 +18,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-CRD_DIR = Path(__file__).resolve().parents[2] / "shared" / "upstream-crds"
+CRD_DIR = Path(__file__).resolve().parents[3] / "shared" / "upstream-crds"
 VERSIONS = {"v0.2.0": "v0.2.0", "v0.2.1": "v0.2.1-and-main"}
 PLURALS = ("externalmodels", "externalproviders")
 Json = dict[str, Any]

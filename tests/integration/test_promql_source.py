@@ -16,7 +16,7 @@ from controller.errors import ScrapeHTTPStatusError, ScrapeParseError
 from controller.model import Reason
 from controller.settings import build_settings
 from controller.sources.prometheus import PrometheusQuerySource, queries_for, scalar, selector
-from tests.conftest import Handler, Server
+from tests.support.servers import Handler, Server
 
 Serve = Callable[[dict[str, Handler]], Awaitable[Server]]
 

@@ -19,7 +19,7 @@ conventions (https://kubernetes.io/docs/reference/using-api/api-concepts/):
   changed, and records ``managedFields`` (manager from ``?fieldManager=``, operation, time at
   one-second precision as the server stores it, ``subresource`` for ``/status``).
 - ExternalModels and ExternalProviders are admitted as a CRD-backed server admits them, with
-  the upstream CRDs of ``crd_version`` (``v0.2.0`` or ``v0.2.1``; tests/crds.py): unknown fields
+  the upstream CRDs of ``crd_version`` (``v0.2.0`` or ``v0.2.1``; tests/support/crds.py): unknown fields
   pruned, defaults applied, schema violations a ``422 Invalid`` whose ``details.causes`` name the
   field (``NewInvalid`` in k8s.io/apimachinery). A failed JSON Patch ``test`` is a 422 *without*
   causes, as in the API server's patch handler. A custom-resource PUT without
@@ -56,7 +56,7 @@ from typing import Any
 import jsonpatch
 from aiohttp import web
 
-from tests import crds
+from tests.support import crds
 
 Json = dict[str, Any]
 Key = tuple[str, str, str, str]  # (api prefix, plural, namespace, name)

@@ -30,11 +30,11 @@ from controller.logs import Conditions
 from controller.model import ClusterMetrics
 from controller.settings import LeaderSettings, build_settings
 from controller.testing import build_loop
-from tests import crds
-from tests.apiserver import FakeAPIServer
-from tests.test_kubernetes import CRD, NS, model, provider, wait_until
+from tests.support import crds
+from tests.support.apiserver import FakeAPIServer
+from tests.support.kube import CRD, NS, model, provider, wait_until
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LEVELS = {"debug", "info", "warning", "error", "exception", "critical"}
 
 

@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import gzip
-import json
-import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 from aiohttp import web
 
-from tests.conftest import CONTROLLER, free_port
+from tests.support.daemon import Daemon
+from tests.support.servers import free_port
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 KV = 'vllm:kv_cache_usage_perc{engine="0",model_name="m"}'
@@ -165,70 +163,32 @@ async def run_matrix(tmp: Path) -> dict[str, Any]:
             cluster["bearer_token_file"] = str(token if name == "token-rotation" else doomed)
             cluster["allow_token_over_http"] = True  # loopback
         clusters.append(cluster)
-    metrics_port = free_port()
-    config = tmp / "config.yaml"
-    config.write_text(
-        json.dumps(
-            {
-                "interval": "2s",
-                "clusters": clusters,
-                "scrape": {"timeout": "1s", "max_body_bytes": MAX_BODY, "min_latency_requests": 1},
-                "server": {"bind": f"127.0.0.1:{metrics_port}"},
-                "log": {"format": "json"},
-            }
-        )
-    )
-    child = await asyncio.create_subprocess_exec(
-        *CONTROLLER,
-        "run",
-        "--config",
-        str(config),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
+    config = {
+        "interval": "2s",
+        "clusters": clusters,
+        "scrape": {"timeout": "1s", "max_body_bytes": MAX_BODY, "min_latency_requests": 1},
+        "server": {"bind": f"127.0.0.1:{free_port()}"},
+        "log": {"format": "json"},
+    }
+    child = await Daemon(tmp / "config.yaml", config, "run").start()
     try:
-        state = await wait_for_ticks(metrics_port, 3, child)
+        state = await child.wait_for_ticks(3)
         TOKEN_NOW[0] = "second-token"  # rotated: file and server change together
         token.write_text(TOKEN_NOW[0])
         doomed.unlink()
-        state = await wait_for_ticks(metrics_port, state["ticks"] + 3, child)
+        state = await child.wait_for_ticks(state["ticks"] + 3)
         alive = child.returncode is None
-        child.send_signal(signal.SIGTERM)  # the hang and slowloris requests are in flight
-        began = asyncio.get_running_loop().time()
-        out, err = await asyncio.wait_for(child.communicate(), 20)
-        took = asyncio.get_running_loop().time() - began
+        took = await child.stop(20)  # the hang and slowloris requests are in flight
     finally:
-        if child.returncode is None:
-            child.kill()
-            await child.wait()
+        await child.kill()
         await runner.cleanup()
     return {
         "state": state,
         "alive": alive,
         "code": child.returncode,
         "took": took,
-        "out": out + err,
+        "out": child.out + child.err,
     }
-
-
-async def wait_for_ticks(
-    port: int, ticks: int, child: asyncio.subprocess.Process
-) -> dict[str, Any]:
-    url = f"http://127.0.0.1:{port}/debug/state"
-    async with aiohttp.ClientSession() as session:
-        for _ in range(300):  # bounded: 60 s
-            if child.returncode is not None:
-                _, err = await child.communicate()
-                raise AssertionError(f"the daemon exited {child.returncode}: {err.decode()}")
-            try:
-                async with session.get(url) as response:
-                    state: dict[str, Any] = await response.json()
-                if state["ticks"] >= ticks:
-                    return state
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.2)
-    raise AssertionError(f"the daemon did not reach tick {ticks}")
 
 
 @pytest.mark.parametrize(

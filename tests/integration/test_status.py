@@ -12,8 +12,8 @@ from kubernetes_asyncio import client
 from controller.app import Controller
 from controller.fakes.clusters import Fault, Fleet, SimCluster
 from controller.status import fetch_state, render
-from tests.apiserver import FakeAPIServer
-from tests.test_kubernetes import seed, settings_for
+from tests.support.apiserver import FakeAPIServer
+from tests.support.kube import seed, settings_for
 
 
 async def test_state_and_status_table_show_clusters_targets_and_leader() -> None:

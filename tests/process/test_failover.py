@@ -1,0 +1,105 @@
+"""Two real controller processes, one API server double, one hot cluster, one SIGKILL."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from controller.fakes.clusters import Fleet, SimCluster
+from tests.conftest import StartDaemon
+from tests.support.apiserver import FakeAPIServer
+from tests.support.kube import CRD, NS, kubeconfig, seed, weights_of
+from tests.support.servers import free_port
+
+LEASE_DURATION = 2.0
+RETRY = 0.25
+
+
+async def leader_gauge(session: aiohttp.ClientSession, port: int) -> float | None:
+    try:
+        async with session.get(f"http://127.0.0.1:{port}/metrics") as response:
+            text = await response.text()
+    except aiohttp.ClientError:
+        return None
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "weight_controller_leader":
+                return float(sample.value)
+    return None
+
+
+async def test_two_processes_elect_one_leader_and_fail_over(
+    apiserver: FakeAPIServer, tmp_path: Path, daemon: StartDaemon
+) -> None:
+    seed(apiserver, [("east", 50), ("west", 50)])
+    config = str(kubeconfig(tmp_path / "kubeconfig", apiserver.url))
+    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("KUBERNETES_")}
+    async with Fleet([SimCluster("east", kv=0.2), SimCluster("west", kv=0.2)]) as sims:
+        ports = [free_port(), free_port()]
+        replicas = [
+            await daemon(
+                {
+                    "interval": "300ms",
+                    "clusters": sims.settings_clusters(),
+                    "scrape": {"timeout": "150ms"},
+                    "server": {"bind": f"127.0.0.1:{port}"},
+                    "kubernetes": {"enabled": True, "api_timeout": "1s"},
+                    "leader_election": {
+                        "identity": f"replica-{index}",
+                        "lease_duration": f"{LEASE_DURATION}s",
+                        "renew_deadline": "1500ms",
+                        "retry_period": f"{int(RETRY * 1000)}ms",
+                    },
+                },
+                "run",
+                "--leader-elect",
+                "--kubeconfig",
+                config,
+                env=env,
+            )
+            for index, port in enumerate(ports)
+        ]
+        async with aiohttp.ClientSession() as session:
+            leader = await _wait_for_one_leader(session, ports)
+            follower = 1 - leader
+            sims["east"].kv = 0.95
+            await _wait(lambda: weights_of(apiserver)["west"] >= 80, 15)
+            assert await leader_gauge(session, ports[follower]) == 0
+            await replicas[leader].kill()  # SIGKILL: no release of the Lease
+            loop = asyncio.get_running_loop()
+            killed = loop.time()
+            while await leader_gauge(session, ports[follower]) != 1:
+                assert loop.time() - killed < 10, "follower never took over"
+                await asyncio.sleep(0.05)
+            took = loop.time() - killed
+            print(f"follower took over {took:.2f}s after SIGKILL")
+            # the follower waits out the lease from when it last saw a renewal
+            assert took <= LEASE_DURATION + 2 * RETRY + 0.5, took
+            sims["east"].kv, sims["west"].kv = 0.2, 0.95
+            await _wait(lambda: weights_of(apiserver)["east"] >= 80, 15)
+        await replicas[follower].stop(10)
+    lease = apiserver.get("coordination.k8s.io/v1", "leases", NS, "weight-controller")
+    assert lease is not None and lease["spec"]["leaseTransitions"] >= 1
+    assert apiserver.get(CRD, "externalmodels", NS, "llama") is not None
+
+
+async def _wait_for_one_leader(session: aiohttp.ClientSession, ports: list[int]) -> int:
+    for _ in range(200):
+        gauges = [await leader_gauge(session, port) for port in ports]
+        if sorted(g or 0 for g in gauges) == [0, 1]:
+            return gauges.index(1)
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no single leader: {gauges}")
+
+
+async def _wait(check: object, seconds: float) -> None:
+    assert callable(check)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    while not check():
+        assert loop.time() - began < seconds, "condition not met in time"
+        await asyncio.sleep(0.1)
