@@ -242,6 +242,25 @@ async def test_once_reports_every_cluster_as_json() -> None:
     json.dumps(report)
 
 
+async def test_once_and_debug_state_show_a_target_with_the_same_keys_and_values() -> None:
+    async with fleet() as sims, Controller(settings_for(sims)) as controller:
+        sims["hot"].kv = 0.95
+        for _ in range(3):
+            report = report_json(await controller.once())
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"http://127.0.0.1:{controller.port}/debug/state") as response,
+        ):
+            state = await response.json()
+    assert report["targets"] == state["targets"]
+    assert report["clusters"] == state["clusters"]
+    target = report["targets"]["configured"]
+    # what once printed before is all still there, and the law in force is named
+    assert {"desired", "applied", "write", "mode", "notes"} <= set(target)
+    assert target["law"] == "capacity"
+    assert set(target["refs"]["hot"]) >= {"desired", "applied", "share", "goal", "factors"}
+
+
 async def test_opted_in_risks_are_warned_about_at_start_up_and_exported() -> None:
     from structlog.testing import capture_logs
 

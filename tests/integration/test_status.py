@@ -84,6 +84,7 @@ async def test_state_and_status_table_show_clusters_targets_and_leader() -> None
     )
     explained = render(state, explain=True)
     assert "DEMAND SHARE" in explained and "score = capacity share" in explained
+    assert "law: capacity" in explained
     assert "REALISED" in explained
     assert "ExternalModel/maas-system/llama" in table
     assert done.returncode == 0, stderr.decode()
@@ -117,3 +118,28 @@ def test_status_json_and_unreachable_kubernetes() -> None:
         "kubernetes": {"reachable": False, "error": "list externalmodels: HTTP 503"},
     }
     assert "kubernetes: UNREACHABLE (list externalmodels: HTTP 503)" in render(state, now=0)
+
+
+def test_explain_names_the_law_from_each_decision_not_from_its_factors() -> None:
+    refs = {
+        ref: {"cluster": ref, "desired": w, "applied": w, "share": float(w), "factors": None}
+        for ref, w in (("a", 60), ("b", 40))
+    }
+
+    def target(law: str, mode: str) -> dict[str, object]:
+        return {"law": law, "mode": mode, "write": "none", "last_write": None, "refs": refs}
+
+    state = {
+        "ticks": 1,
+        "leader": True,
+        "clusters": {},
+        "kubernetes": {"reachable": None},
+        # every cluster unhealthy in one: no factors at all, the law is still the decision's
+        "targets": {
+            "ExternalModel/ns/old": target("integral", "fail_static"),
+            "ExternalModel/ns/new": target("capacity", "hold"),
+        },
+    }
+    explained = render(state, now=0, explain=True).splitlines()
+    assert "KV HEADROOM" in explained[explained.index("law: integral") + 1]
+    assert "DEMAND SHARE" in explained[explained.index("law: capacity") + 1]

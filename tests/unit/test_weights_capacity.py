@@ -13,21 +13,17 @@ from controller.model import Mode, Signals
 from controller.settings import WeightSettings
 from controller.weights import decide, proportional
 from controller.weights.capacity import capacity_goal, load_of
+from tests.support.signals import read
 
 P = WeightSettings()
 
 
-def sig(kv: float, pods: float = 2.0, queue: float = 0.0, demand: float | None = None) -> Signals:
-    """A cluster read now at ``kv`` (utilization scaled up by ``queue`` per pod as the loop
-    does), filtered to ``demand`` (default: the same)."""
-    utilization = kv * (1 + queue / 4) if queue else kv
-    return Signals(
-        kv=kv,
-        queue_per_pod=queue,
-        utilization=utilization,
-        demand=utilization if demand is None else demand,
-        capacity=pods,
-    )
+def sig(kv: float, pods: int = 2, queue: float = 0.0, earlier: float | None = None) -> Signals:
+    """A cluster read now at ``kv`` with ``queue`` waiting per pod, through the daemon's own
+    health and signal derivation; ``earlier``: the KV of the scrape before, which the demand
+    filter remembers (default: this scrape is the first)."""
+    kvs = [kv] if earlier is None else [earlier, kv]
+    return read(*kvs, pods=pods, queue=queue)
 
 
 def test_the_default_is_the_capacity_law() -> None:
@@ -117,7 +113,7 @@ clusters = st.dictionaries(
         st.builds(
             sig,
             fractions,
-            st.sampled_from([1.0, 2.0, 8.0]),
+            st.sampled_from([1, 2, 8]),
             st.sampled_from([0.0, 0.0, 3.0]),
             st.one_of(st.none(), fractions),
         ),
