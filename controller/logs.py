@@ -5,7 +5,7 @@ JSON when stdout is not a terminal, logfmt (``key=value``) when it is: the same 
 ``timestamp`` (RFC 3339, UTC), ``level``, ``event``, then the event's own (``tick``, ``target``,
 ``cluster``, ``reason``, ...), numbers as numbers. The standard library's loggers (aiohttp's
 among them) go through the same processors, so an operator greps one format. Secrets are masked
-before anything is rendered. Every event is listed in the README's event catalogue.
+before anything is rendered. Every event is listed in the event catalogue (manifests/RUNBOOKS.md).
 """
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ def print_table(report: TickReport, out: TextIO) -> None:
             file=out,
         )
         print(
-            f"  {'cluster':<10} {'kv':>5} {'queue':>6} {'p90':>7}  {'health':<22} weight",
+            f"  {'cluster':<10} {'kv':>5} {'queue':>6} {'p90':>7}  {'health':<40} weight",
             file=out,
         )
         for ref, cluster in outcome.target.clusters.items():
@@ -94,7 +94,7 @@ def print_table(report: TickReport, out: TextIO) -> None:
                 f"  {ref:<10} {_cell(c['vram_utilization'] if c else None, '.2f'):>5}"
                 f" {_cell(c['queue_depth'] if c else None, '.1f'):>6}"
                 f" {_cell(p90 * 1000 if p90 is not None else None, '.0f') + 'ms':>7}"
-                f"  {render.health_words(c) if c else '-':<22} {weight:>3} {'#' * (weight // 4)}",
+                f"  {render.health_words(c) if c else '-':<40} {weight:>3} {'#' * (weight // 4)}",
                 file=out,
             )
     out.flush()

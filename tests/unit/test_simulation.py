@@ -1,6 +1,6 @@
 """The token-level simulator, and the shipped defaults held to the targets in its world.
 
-The targets (issue #9; the README's table says where the law misses one) are checked on medians
+The targets (issue #9; controller/simulation/README.md's table says where the law misses one) are checked on medians
 over three seeds at actuation delays of 5, 10 and 30 s. The runs are spread over two processes
 and shortened to what each target needs; everything is seeded, nothing sleeps.
 """
@@ -136,7 +136,7 @@ def test_hot_hard_is_shed_with_less_overload_than_naive(runs: list[Outcome], del
     ours = median(runs, "hot-hard", "ours", delay, lambda s: s.overload_cluster_s)
     naive = median(runs, "hot-hard", "naive", delay, lambda s: s.overload_cluster_s)
     assert ours <= naive
-    # The target is 3 intervals; the README's table shows we miss it: the first step acts
+    # The target is 3 intervals; the simulator's table (controller/simulation/README.md) shows we miss it: the first step acts
     # only after the actuation delay, the second waits for the first to settle, and requests
     # already admitted drain meanwhile. Held here to what we do meet, which grows with it.
     recovery = median(runs, "hot-hard", "ours", delay, lambda s: s.recovery_s or 0.0)
@@ -157,7 +157,7 @@ def test_a_30s_delay_is_no_worse_than_naive_and_writes_little(
     ours = median(runs, scenario, "ours", 30.0, lambda s: s.overload_cluster_s)
     naive = median(runs, scenario, "naive", 30.0, lambda s: s.overload_cluster_s)
     assert ours <= naive
-    # target ≤ 30 writes/h; hot-hard misses it (34/h over 5 seeds in the README's table)
+    # target ≤ 30 writes/h; hot-hard misses it (34/h over 5 seeds in the simulator's table)
     limit = 30 if scenario == "heterogeneous" else 45
     assert median(runs, scenario, "ours", 30.0, lambda s: s.writes_per_hour) <= limit
 
