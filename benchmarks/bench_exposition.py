@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from benchmarks.vllm_page import vllm_v1_page
 from controller.exposition import Extractor, Labels
 from controller.families import VLLM_E2E, VLLM_GAUGES
-from controller.sources.scrape import VLLM_EXTRACTOR
+from controller.sources.pages import VLLM_EXTRACTOR
 
 
 def per_call_ms(work: Callable[[], object], number: int) -> float:

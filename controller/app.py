@@ -20,6 +20,7 @@ from controller import server
 from controller.exporter import make_registry
 from controller.kube import client as kube_client
 from controller.kube.access import AccessReviewer
+from controller.kube.endpoints import slice_lister
 from controller.kube.leader import LeaderElector
 from controller.publish import Publisher
 from controller.publish.configured import implicit
@@ -28,7 +29,7 @@ from controller.publish.kubernetes import KubernetesPublisher
 from controller.reconcile.loop import Reconciler
 from controller.settings import ClusterSettings, Settings
 from controller.sources import ClusterMetricsSource
-from controller.sources.prometheus import PrometheusQuerySource
+from controller.sources.prometheus import prometheus_source, shared_queriers
 from controller.sources.scrape import ScrapeSource
 from controller.state import Snapshot, TickReport
 
@@ -48,24 +49,23 @@ GC_THRESHOLD = (10_000, 10, 10)
 
 
 def source_factory(
-    settings: Settings, session: aiohttp.ClientSession, clock: Callable[[], float]
+    settings: Settings,
+    session: aiohttp.ClientSession,
+    clock: Callable[[], float],
+    api: kube_client.ApiClient | None = None,
 ) -> Callable[[ClusterSettings], ClusterMetricsSource]:
     # One limiter for every page of every cluster: bounded and first come, first served, so
     # one big cluster's pages queue among the others' instead of starving them.
     limiter = asyncio.Semaphore(settings.scrape.max_concurrency)
+    queries, scrape = settings.prometheus_queries, settings.scrape
+    queriers = shared_queriers(settings.queriers, queries, scrape, session)
 
     def make(cluster: ClusterSettings) -> ClusterMetricsSource:
         if cluster.prometheus is not None:
-            return PrometheusQuerySource(
-                cluster,
-                cluster.prometheus,
-                settings.prometheus_queries,
-                settings.scrape,
-                session,
-                clock,
-            )
+            return prometheus_source(cluster, queries, scrape, session, queriers, clock)
         timeout = settings.cluster_timeout(cluster)
-        return ScrapeSource(cluster, settings.scrape, timeout, session, clock, limiter)
+        slices = slice_lister(api, settings.kubernetes.api_timeout) if api is not None else None
+        return ScrapeSource(cluster, settings.scrape, timeout, session, clock, limiter, slices)
 
     return make
 
@@ -124,7 +124,7 @@ class Controller:
             await self._session.close()
             raise
         self._warn_about_opt_outs()
-        make_source = source_factory(self.settings, self._session, self._clock)
+        make_source = source_factory(self.settings, self._session, self._clock, self._api)
         self.reconciler = Reconciler(
             self.settings,
             [make_source(cluster) for cluster in self.settings.clusters],
@@ -149,12 +149,15 @@ class Controller:
             if cluster.tls_insecure_skip_verify:
                 self.metrics.insecure.labels(cluster.name, "tls_unverified").set(1)
                 log.warning("tls verification off", cluster=cluster.name)
-            urls = [*cluster.vllm_urls, *([cluster.epp_url] if cluster.epp_url else [])]
-            token = cluster.bearer_token_file or cluster.epp_bearer_token_file
-            plain = [str(u) for u in urls if u.scheme == "http"]
-            if cluster.allow_token_over_http and token and plain:
+            plain = [host for host, scheme in cluster.tokened() if scheme == "http"]
+            if cluster.allow_token_over_http and plain:
                 self.metrics.insecure.labels(cluster.name, "token_over_http").set(1)
-                log.warning("bearer token over plain http", cluster=cluster.name, urls=plain)
+                log.warning("bearer token over plain http", cluster=cluster.name, hosts=plain)
+            elif cluster.token_over_cluster_network and plain:
+                self.metrics.insecure.labels(cluster.name, "token_in_cluster").set(1)
+                log.warning(
+                    "bearer token over the cluster network", cluster=cluster.name, hosts=plain
+                )
 
     async def _start_server(self) -> None:
         bind = self.settings.server

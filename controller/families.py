@@ -29,13 +29,30 @@ EPP_LATENCY = (
     "inference_objective_request_duration_seconds",
     "inference_model_request_duration_seconds",
 )
+# Requests the EPP handled (counted as it schedules each one: arrivals, not completions).
+EPP_REQUESTS = (
+    "llm_d_epp_request_total",
+    "inference_objective_request_total",
+    "inference_model_request_total",
+)
 EPP_KV = ("llm_d_epp_average_kv_cache_utilization", "inference_pool_average_kv_cache_utilization")
 EPP_QUEUE = ("llm_d_epp_average_queue_size", "inference_pool_average_queue_size")
-EPP_READY = "inference_pool_ready_pods"
+EPP_RUNNING = (
+    "llm_d_epp_average_running_requests",
+    "inference_pool_average_running_requests",
+)
+# Endpoints whose metrics are fresh (the EPP's staleness threshold, 2 s by default). With none,
+# the EPP stops updating its averages: they freeze at the last fresh values
+# (llm-d-router pkg/epp/datalayer/logger/logger.go, refreshPrometheusMetrics).
+EPP_READY = ("llm_d_epp_ready_endpoints", "inference_pool_ready_pods")
 
-VLLM_GAUGES = (*VLLM_KV, VLLM_WAITING, VLLM_RUNNING)
+# prometheus_client's process collector, when the server exports it (vLLM's multiprocess
+# registry does not): a page whose start time alternates is several processes behind one URL.
+PROCESS_START = "process_start_time_seconds"
+
+VLLM_GAUGES = (*VLLM_KV, VLLM_WAITING, VLLM_RUNNING, PROCESS_START)
 VLLM_HISTOGRAMS = (VLLM_E2E,)
-EPP_GAUGES = (*EPP_KV, *EPP_QUEUE, EPP_READY)
+EPP_GAUGES = (*EPP_KV, *EPP_QUEUE, *EPP_RUNNING, *EPP_READY, *EPP_REQUESTS, PROCESS_START)
 EPP_HISTOGRAMS = EPP_LATENCY
 
 # The namespace prometheus-client >= 0.23 rewrites for OpenMetrics clients.

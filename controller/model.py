@@ -23,6 +23,8 @@ class Reason(StrEnum):
     MISSING_METRIC = "missing_metric"
     STALE = "stale"
     NO_PODS = "no_pods"
+    LOAD_BALANCED = "load_balanced"  # one URL answers as several processes (a Service, an LB)
+    DISCOVERY = "discovery"  # the cluster's pods could not be looked up
     INTERNAL = "internal"
 
 
@@ -71,6 +73,15 @@ class ClusterMetrics:
     # Requests the cluster completed since this source's previous fetch (None: unknown, e.g.
     # on the first fetch): what realised share counts, whatever window latency is taken over.
     completed: float | None = None
+    # Requests that arrived since the previous fetch, where the source counts arrivals itself
+    # (the EPP's request counter); realised share prefers it to completions.
+    arrived: float | None = None
+    # What the cluster can hold, where the source knows better than the pods that answered
+    # (the EPP's ready endpoints), and where that came from; None: its pods answering.
+    capacity: float | None = None
+    capacity_from: str | None = None
+    # The pod URLs discovery found this tick (None: the pods are listed in the config).
+    discovered: tuple[str, ...] | None = None
 
     @classmethod
     def failed(cls, cluster: str, now: float, reason: Reason, detail: str) -> ClusterMetrics:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from controller import signals
 from controller.model import ClusterMetrics, TargetDecision
 from controller.state import ClusterView, TargetView, TickReport
 
@@ -160,6 +161,15 @@ CLUSTER: tuple[Column, ...] = (
         value_label="reason",  # only the reason that holds: one series, not fifteen
         help="1 for the reason a cluster is unhealthy (or failing while still healthy).",
         log="reason",
+    ),
+    Column("capacity", lambda v: _m(v, signals.capacity)),
+    Column(
+        "capacity_from",
+        lambda v: _m(v, lambda m: m.capacity_from or ("pods" if m.pods_answering else None)),
+    ),
+    Column(
+        "discovered_pods",
+        lambda v: _m(v, lambda m: list(m.discovered) if m.discovered is not None else None),
     ),
     Column("weight", lambda v: v.weight, log="weight"),
 )

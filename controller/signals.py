@@ -9,7 +9,8 @@ memory carried from tick to tick (``SignalMemory``):
   ``weights.demand_smoothing``), started afresh after an outage;
 - *kv*: the newest KV use, or with ``weights.forecast_horizon`` its value that far ahead on the
   line through the last ``FORECAST_POINTS`` good readings (only when rising);
-- *capacity*: the pods that answered.
+- *capacity*: what the source says the cluster holds (the EPP's ready endpoints), else the
+  pods that answered.
 
 The loop keeps one ``SignalMemory`` per cluster and calls ``remember`` after judging each fetch
 and ``derive`` before weighing; the simulator's baselines use ``current`` (no memory).
@@ -82,8 +83,16 @@ def current(health: ClusterHealth, quantile: str) -> Signals | None:
         queue_per_pod=metrics.queue_per_pod,
         latency=latency,
         utilization=utilization(metrics),
-        capacity=float(metrics.pods_answering) if metrics.pods_answering else None,
+        capacity=capacity(metrics),
     )
+
+
+def capacity(metrics: ClusterMetrics) -> float | None:
+    """What the cluster can hold: what its source says (the EPP's ready endpoints), else the
+    pods that answered."""
+    if metrics.capacity is not None:
+        return metrics.capacity
+    return float(metrics.pods_answering) if metrics.pods_answering else None
 
 
 def derive(

@@ -21,6 +21,7 @@ from tests.support.daemon import Daemon
 from tests.support.servers import Handler, Server
 
 StartDaemon = Callable[..., Awaitable[Daemon]]
+Serve = Callable[[dict[str, Handler]], Awaitable[Server]]
 
 
 @pytest.fixture(params=["v0.2.1", "v0.2.0"])
@@ -34,7 +35,7 @@ async def apiserver(request: pytest.FixtureRequest) -> AsyncIterator[FakeAPIServ
 
 
 @pytest.fixture
-async def serve() -> AsyncIterator[Callable[[dict[str, Handler]], Awaitable[Server]]]:
+async def serve() -> AsyncIterator[Serve]:
     started: list[Server] = []
 
     async def start(routes: dict[str, Handler]) -> Server:

@@ -48,6 +48,9 @@ class SimCluster:
     share: float = 1.0  # its weight relative to an equal share (1.0 = 100 / clusters)
     fault: Fault = Fault.NONE
     with_epp: bool = False
+    epp_only: bool = False  # read through its EPP alone (its pods are not listed)
+    epp_generation: Literal["llm-d", "gie"] = "llm-d"
+    ready_endpoints: int | None = None  # what the EPP reports as ready (default: its pods)
     requests_per_second: float = 20.0
     model: str = "meta-llama/Llama-3.1-8B-Instruct"
     seed: int = 0
@@ -115,10 +118,20 @@ class SimCluster:
     def epp_page(self, now: float) -> str:
         # In virtual time only pod pages move the traffic on, so the EPP's page does not
         # depend on whether it was fetched before or after them.
-        if self.seconds_per_scrape is None:
+        if self.seconds_per_scrape is None or self.epp_only:  # nobody else moves it on
             for pod in self._pods:
                 self._advance(pod, now)
-        return epp_page(self.model, f"{self.name}-pool", self.load(), self.waiting(), self._epp)
+        ready = self.pods if self.ready_endpoints is None else self.ready_endpoints
+        return epp_page(
+            self.model,
+            f"{self.name}-pool",
+            self.load(),
+            self.waiting(),
+            self._epp,
+            ready=ready,
+            running=8.0 * self.load(),
+            generation=self.epp_generation,
+        )
 
     # ---- where to find it --------------------------------------------------------------------
     def base_url(self, host: str = "127.0.0.1") -> str:
@@ -129,11 +142,13 @@ class SimCluster:
         return [f"{self.base_url()}/pod-{i}/metrics" for i in range(self.pods)]
 
     def epp_url(self) -> str | None:
-        return f"{self.base_url()}/epp/metrics" if self.with_epp else None
+        return f"{self.base_url()}/epp/metrics" if self.with_epp or self.epp_only else None
 
     def cluster_settings(self) -> dict[str, Any]:
-        entry: dict[str, Any] = {"name": self.name, "vllm_urls": self.vllm_urls()}
-        if self.with_epp:
+        entry: dict[str, Any] = {"name": self.name}
+        if not self.epp_only:
+            entry["vllm_urls"] = self.vllm_urls()
+        if self.with_epp or self.epp_only:
             entry["epp_url"] = self.epp_url()
         return entry
 
@@ -172,7 +187,7 @@ def _app(cluster: SimCluster) -> web.Application:
         return await respond(request, lambda now: cluster.pod_page(index, now))
 
     async def epp(request: web.Request) -> web.Response:
-        if not cluster.with_epp:
+        if not (cluster.with_epp or cluster.epp_only):
             raise web.HTTPNotFound()
         return await respond(request, cluster.epp_page)
 

@@ -100,16 +100,50 @@ def vllm_v0_page(
     )
 
 
-def epp_page(model: str, pool: str, kv: float, queue: float, latency: CumulativeHistogram) -> str:
-    """An llm-d EPP: request-duration histogram plus the pool averages."""
-    labels = f'fairness_id="",model_name="{model}",priority="0",target_model_name="{model}"'
-    lines = latency.lines("llm_d_epp_request_duration_seconds", labels)
+def _gauge(name: str, help_text: str, labels: str, value: float) -> list[str]:
+    return [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name}{{{labels}}} {value}"]
+
+
+def epp_page(
+    model: str,
+    pool: str,
+    kv: float,
+    queue: float,
+    latency: CumulativeHistogram,
+    ready: int = 1,
+    running: float = 0.0,
+    generation: str = "llm-d",
+) -> str:
+    """An EPP's page: its request-duration histogram, request counter and pool gauges.
+
+    ``generation`` ``llm-d`` is llm-d-router >= 0.9 (``llm_d_epp_*``, and the ``inference_pool_*``
+    twins it still emits, marked deprecated); ``gie`` is the Gateway API Inference Extension
+    >= 1.1 (``inference_objective_*`` and ``inference_pool_*`` only). Label sets as upstream's
+    golden test files (``../shared/fixtures``). ``running`` is the average per endpoint."""
+    name = f'name="{pool}"'
+    requests = latency.total
+    if generation == "gie":
+        labels = f'model_name="{model}",target_model_name="{model}"'
+        lines = latency.lines("inference_objective_request_duration_seconds", labels)
+        lines += [
+            "# TYPE inference_objective_request_total counter",
+            f"inference_objective_request_total{{{labels}}} {requests}",
+        ]
+    else:
+        labels = f'fairness_id="",model_name="{model}",priority="0",target_model_name="{model}"'
+        lines = latency.lines("llm_d_epp_request_duration_seconds", labels)
+        lines += [
+            "# TYPE llm_d_epp_request_total counter",
+            f"llm_d_epp_request_total{{{labels}}} {requests}",
+            *_gauge("llm_d_epp_average_kv_cache_utilization", "The average kv cache.", name, kv),
+            *_gauge("llm_d_epp_average_queue_size", "The average queue size.", name, queue),
+            *_gauge("llm_d_epp_average_running_requests", "The average running.", name, running),
+            *_gauge("llm_d_epp_ready_endpoints", "The number of ready endpoints.", name, ready),
+        ]
     lines += [
-        "# HELP llm_d_epp_average_kv_cache_utilization The average kv cache utilization.",
-        "# TYPE llm_d_epp_average_kv_cache_utilization gauge",
-        f'llm_d_epp_average_kv_cache_utilization{{name="{pool}"}} {kv}',
-        "# HELP llm_d_epp_average_queue_size The average number of requests pending.",
-        "# TYPE llm_d_epp_average_queue_size gauge",
-        f'llm_d_epp_average_queue_size{{name="{pool}"}} {queue}',
+        *_gauge("inference_pool_average_kv_cache_utilization", "Deprecated twin.", name, kv),
+        *_gauge("inference_pool_average_queue_size", "Deprecated twin.", name, queue),
+        *_gauge("inference_pool_average_running_requests", "Deprecated twin.", name, running),
+        *_gauge("inference_pool_ready_pods", "Deprecated twin.", name, ready),
     ]
     return "\n".join(lines) + "\n"

@@ -17,7 +17,7 @@ import structlog
 
 from controller import render
 from controller.logs import Conditions
-from controller.model import ClusterHealth, Mode, TargetDecision, Write
+from controller.model import ClusterHealth, Mode, Reason, TargetDecision, Write
 from controller.settings import LogSettings
 from controller.state import ClusterView, TargetView, TickReport
 
@@ -37,6 +37,7 @@ class Journal:
             self._health(name, before.health if before else None, cluster)
             self._pods(name, cluster)
         self._conditions.retain(("pod",), self._pod_keys(current))
+        self._conditions.retain(("lb",), self._balanced_keys(current))
         for target in current.targets.values():
             self._control(target)
         for target in current.targets.values():
@@ -70,7 +71,18 @@ class Journal:
             )
 
     def _pods(self, name: str, view: ClusterView) -> None:
-        """While a cluster stays usable, each of its failing pods is a condition of its own."""
+        """While a cluster stays usable, each of its failing pods is a condition of its own.
+        A URL that answers as several processes is one whatever the cluster's health: it is
+        a configuration to fix, and the line says which URL."""
+        for error in view.metrics.errors if view.metrics else ():
+            if error.reason is Reason.LOAD_BALANCED:
+                self._conditions.observe(
+                    "url serves several processes",
+                    ("lb", name, error.url),
+                    cluster=name,
+                    pod=error.url,
+                    detail=error.detail,
+                )
         if view.health is None or not view.health.healthy or view.metrics is None:
             return
         for error in view.metrics.errors:
@@ -90,6 +102,15 @@ class Journal:
             for name, view in report.clusters.items()
             if view.health is not None and view.health.healthy and view.metrics is not None
             for error in view.metrics.errors
+        }
+
+    @staticmethod
+    def _balanced_keys(report: TickReport) -> set[tuple[str, str, str]]:
+        return {
+            ("lb", name, error.url)
+            for name, view in report.clusters.items()
+            for error in (view.metrics.errors if view.metrics else ())
+            if error.reason is Reason.LOAD_BALANCED
         }
 
     def _statuses(self, previous: TickReport, current: TickReport, summary: bool) -> None:

@@ -1,8 +1,9 @@
 """Realised share: did the router send each cluster the share its weight asked for?
 
 Each tick adds, per cluster, the requests that reached it since its last fetch (``Arrivals``):
-the ones that completed (``ClusterMetrics.completed``) plus the growth of those still running
-or waiting — completions alone undercount a saturated cluster, which finishes only what it can.
+what its EPP's request counter says (``ClusterMetrics.arrived``), else the ones that completed
+(``ClusterMetrics.completed``) plus the growth of those still running or waiting — completions
+alone undercount a saturated cluster, which finishes only what it can.
 Per target, a ``Window`` keeps those counts for its mapped refs beside the share the weights in
 force intended, over ``weights.realised_window``. A tick where a cluster holding weight could
 not be read is left out rather than counted as 0.
@@ -27,6 +28,9 @@ class Arrivals:
         self.latest: dict[str, float | None] = {}
 
     def count(self, name: str, metrics: ClusterMetrics) -> None:
+        if metrics.arrived is not None:  # the source counts arrivals itself (the EPP)
+            self.latest[name] = metrics.arrived
+            return
         if metrics.completed is None:
             self.latest[name] = None
             return

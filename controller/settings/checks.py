@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from controller.settings.durations import INTERVAL, SCRAPE_TIMEOUT, seconds
+from controller.settings.durations import INTERVAL, MAX_STALENESS, SCRAPE_TIMEOUT, seconds
 
 
 def cross_field_problems(data: Mapping[str, Any]) -> list[str]:
@@ -30,6 +30,7 @@ def cross_field_problems(data: Mapping[str, Any]) -> list[str]:
         limit = seconds(own) if own is not None else None
         if interval is not None and limit is not None and limit >= interval:
             problems.append(f"clusters[{index}].timeout: must be shorter than interval")
+    problems += _querier_problems(data, clusters)
     kubernetes = data.get("kubernetes") or {}
     routes = kubernetes.get("httproutes") if isinstance(kubernetes, dict) else None
     for index, route in enumerate(routes or []):
@@ -40,4 +41,40 @@ def cross_field_problems(data: Mapping[str, Any]) -> list[str]:
                     f"kubernetes.httproutes[{index}].backends.{backend}: "
                     f"no cluster named {cluster_name!r}"
                 )
+    return problems
+
+
+def _querier_problems(data: Mapping[str, Any], clusters: list[dict[str, Any]]) -> list[str]:
+    """A cluster's querier must exist, names must be unique, and health.max_staleness must
+    allow two of a querier's push intervals: samples that arrive every 5 minutes are up to 5
+    minutes old by design, and a shorter limit would judge every cluster behind it stale."""
+    problems: list[str] = []
+    queriers = [q for q in data.get("queriers") or [] if isinstance(q, dict)]
+    names = [str(q.get("name")) for q in queriers if q.get("name")]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        problems.append(f"queriers: names must be unique: {', '.join(twice)}")
+    health = data.get("health") or {}
+    staleness = (
+        seconds(health.get("max_staleness", MAX_STALENESS)) if isinstance(health, dict) else None
+    )
+    pushes = [(f"queriers[{i}]", q.get("push_interval", 30.0)) for i, q in enumerate(queriers)]
+    for index, cluster in enumerate(clusters):
+        prometheus = cluster.get("prometheus")
+        if not isinstance(prometheus, dict):
+            continue
+        wanted = prometheus.get("querier")
+        if wanted is not None and wanted not in names:
+            problems.append(f"clusters[{index}].prometheus.querier: no querier named {wanted!r}")
+        if prometheus.get("url") is not None:
+            push = prometheus.get("push_interval", 30.0)
+            pushes.append((f"clusters[{index}].prometheus", push))
+    for where, push in pushes:
+        interval = seconds(push)
+        if staleness is not None and interval is not None and staleness < 2 * interval:
+            problems.append(
+                f"health.max_staleness: {staleness:g}s is shorter than twice "
+                f"{where}.push_interval ({interval:g}s): every cluster read through it would "
+                f"be judged stale; raise it to at least {2 * interval:g}s"
+            )
     return problems

@@ -20,6 +20,9 @@ SCRAPE_TIMEOUT = 3.0
 """Per-request timeout: well under the interval so a slow pod cannot stall a tick (and at most
 half the interval when the interval is shorter)."""
 
+MAX_STALENESS = 60.0
+"""Data older than this is stale: a minute of a 10 s interval is six ticks without news."""
+
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -27,6 +28,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from controller.settings import checks
 from controller.settings.durations import (
     INTERVAL,
+    MAX_STALENESS,
     SCRAPE_TIMEOUT,
     Duration,
     parse_duration,
@@ -37,18 +39,58 @@ from controller.settings.queries import PrometheusQueries
 ENV_PREFIX = "WEIGHT_CONTROLLER_"
 
 
+def _in_cluster_name(host: str) -> bool:
+    """A Service name of this cluster: ``name.namespace.svc`` or ``….svc.cluster.local``."""
+    labels = host.lower().rstrip(".").split(".")
+    return len(labels) >= 3 and (labels[-1] == "svc" or labels[-3:] == ["svc", "cluster", "local"])
+
+
 class _Group(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class PrometheusSource(_Group):
-    """Read a cluster through a Prometheus (or Thanos Querier) instead of scraping its pods."""
+_LABEL_NAME = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
 
-    url: HttpUrl = Field(description="Base URL of the Prometheus HTTP API (…/api/v1 is added).")
-    matchers: dict[str, str] = Field(
+
+def _label_names(value: dict[str, str]) -> dict[str, str]:
+    for name in value:
+        if not re.fullmatch(_LABEL_NAME, name):
+            raise ValueError(f"not a label name: {name!r}")
+    return value
+
+
+Matchers = Annotated[dict[str, str], AfterValidator(_label_names)]
+"""PromQL label matchers, name → value (equality)."""
+
+
+class Querier(_Group):
+    """A Prometheus or Thanos Querier that holds many clusters' series, told apart by a label
+    (ACM observability's hub Thanos: ``cluster``). Every tick each signal is one query for all
+    the clusters read through it, grouped by that label and split here: the queries a tick
+    sends do not grow with the clusters."""
+
+    name: str = Field(
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        max_length=63,
+        description="How clusters name this querier (clusters[].prometheus.querier).",
+    )
+    url: HttpUrl = Field(description="Base URL of its HTTP API (…/api/v1 is added).")
+    cluster_label: str = Field(
+        default="cluster",
+        pattern=_LABEL_NAME,
+        description="The label whose value tells the clusters apart (ACM observability: "
+        "cluster, the managed cluster's name).",
+    )
+    push_interval: Duration = Field(
+        default=30.0,
+        description="How often a cluster's samples reach the querier: a Prometheus's scrape "
+        "interval, ACM observability's collection interval (5m by default). Gauges are read "
+        "over twice this, rates over at least four times it, and health.max_staleness must "
+        "allow twice it.",
+    )
+    matchers: Matchers = Field(
         default_factory=dict,
-        description='Label matchers that select this cluster\'s series, e.g. {cluster: "b"} on '
-        "a Thanos Querier that holds many clusters.",
+        description='Label matchers added to every query, e.g. {namespace: "llm"}.',
     )
     bearer_token_file: Path | None = Field(
         default=None, description="Sent as 'Authorization: Bearer'; re-read when it changes."
@@ -59,13 +101,110 @@ class PrometheusSource(_Group):
         default=None, description="Per-query timeout; scrape.timeout if unset."
     )
 
-    @field_validator("matchers")
-    @classmethod
-    def _label_names(cls, value: dict[str, str]) -> dict[str, str]:
-        for name in value:
-            if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", name):
-                raise ValueError(f"not a label name: {name!r}")
-        return value
+
+class PrometheusSource(_Group):
+    """Read a cluster through a Prometheus (or Thanos Querier) instead of scraping its pods:
+    a querier shared with other clusters (``querier``, one query per signal for all of them),
+    or one of its own (``url``, queries of its own every tick)."""
+
+    querier: str | None = Field(
+        default=None, description="The queriers[] entry that holds this cluster's series."
+    )
+    cluster: str | None = Field(
+        default=None,
+        description="This cluster's value of the querier's cluster label; the cluster's name "
+        "if unset.",
+    )
+    url: HttpUrl | None = Field(
+        default=None,
+        description="Or a querier of its own: base URL of its HTTP API (…/api/v1 is added).",
+    )
+    matchers: Matchers = Field(
+        default_factory=dict,
+        description="With url: label matchers that select this cluster's series, e.g. "
+        '{namespace: "llm"}.',
+    )
+    push_interval: Duration = Field(
+        default=30.0,
+        description="With url: how often the cluster's samples reach that querier (see "
+        "queriers[].push_interval).",
+    )
+    bearer_token_file: Path | None = Field(
+        default=None,
+        description="With url: sent as 'Authorization: Bearer'; re-read when it changes.",
+    )
+    ca_file: Path | None = Field(default=None, description="With url: CA bundle for https.")
+    tls_insecure_skip_verify: bool = Field(default=False, description="Off: TLS is verified.")
+    timeout: Duration | None = Field(
+        default=None, description="With url: per-query timeout; scrape.timeout if unset."
+    )
+
+    @model_validator(mode="after")
+    def _one_querier(self) -> Self:
+        if (self.url is None) == (self.querier is None):
+            raise ValueError("give a shared querier or a url of its own, not both or neither")
+        own = ("matchers", "bearer_token_file", "ca_file", "timeout", "push_interval")
+        if self.querier is not None and any(name in self.model_fields_set for name in own):
+            raise ValueError(
+                "with querier, matchers, credentials, timeout and push_interval are the "
+                "querier's (queriers[])"
+            )
+        if self.url is not None and self.cluster is not None:
+            raise ValueError("cluster is the querier's label value: use matchers with url")
+        return self
+
+
+class ServiceRef(_Group):
+    """A Service of the controller's own cluster."""
+
+    namespace: str = Field(description="Namespace of the Service.")
+    service: str = Field(description="Name of the Service (its EndpointSlices carry it).")
+
+
+class PodDiscovery(_Group):
+    """Where a cluster's vLLM pods are found, instead of listing them: pods come and go with
+    rollouts and autoscaling, and a listed URL goes stale. From the A/AAAA records of a
+    headless Service (like Prometheus's ``dns_sd_configs``), or from the EndpointSlices of a
+    Service in the controller's own cluster (through the Kubernetes client it already has)."""
+
+    dns: str | None = Field(
+        default=None,
+        description="A name whose A/AAAA records are the pods: a headless Service "
+        "(clusterIP: None), e.g. vllm-llama.llm.svc.cluster.local, or a multi-cluster "
+        "Service's headless name.",
+    )
+    endpoint_slices: ServiceRef | None = Field(
+        default=None,
+        description="A Service of this cluster whose ready endpoints are the pods "
+        "(needs kubernetes.enabled and 'list' on endpointslices there).",
+    )
+    port: int = Field(default=8000, ge=1, le=65535, description="vLLM's port (8000).")
+    scheme: Literal["http", "https"] = Field(default="http", description="vLLM serves http.")
+    path: str = Field(default="/metrics", pattern=r"^/", description="The metrics path.")
+    refresh: Duration = Field(
+        default=30.0,
+        description="How often the pods are looked up again (a record's TTL, when shorter, "
+        "wins): new pods are read within this long of appearing.",
+    )
+    nameserver: str | None = Field(
+        default=None,
+        pattern=r"^[^:]+:\d+$",
+        description="host:port of the DNS server to ask instead of the system resolver (a "
+        "split-horizon setup, or tests).",
+    )
+    max_pods: int = Field(
+        default=512,
+        ge=1,
+        le=10000,
+        description="At most this many pods are read per cluster: a record set larger than "
+        "any deployment is an error, not a reason to starve the other clusters.",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Self:
+        if (self.dns is None) == (self.endpoint_slices is None):
+            raise ValueError("give exactly one of dns or endpoint_slices")
+        return self
 
 
 class ClusterSettings(_Group):
@@ -104,8 +243,16 @@ class ClusterSettings(_Group):
     )
     allow_token_over_http: bool = Field(
         default=False,
-        description="Send a bearer token over plain http:// anyway (anyone on the path can "
-        "read it); warned about at start-up.",
+        description="Send a bearer token over plain http:// to any host (anyone on the path "
+        "can read it); warned about at start-up. Inside one cluster prefer "
+        "token_over_cluster_network.",
+    )
+    token_over_cluster_network: bool = Field(
+        default=False,
+        description="This cluster's http:// URLs are Services of the controller's own "
+        "cluster (*.svc, *.svc.cluster.local), so its token may go to them over the pod "
+        "network in plain text: what the EPP asks by default (plain HTTP on 9090, a token "
+        "required). Any other http:// host is still refused; warned about at start-up.",
     )
     ca_file: Path | None = Field(
         default=None, description="CA bundle for https URLs; the system store when unset."
@@ -115,6 +262,11 @@ class ClusterSettings(_Group):
     )
     timeout: Duration | None = Field(
         default=None, description="Per-request timeout for this cluster; scrape.timeout if unset."
+    )
+    pods: PodDiscovery | None = Field(
+        default=None,
+        description="Discover the vLLM pods (DNS of a headless Service, or EndpointSlices) "
+        "instead of listing them in vllm_urls.",
     )
     prometheus: PrometheusSource | None = Field(
         default=None,
@@ -130,25 +282,41 @@ class ClusterSettings(_Group):
             )
         if self.allow_token_over_http:
             return self
-        tokened = [
-            *(urls if self.bearer_token_file else []),
-            *([self.epp_url] if self.epp_bearer_token_file and self.epp_url else []),
-        ]
-        plain = [str(u) for u in tokened if u.scheme == "http"]
+        plain = [host for host, scheme in self.tokened() if scheme == "http"]
+        if self.token_over_cluster_network:
+            plain = [host for host in plain if not _in_cluster_name(host)]
         if plain:
             raise ValueError(
                 f"a bearer token would go over plain http to {plain[0]}: use https, "
-                "epp_bearer_token_file for an https EPP only, or allow_token_over_http: true"
+                "epp_bearer_token_file for an https EPP only, token_over_cluster_network: "
+                "true for Services of this cluster, or allow_token_over_http: true"
             )
         return self
 
+    def tokened(self) -> list[tuple[str, str]]:
+        """(host, scheme) of every address a bearer token would be sent to."""
+        found: list[tuple[str, str]] = []
+        if self.bearer_token_file:
+            found += [(u.host or "", u.scheme) for u in self.vllm_urls]
+            if self.pods is not None and self.pods.dns is not None:
+                found.append((self.pods.dns, self.pods.scheme))
+            elif self.pods is not None and self.pods.endpoint_slices is not None:
+                ref = self.pods.endpoint_slices
+                found.append((f"{ref.service}.{ref.namespace}.svc", self.pods.scheme))
+        epp_token = self.epp_bearer_token_file or self.bearer_token_file
+        if epp_token and self.epp_url is not None:
+            found.append((self.epp_url.host or "", self.epp_url.scheme))
+        return found
+
     @model_validator(mode="after")
     def _has_a_source(self) -> Self:
-        scraped = bool(self.vllm_urls) or self.epp_url is not None
+        scraped = bool(self.vllm_urls) or self.epp_url is not None or self.pods is not None
         if self.prometheus is not None and scraped:
-            raise ValueError("use either prometheus or vllm_urls/epp_url, not both")
+            raise ValueError("use either prometheus or vllm_urls/pods/epp_url, not both")
         if self.prometheus is None and not scraped:
-            raise ValueError("needs vllm_urls, epp_url or prometheus")
+            raise ValueError("needs vllm_urls, pods, epp_url or prometheus")
+        if self.vllm_urls and self.pods is not None:
+            raise ValueError("list the pods (vllm_urls) or discover them (pods), not both")
         return self
 
 
@@ -198,7 +366,7 @@ class HealthSettings(_Group):
         description="A recovering cluster must prove itself twice before it gets traffic.",
     )
     max_staleness: Duration = Field(
-        default=60.0,
+        default=MAX_STALENESS,
         description="Data older than this (sample timestamps, or the last good scrape) is "
         "stale, and the cluster unhealthy, whatever the failure count says.",
     )
@@ -536,6 +704,11 @@ class Settings(BaseSettings):
         "weight change shows in the next scrape.",
     )
     clusters: list[ClusterSettings] = Field(min_length=1)
+    queriers: list[Querier] = Field(
+        default_factory=list,
+        description="Prometheus/Thanos queriers that hold many clusters' series (ACM "
+        "observability's hub Thanos): clusters[].prometheus.querier names one.",
+    )
     scrape: ScrapeSettings = Field(default_factory=ScrapeSettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
     weights: WeightSettings = Field(default_factory=WeightSettings)

@@ -25,7 +25,7 @@ from typing import Literal
 from controller.fakes.pages import vllm_v0_page, vllm_v1_page
 from controller.model import PodError, Reason
 from controller.simulation.vllm import Replica, ReplicaSpec, Request
-from controller.sources.scrape import VLLM_EXTRACTOR, Page, read_page
+from controller.sources.pages import VLLM_EXTRACTOR, Page, read_page
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 Rate = Callable[[float], float]

@@ -1,9 +1,13 @@
-"""The PromQL ClusterMetricsSource: a cluster's signals from a Prometheus or Thanos Querier.
+"""The PromQL ClusterMetricsSource: clusters' signals from a Prometheus or Thanos Querier.
 
-Used where the controller cannot reach a cluster's pods. Each signal is one instant query
-(``/api/v1/query``) built from the templates in ``Settings.prometheus_queries``; all of a
-cluster's queries run concurrently. An empty result is unknown, never 0; ``status: error``,
-4xx/5xx, timeouts and unreachable servers become the same health reasons as a failed scrape.
+Used where the controller cannot reach a cluster's pods. A ``Querier`` sends each template of
+``Settings.prometheus_queries`` once per tick, for every cluster it holds: grouped by its
+cluster label (``$by``) and split here, so a hub Thanos holding 200 clusters answers the same
+nine queries as one holding two. Every cluster read through it awaits the same answers. A
+cluster with a querier of its own (``prometheus.url``) is the same with one cluster and no
+grouping. An empty result is unknown, never 0; ``status: error``, 4xx/5xx, timeouts and
+unreachable servers become the usual health reasons, and one failing query fails only what it
+feeds (a latency query that fails leaves latency unknown, not the cluster).
 """
 
 from __future__ import annotations
@@ -11,9 +15,11 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
 from string import Template
 from typing import Any
 
@@ -22,17 +28,15 @@ from yarl import URL
 
 from controller.errors import ScrapeError, ScrapeHTTPStatusError, ScrapeParseError
 from controller.model import ClusterMetrics, Latency, PodError
-from controller.settings import (
-    ClusterSettings,
-    PrometheusQueries,
-    PrometheusSource,
-    ScrapeSettings,
-)
+from controller.settings import ClusterSettings, PrometheusQueries, ScrapeSettings
+from controller.settings import Querier as QuerierSettings
 from controller.settings.durations import seconds
 from controller.sources.http import Endpoint, TokenFile, get_text, ssl_context
 
 ACCEPT_JSON = "application/json"
-REQUIRED = ("kv_mean",)  # without it the cluster cannot be weighed
+REQUIRED = ("kv_mean",)  # without it a cluster cannot be weighed
+NAMES = ("kv_mean", "kv_max", "kv_oldest", "pods", "queue", "running", "latency_requests")
+Answers = dict[str, dict[str, float] | ScrapeError]  # query → {cluster label value: value}
 
 
 def selector(matchers: Mapping[str, str]) -> str:
@@ -44,25 +48,57 @@ def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def render(template: str, matchers: Mapping[str, str], window: str, **extra: str) -> str:
-    return Template(template).substitute(selector=selector(matchers), window=window, **extra)
+def one_of(label: str, values: Sequence[str]) -> str:
+    """``,cluster=~"a|b"``: any of ``values`` (RE2, fully anchored by PromQL)."""
+    pattern = "|".join(re.sub(r"([\\.+*?()|\[\]{}^$])", r"\\\1", v) for v in sorted(values))
+    return f',{label}=~"{_escape(pattern)}"'
 
 
-def queries_for(queries: PrometheusQueries, matchers: Mapping[str, str]) -> dict[str, str]:
-    """Every query one fetch sends, by name."""
-    w = queries.window
+def render(template: str, selected: str, by: str, window: str, lookback: str, **extra: str) -> str:
+    and_by = f", {by}" if by else ""
+    return Template(template).substitute(
+        selector=selected, by=by, and_by=and_by, window=window, lookback=lookback, **extra
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Windows:
+    """How far back a querier's gauges and rates look, from how often its samples arrive."""
+
+    window: str
+    lookback: str
+
+    @classmethod
+    def of(cls, queries: PrometheusQueries, push_interval: float) -> Windows:
+        configured = seconds(queries.window) or 60.0  # the pattern admits "0m": never 0
+        rate = max(configured, 4 * push_interval)
+        return cls(f"{rate:g}s", f"{2 * push_interval:g}s")
+
+
+def queries_for(
+    queries: PrometheusQueries,
+    matchers: Mapping[str, str],
+    by: str = "",
+    windows: Windows | None = None,
+    clusters: str = "",
+) -> dict[str, str]:
+    """Every query one fetch sends, by name. ``clusters``: a matcher of the clusters asked
+    for (``one_of``), grouped by ``by``."""
+    w = windows or Windows.of(queries, 30.0)
+    selected = clusters + selector(matchers)
     built = {
-        name: render(getattr(queries, name), matchers, w)
-        for name in ("kv_mean", "kv_max", "kv_oldest", "pods", "queue", "running")
+        name: render(getattr(queries, name), selected, by, w.window, w.lookback) for name in NAMES
     }
-    built["latency_requests"] = render(queries.latency_requests, matchers, w)
     for label, q in (("p50", "0.5"), ("p90", "0.9")):
-        built[label] = render(queries.latency_quantile, matchers, w, quantile=q)
+        built[label] = render(
+            queries.latency_quantile, selected, by, w.window, w.lookback, quantile=q
+        )
     return built
 
 
-def scalar(body: str, url: str) -> float | None:
-    """The single value of an instant query's answer; ``None`` when the result is empty."""
+def vectors(body: str, url: str, label: str) -> dict[str, float]:
+    """An instant query's answer by the value of ``label`` (``""`` when it is not grouped);
+    NaN and infinities are unknown, so left out."""
     try:
         answer = json.loads(body)
     except ValueError as exc:
@@ -73,48 +109,192 @@ def scalar(body: str, url: str) -> float | None:
         raise ScrapeHTTPStatusError(url, f"query failed ({kind}): {error}")
     data = answer.get("data") or {}
     result: Any = data.get("result")
+    found: dict[str, float] = {}
     try:
         if data.get("resultType") == "scalar":
-            value = float(result[1])
+            pairs = [("", float(result[1]))]
         elif data.get("resultType") == "vector":
-            if not result:
-                return None
-            value = float(result[0]["value"][1])
+            pairs = [
+                (str((item.get("metric") or {}).get(label, "")) if label else "", float(v[1]))
+                for item in result
+                for v in [item["value"]]
+            ]
         else:
             raise ScrapeParseError(url, f"unexpected result type {data.get('resultType')!r}")
-    except (TypeError, KeyError, IndexError, ValueError) as exc:
+    except (TypeError, KeyError, IndexError, ValueError, AttributeError) as exc:
         raise ScrapeParseError(url, f"malformed result: {exc}") from exc
-    return value if math.isfinite(value) else None
+    for key, value in pairs:
+        if math.isfinite(value):
+            found.setdefault(key, value)
+    return found
+
+
+def scalar(body: str, url: str) -> float | None:
+    """The single value of an instant query's answer; ``None`` when the result is empty."""
+    values = vectors(body, url, "")
+    return next(iter(values.values()), None)
+
+
+class Querier:
+    """One Prometheus or Thanos querier, and the clusters read through it. Every query is
+    sent once per round, and a round's answers are shared by every cluster that asks for
+    them: a cluster asking again (the next tick) starts the next round."""
+
+    def __init__(
+        self,
+        base: str,
+        endpoint: Endpoint,
+        queries: PrometheusQueries,
+        matchers: Mapping[str, str],
+        push_interval: float,
+        label: str | None,
+        session: aiohttp.ClientSession,
+    ) -> None:
+        self.base = base.rstrip("/") + "/api/v1/query"
+        self._endpoint = endpoint
+        self._queries = queries
+        self._matchers = dict(matchers)
+        self.windows = Windows.of(queries, push_interval)
+        self.label = label
+        self._session = session
+        self._clusters: set[str] = set()
+        self._round: asyncio.Task[Answers] | None = None
+        self._asked: set[str] = set()  # the clusters that had this round's answers
+        self.sent = 0  # queries sent, for benchmarks and tests
+
+    def hold(self, value: str) -> None:
+        """Read the cluster whose label has ``value`` through this querier."""
+        self._clusters.add(value)
+
+    @property
+    def queries(self) -> dict[str, str]:
+        clusters = one_of(self.label, sorted(self._clusters)) if self.label else ""
+        return queries_for(self._queries, self._matchers, self.label or "", self.windows, clusters)
+
+    async def answers(self, value: str) -> Answers:
+        """This round's answers for the cluster ``value`` (waiting for them if they are
+        still coming; a cancelled wait leaves the round to the others)."""
+        if self._round is None or value in self._asked:
+            self._round, self._asked = asyncio.ensure_future(self._ask_all()), set()
+        self._asked.add(value)
+        return await asyncio.shield(self._round)
+
+    async def _ask_all(self) -> Answers:
+        built = self.queries
+        answers = await asyncio.gather(
+            *(self._ask(q) for q in built.values()), return_exceptions=True
+        )
+        result: Answers = {}
+        for name, answer in zip(built, answers, strict=True):
+            if isinstance(answer, ScrapeError):
+                result[name] = answer
+            elif isinstance(answer, BaseException):
+                raise answer
+            else:
+                result[name] = answer
+        return result
+
+    async def _ask(self, promql: str) -> dict[str, float]:
+        self.sent += 1
+        endpoint = replace(self._endpoint, url=str(URL(self.base).with_query(query=promql)))
+        body = await get_text(self._session, endpoint, ACCEPT_JSON)
+        return vectors(body, self.base, self.label or "")
+
+
+def make_querier(
+    url: str,
+    token_file: Path | None,
+    ca_file: Path | None,
+    insecure: bool,
+    timeout: float,
+    queries: PrometheusQueries,
+    matchers: Mapping[str, str],
+    push_interval: float,
+    label: str | None,
+    scrape: ScrapeSettings,
+    session: aiohttp.ClientSession,
+) -> Querier:
+    token = TokenFile(token_file) if token_file is not None else None
+    tls = ssl_context(ca_file, insecure)
+    endpoint = Endpoint(url, timeout, scrape.max_body_bytes, token, tls)
+    return Querier(url, endpoint, queries, matchers, push_interval, label, session)
+
+
+def shared_queriers(
+    queriers: Sequence[QuerierSettings],
+    queries: PrometheusQueries,
+    scrape: ScrapeSettings,
+    session: aiohttp.ClientSession,
+) -> dict[str, Querier]:
+    """The configured queriers (``Settings.queriers``), by name."""
+    return {
+        q.name: make_querier(
+            str(q.url),
+            q.bearer_token_file,
+            q.ca_file,
+            q.tls_insecure_skip_verify,
+            q.timeout or scrape.timeout,
+            queries,
+            q.matchers,
+            q.push_interval,
+            q.cluster_label,
+            scrape,
+            session,
+        )
+        for q in queriers
+    }
+
+
+def prometheus_source(
+    cluster: ClusterSettings,
+    queries: PrometheusQueries,
+    scrape: ScrapeSettings,
+    session: aiohttp.ClientSession,
+    shared: Mapping[str, Querier] | None = None,
+    clock: Callable[[], float] = time.time,
+) -> PrometheusQuerySource:
+    """The source of a cluster read through Prometheus: through its shared querier, or one
+    of its own (``prometheus.url``)."""
+    p = cluster.prometheus
+    assert p is not None, "a cluster read through Prometheus"
+    if p.querier is not None:
+        querier = (shared or {})[p.querier]
+        return PrometheusQuerySource(cluster, querier, p.cluster or cluster.name, scrape, clock)
+    assert p.url is not None
+    own = make_querier(
+        str(p.url),
+        p.bearer_token_file,
+        p.ca_file,
+        p.tls_insecure_skip_verify,
+        p.timeout or scrape.timeout,
+        queries,
+        p.matchers,
+        p.push_interval,
+        None,
+        scrape,
+        session,
+    )
+    return PrometheusQuerySource(cluster, own, "", scrape, clock)
 
 
 class PrometheusQuerySource:
-    """Reads one cluster through the Prometheus HTTP API."""
+    """Reads one cluster's signals from the answers of its querier."""
 
     def __init__(
         self,
         cluster: ClusterSettings,
-        prometheus: PrometheusSource,
-        queries: PrometheusQueries,
+        querier: Querier,
+        value: str,
         scrape: ScrapeSettings,
-        session: aiohttp.ClientSession,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._name = cluster.name
-        self._base = str(prometheus.url).rstrip("/") + "/api/v1/query"
-        token = TokenFile(prometheus.bearer_token_file) if prometheus.bearer_token_file else None
-        self._endpoint = Endpoint(
-            self._base,
-            prometheus.timeout or scrape.timeout,
-            scrape.max_body_bytes,
-            token,
-            ssl_context(prometheus.ca_file, prometheus.tls_insecure_skip_verify),
-        )
-        self._queries = queries_for(queries, prometheus.matchers)
-        self._window = seconds(queries.window) or 60.0  # the pattern admits "0m": never 0
+        self._querier = querier
+        self._value = value
         self._min_requests = scrape.min_latency_requests
-        self._session = session
         self._clock = clock
         self._previous: float | None = None  # when the last fetch started
+        querier.hold(value)
 
     @property
     def cluster(self) -> str:
@@ -122,36 +302,27 @@ class PrometheusQuerySource:
 
     @property
     def queries(self) -> Mapping[str, str]:
-        return self._queries
-
-    async def query(self, promql: str) -> float | None:
-        endpoint = replace(self._endpoint, url=str(URL(self._base).with_query(query=promql)))
-        return scalar(await get_text(self._session, endpoint, ACCEPT_JSON), self._base)
+        return self._querier.queries
 
     async def fetch(self) -> ClusterMetrics:
         started, began = self._clock(), time.perf_counter()
-        names = list(self._queries)
-        answers = await asyncio.gather(
-            *(self.query(self._queries[n]) for n in names), return_exceptions=True
-        )
+        answers = await self._querier.answers(self._value)
         values: dict[str, float | None] = {}
         errors: list[PodError] = []
-        for name, answer in zip(names, answers, strict=True):
+        for name, answer in answers.items():
             if isinstance(answer, ScrapeError):
-                errors.append(PodError(f"{self._base} ({name})", answer.reason, answer.detail))
-            elif isinstance(answer, BaseException):
-                raise answer
+                url = f"{self._querier.base} ({name})"
+                errors.append(PodError(url, answer.reason, answer.detail))
             else:
-                values[name] = answer
+                values[name] = answer.get(self._value)
         duration = time.perf_counter() - began
         since, self._previous = self._previous, started
-        if any(name in REQUIRED for name in names if name not in values):
+        pages = len(answers)
+        if any(name not in values for name in REQUIRED):
             failed = tuple(errors[:1])
-            return ClusterMetrics(
-                self._name, started, duration, 1, 0, errors=failed, pages=len(names)
-            )
+            return ClusterMetrics(self._name, started, duration, 1, 0, errors=failed, pages=pages)
         metrics = self._metrics(values, started, duration, tuple(errors))
-        return replace(metrics, pages=len(names), completed=self._completed(values, since, started))
+        return replace(metrics, pages=pages, completed=self._completed(values, since, started))
 
     def _completed(
         self, values: Mapping[str, float | None], since: float | None, now: float
@@ -160,9 +331,10 @@ class PrometheusQuerySource:
         window's count scaled to the time since then (a fetch reads a whole window, so two
         fetches a tick apart share most of it). Unknown on the first fetch."""
         requests = values.get("latency_requests")
+        window = seconds(self._querier.windows.window) or 60.0
         if requests is None or since is None:
             return None
-        return requests * min(max(0.0, now - since), self._window) / self._window
+        return requests * min(max(0.0, now - since), window) / window
 
     def _metrics(
         self,

@@ -15,7 +15,14 @@ from aiohttp import web
 from controller.errors import ScrapeHTTPStatusError, ScrapeParseError
 from controller.model import Reason
 from controller.settings import build_settings
-from controller.sources.prometheus import PrometheusQuerySource, queries_for, scalar, selector
+from controller.sources.prometheus import (
+    PrometheusQuerySource,
+    Windows,
+    prometheus_source,
+    queries_for,
+    scalar,
+    selector,
+)
 from tests.support.servers import Handler, Server
 
 Serve = Callable[[dict[str, Handler]], Awaitable[Server]]
@@ -43,10 +50,8 @@ def source(url: str, session: aiohttp.ClientSession, timeout: str = "1s") -> Pro
             ]
         }
     )
-    cluster = settings.clusters[0]
-    assert cluster.prometheus is not None
-    return PrometheusQuerySource(
-        cluster, cluster.prometheus, settings.prometheus_queries, settings.scrape, session
+    return prometheus_source(
+        settings.clusters[0], settings.prometheus_queries, settings.scrape, session
     )
 
 
@@ -92,17 +97,21 @@ def test_selector_and_templates() -> None:
     assert selector({"cluster": "b", "ns": 'a"b'}) == ',cluster="b",ns="a\\"b"'
     assert selector({}) == ""
     settings = build_settings({"clusters": [{"name": "x", "epp_url": "http://127.0.0.1/"}]})
-    built = queries_for(settings.prometheus_queries, {"cluster": "b"})
-    assert 'vllm[:_]kv_cache_usage_perc",cluster="b"}' in built["kv_mean"]
-    assert "histogram_quantile(0.9," in built["p90"] and "[1m]" in built["p90"]
+    queries = settings.prometheus_queries
+    built = queries_for(queries, {"cluster": "b"}, windows=Windows.of(queries, 15.0))
+    assert 'vllm[:_]kv_cache_usage_perc",cluster="b"}[30s]' in built["kv_mean"]  # 2 pushes
+    assert "histogram_quantile(0.9," in built["p90"] and "[60s]" in built["p90"]  # the 1m
     assert "$" not in "".join(built.values())
+    # samples that arrive every 5 minutes: gauges over 10, rates over 20 (two samples at least)
+    slow = queries_for(queries, {}, windows=Windows.of(queries, 300.0))
+    assert "[600s]" in slow["kv_mean"] and "[1200s]" in slow["p90"]
 
 
 async def test_answers_become_cluster_metrics(serve: Serve, session: aiohttp.ClientSession) -> None:
     answers = {
         'kv_cache_usage_perc"': "0.5",
         "num_requests_waiting": "6",
-        "count(count by": "3",
+        "count by (job, instance": "3",
         "histogram_quantile(0.9": "1.5",
         "histogram_quantile(0.5": "0.7",
         "increase(": "40",
@@ -112,12 +121,12 @@ async def test_answers_become_cluster_metrics(serve: Serve, session: aiohttp.Cli
     async def api(request: web.Request) -> web.Response:
         query = request.query["query"]
         seen.append(query)
-        if query.startswith("min(timestamp("):
+        if query.startswith("min by () (max_over_time(timestamp("):
             return web.json_response(vector("1712345678.5"))
         for needle, value in answers.items():
-            if needle in query and not query.startswith("max("):
+            if needle in query and not query.startswith("max by"):
                 return web.json_response(vector(value))
-        return web.json_response(vector("0.9" if query.startswith("max(") else None))
+        return web.json_response(vector("0.9" if query.startswith("max by") else None))
 
     server = await serve({"/api/v1/query": api})
     metrics = await source(server.url(""), session).fetch()

@@ -24,7 +24,7 @@ from controller.fakes.pages import LATENCY_BOUNDS
 from controller.model import Reason
 from controller.render import report_json
 from controller.settings import Settings, build_settings
-from controller.sources.prometheus import PrometheusQuerySource
+from controller.sources.prometheus import PrometheusQuerySource, prometheus_source
 from controller.sources.scrape import ScrapeSource
 from tests.support.apiserver import FakeAPIServer
 from tests.support.kube import seed
@@ -109,7 +109,14 @@ def prometheus_settings(stack: Stack, names: list[str], **queries: str) -> Setti
         {
             "interval": 5,
             "clusters": [
-                {"name": n, "prometheus": {"url": stack.prometheus.url, "matchers": {"cluster": n}}}
+                {
+                    "name": n,
+                    "prometheus": {
+                        "url": stack.prometheus.url,
+                        "matchers": {"cluster": n},
+                        "push_interval": "1s",  # the test Prometheus scrapes every second
+                    },
+                }
                 for n in names
             ],
             "scrape": {"timeout": 2, "min_latency_requests": 1},
@@ -120,10 +127,7 @@ def prometheus_settings(stack: Stack, names: list[str], **queries: str) -> Setti
 
 def promql_source(stack: Stack, settings: Settings, name: str) -> PrometheusQuerySource:
     cluster = next(c for c in settings.clusters if c.name == name)
-    assert cluster.prometheus is not None
-    return PrometheusQuerySource(
-        cluster, cluster.prometheus, settings.prometheus_queries, settings.scrape, stack.session
-    )
+    return prometheus_source(cluster, settings.prometheus_queries, settings.scrape, stack.session)
 
 
 def bucket_of(seconds: float) -> tuple[float, float]:

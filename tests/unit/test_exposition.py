@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.exposition import Extractor, Labels, Sample
-from controller.sources.scrape import EPP_EXTRACTOR, VLLM_EXTRACTOR
+from controller.sources.pages import EPP_EXTRACTOR, VLLM_EXTRACTOR
 from tests.support.pages import fixture_names, fixture_text
 
 Row = tuple[str, tuple[tuple[str, str], ...], float | str, float | None]
@@ -253,7 +253,7 @@ def test_a_hostile_long_line_costs_linear_time_in_its_size() -> None:
     of three, so other load on the machine barely matters."""
     import time
 
-    from controller.sources.scrape import VLLM_EXTRACTOR
+    from controller.sources.pages import VLLM_EXTRACTOR
 
     def cost(size: int) -> float:
         line = "x " + 'vllm:kv_cache_usage_perc{a="b"} 1 ' * (size // 34) + "\n"

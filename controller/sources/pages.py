@@ -1,0 +1,520 @@
+"""Pure: a cluster's answered /metrics pages → its ``ClusterMetrics``.
+
+Split from the HTTP part (``scrape``) so that anything holding page texts (the simulator)
+reads them exactly as a scrape does. A ``PageReader`` keeps what reading needs between scrapes:
+the cumulative counters of every page (latency and arrivals come from their increase between
+two scrapes, never from since-start totals) and each URL's identity (one URL must be one
+process; a load-balanced URL is named as such).
+
+- vLLM pods: KV use is the mean (and max) over every pod and engine, one series per engine,
+  never summed; queue and running requests are summed; capacity is the pods that answered.
+- The EPP alone: the pool's averages (KV, queue and running per endpoint), its ready endpoints
+  as capacity, its request counter as arrivals. An EPP with 0 ready endpoints has no fresh pod
+  and its averages are frozen: stale, never idle.
+- Latency: the EPP's request-duration histogram (newest name first), else vLLM's e2e one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from controller import histograms
+from controller.errors import ScrapeError, ScrapeParseError, ScrapeTruncatedError
+from controller.exposition import MAX_LINE, Extractor, PageStream, Sample
+from controller.families import (
+    EPP_GAUGES,
+    EPP_HISTOGRAMS,
+    EPP_KV,
+    EPP_LATENCY,
+    EPP_QUEUE,
+    EPP_READY,
+    EPP_REQUESTS,
+    EPP_RUNNING,
+    PROCESS_START,
+    VLLM_E2E,
+    VLLM_GAUGES,
+    VLLM_HISTOGRAMS,
+    VLLM_KV,
+    VLLM_RUNNING,
+    VLLM_WAITING,
+)
+from controller.histograms import Histogram, SeriesKey
+from controller.model import ClusterMetrics, Latency, PodError, Reason
+from controller.settings import ClusterSettings
+
+# Preference order matters (controller.families): the first name present on a page wins.
+VLLM_EXTRACTOR = Extractor(gauges=VLLM_GAUGES, histograms=VLLM_HISTOGRAMS)
+EPP_EXTRACTOR = Extractor(gauges=EPP_GAUGES, histograms=EPP_HISTOGRAMS)
+
+ByName = dict[str, list[Sample]]
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    url: str
+    samples: ByName
+
+
+# ---- one page ---------------------------------------------------------------------------------
+
+
+def looks_like_exposition(text: str) -> bool:
+    """Cheap guard against an HTML error page or other garbage served with status 200."""
+    for line in text.split("\n", 50)[:50]:
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith("#"):
+            return True
+        head = line[0]
+        return head.isascii() and (head.isalpha() or head in "_:")
+    return True  # an empty page is valid text format; it just has no metrics
+
+
+def read_page(url: str, text: str, extractor: Extractor) -> Page | PodError:
+    """One page's text → its wanted samples, or the PodError a scrape would report."""
+    stream = PageStream(extractor)
+    stream.feed(text)
+    try:
+        return page_of(url, stream)
+    except ScrapeError as exc:
+        return PodError(url=url, reason=exc.reason, detail=exc.detail)
+
+
+def page_of(url: str, stream: PageStream) -> Page:
+    """What a whole page fed through ``stream`` amounts to, or why it is unusable."""
+    if stream.size == 0:
+        raise ScrapeTruncatedError(url, "empty body")
+    if not looks_like_exposition(stream.head):
+        raise ScrapeParseError(url, "not Prometheus text format")
+    if stream.long_line:
+        raise ScrapeParseError(url, f"a line longer than {MAX_LINE} bytes: not a metrics page")
+    if not stream.ended_with_newline:
+        # The text format ends every line with a newline: a last line without one was cut,
+        # and its value may be a prefix of the real one (``0.`` of ``0.97``).
+        raise ScrapeTruncatedError(url, f"no final newline after {stream.size} bytes: cut short")
+    found = stream.result
+    if found.invalid_lines:
+        raise ScrapeParseError(
+            url, f"{found.invalid_lines} malformed line(s), first: {found.first_error}"
+        )
+    return Page(url, found.by_name())
+
+
+def _kept(samples: Sequence[Sample], keep: Mapping[str, str] | None) -> list[Sample]:
+    if not keep:
+        return list(samples)
+    return [s for s in samples if all(s.labels.get(k) == v for k, v in keep.items())]
+
+
+def _series(sample: Sample) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(sample.labels.items()))
+
+
+def _labels_text(series: tuple[tuple[str, str], ...]) -> str:
+    return ",".join(f'{k}="{v}"' for k, v in series)
+
+
+def pod_kv(page: ByName, keep: Mapping[str, str] | None) -> tuple[str | None, list[Sample]]:
+    """A pod's KV series: the newer name's, each replaced by the older name's same series
+    when its own value is unusable (NaN, out of range) and the older one is good."""
+    newer, older = (_kept(page.get(f, ()), keep) for f in VLLM_KV)
+    if not newer:
+        return (VLLM_KV[1], older) if older else (None, [])
+    fallback = {_series(s): s for s in older if valid_fraction(s.value)}
+    chosen = [s if valid_fraction(s.value) else fallback.get(_series(s), s) for s in newer]
+    return VLLM_KV[0], chosen
+
+
+def first_family(
+    page: ByName, families: Sequence[str], keep: Mapping[str, str] | None
+) -> tuple[str, list[Sample]] | None:
+    for family in families:
+        samples = _kept(page.get(family, ()), keep)
+        if samples:
+            return family, samples
+    return None
+
+
+def valid_fraction(value: float) -> bool:
+    return math.isfinite(value) and 0.0 <= value <= 1.0
+
+
+def _finite(samples: Sequence[Sample]) -> list[float]:
+    return [s.value for s in samples if math.isfinite(s.value)]
+
+
+# ---- between scrapes ----------------------------------------------------------------------------
+
+
+class LatencyWindow:
+    """Turns successive cumulative histograms into latency over the last scrape interval.
+
+    A series whose count fell is not counted this interval: a restart and another process
+    behind the same URL look alike at first, and neither's counts are an increase."""
+
+    def __init__(self, min_requests: float) -> None:
+        self._min_requests = min_requests
+        self._previous: dict[str, dict[tuple[str, SeriesKey], Histogram]] = {}
+
+    def observe(
+        self, family: str, pages: Sequence[tuple[str, dict[SeriesKey, Histogram]]]
+    ) -> tuple[Latency | None, bool]:
+        """Latency over the interval, and whether some series fell (its count is unknown)."""
+        increases: list[Histogram] = []
+        fell = False
+        for url, series in pages:
+            before = self._previous.get(url, {})
+            now = {(family, key): histogram for key, histogram in series.items()}
+            for key, histogram in now.items():
+                if key not in before:
+                    continue
+                if histogram.count < before[key].count:
+                    fell = True
+                    continue
+                increases.append(histograms.increase(before[key], histogram))
+            self._previous[url] = now  # a page that did not answer keeps its old baseline
+        merged = histograms.merge(increases)
+        if merged is None:
+            return None, fell  # no baseline yet: the first scrape only sets one
+        if merged.count < self._min_requests:
+            return Latency(None, None, None, requests=merged.count, family=family), fell
+        mean = merged.sum / merged.count if math.isfinite(merged.sum) else None
+        latency = Latency(
+            p50=histograms.quantile(0.5, merged),
+            p90=histograms.quantile(0.9, merged),
+            mean=mean,
+            requests=merged.count,
+            family=family,
+        )
+        return latency, fell
+
+    def retain(self, urls: set[str]) -> None:
+        self._previous = {u: v for u, v in self._previous.items() if u in urls}
+
+
+class Counters:
+    """The increase of counters (by URL and series) since the previous scrape; ``None``
+    when there is no baseline yet or some counter fell (unknown rather than a guess)."""
+
+    def __init__(self) -> None:
+        self._previous: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+
+    def increase(self, url: str, samples: Sequence[Sample]) -> float | None:
+        now = {_series(s): s.value for s in samples if math.isfinite(s.value)}
+        before = self._previous.get(url)
+        self._previous[url] = now
+        if before is None:
+            return None
+        total = 0.0
+        for key, value in now.items():
+            if key in before:
+                if value < before[key]:
+                    return None
+                total += value - before[key]
+        return total
+
+
+@dataclass(slots=True)
+class _Identity:
+    total: float | None = None  # the page's cumulative request count at the last scrape
+    fell_from: float | None = None  # the count before it last fell
+    since_fall: int = 0
+    starts: list[float] = field(default_factory=list)  # recent process start times
+    evidence: str = ""
+    flagged: int = 0  # scrapes the URL stays named load-balanced without new evidence
+
+
+# Scrapes a URL stays named load-balanced after the last sign of it (a load balancer picks
+# at random, so a few consistent scrapes in a row prove nothing), and how soon after a fall a
+# count back above it is a sign (a restarted process cannot catch up with its old total).
+FLAGGED_SCRAPES = 30
+FALL_WINDOW = 2
+
+
+class Continuity:
+    """One URL must be one process. A page whose cumulative request count falls and then comes
+    back above where it fell from, or whose process start time returns to one it had before,
+    is several processes behind one address (a Service, a load balancer): its numbers flip
+    between pods from scrape to scrape and its counters look like resets. Such a URL is named
+    for what it is (``Reason.LOAD_BALANCED``) rather than read."""
+
+    def __init__(self) -> None:
+        self._urls: dict[str, _Identity] = {}
+
+    def retain(self, urls: set[str]) -> None:
+        self._urls = {u: v for u, v in self._urls.items() if u in urls}
+
+    def check(self, url: str, total: float | None, started: float | None) -> str | None:
+        """Why ``url`` is several processes, or ``None``."""
+        state = self._urls.setdefault(url, _Identity())
+        evidence = _start_evidence(state, started) or _count_evidence(state, total)
+        if evidence:
+            state.evidence, state.flagged = evidence, FLAGGED_SCRAPES
+        elif state.flagged:
+            state.flagged -= 1
+        return state.evidence if state.flagged else None
+
+
+def _start_evidence(state: _Identity, started: float | None) -> str | None:
+    if started is None:
+        return None
+    seen = state.starts
+    returned = bool(seen) and started != seen[-1] and started in seen
+    if not seen or started != seen[-1]:
+        state.starts = [*(s for s in seen if s != started), started][-4:]
+    return f"its process start time went back to {started:.0f}" if returned else None
+
+
+def _count_evidence(state: _Identity, total: float | None) -> str | None:
+    before, state.total = state.total, total
+    if total is None or before is None:
+        return None
+    if total < before:
+        state.fell_from, state.since_fall = before, 0
+        return None
+    if state.fell_from is not None:
+        state.since_fall += 1
+        fell_from = state.fell_from
+        if total >= fell_from:
+            state.fell_from = None
+            return f"its request count fell from {fell_from:.0f} and came back to {total:.0f}"
+        if state.since_fall >= FALL_WINDOW:
+            state.fell_from = None  # a restart, counting up from where it fell to
+    return None
+
+
+# ---- a cluster ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """The cluster-level numbers from the pages that answered; ``None`` is unknown."""
+
+    kv_mean: float | None
+    kv_max: float | None
+    kv_family: str | None
+    queue_depth: float | None
+    queue_per_pod: float | None
+    running: float | None
+    observed_at: float | None
+    invalid_samples: int
+    capacity: float | None = None
+    capacity_from: str | None = None
+
+
+@dataclass(slots=True)
+class _KV:
+    values: list[float]
+    invalid: int = 0
+    family: str | None = None
+    oldest: float | None = None
+
+    def add(self, family: str, samples: Sequence[Sample]) -> None:
+        self.family = self.family or family
+        for sample in samples:
+            if not valid_fraction(sample.value):
+                self.invalid += 1
+                continue
+            # One series per engine: each is a fraction of its own cache; never summed.
+            self.values.append(sample.value)
+            if sample.timestamp is not None:
+                self.oldest = min(self.oldest or sample.timestamp, sample.timestamp)
+
+
+class PageReader:
+    """Turns a cluster's answered pages into ClusterMetrics; holds what it needs between
+    scrapes (counter baselines, each URL's identity)."""
+
+    def __init__(self, cluster: ClusterSettings, min_latency_requests: float) -> None:
+        self._name = cluster.name
+        self._has_pods = bool(cluster.vllm_urls) or cluster.pods is not None
+        self._model_keep = {"model_name": cluster.model_name} if cluster.model_name else None
+        self._pool_keep = {"name": cluster.pool_name} if cluster.pool_name else None
+        self._latency = LatencyWindow(min_latency_requests)
+        self._requests = Counters()
+        self._continuity = Continuity()
+
+    def read(
+        self,
+        results: Sequence[Page | PodError],
+        epp: Page | PodError | None,
+        started: float,
+        duration: float,
+        lookup: PodError | None = None,
+    ) -> ClusterMetrics:
+        """``results``: one entry per vLLM pod; ``epp``: the EPP's, if configured;
+        ``lookup``: why finding the pods failed this tick (the pods found before are read)."""
+        results = [self._check(r) if isinstance(r, Page) else r for r in results]
+        if isinstance(epp, Page):
+            epp = self._identify(epp, EPP_LATENCY)
+        pods = [r for r in results if isinstance(r, Page)]
+        errors = [r for r in (*results, epp, lookup) if isinstance(r, PodError)]
+        epp_page = epp if isinstance(epp, Page) else None
+        if self._has_pods:
+            values = self._from_vllm(pods)
+            scraped, answering = len(results), len(pods)
+        else:
+            values, error = self._from_epp_pool(epp_page)
+            errors += [error] if error else []
+            scraped, answering = 1, int(epp_page is not None and error is None)
+        answered = pods if self._has_pods else ([epp_page] if epp_page and answering else [])
+        if answered and values.kv_mean is None:
+            errors.append(self._missing(len(answered)))
+        latency, fell = self._latency_from(epp_page, pods)
+        return ClusterMetrics(
+            cluster=self._name,
+            scraped_at=started,
+            duration=duration,
+            pods_scraped=scraped,
+            pods_answering=answering,
+            kv_mean=values.kv_mean,
+            kv_max=values.kv_max,
+            kv_family=values.kv_family,
+            queue_depth=values.queue_depth,
+            queue_per_pod=values.queue_per_pod,
+            running=values.running,
+            latency=latency,
+            observed_at=values.observed_at,
+            invalid_samples=values.invalid_samples,
+            errors=tuple(errors),
+            pages=len(results) + (epp is not None),
+            # the increase between two scrapes: what completed since the last one (unknown
+            # when a counter fell: a restart, or another process behind the URL)
+            completed=latency.requests if latency is not None and not fell else None,
+            arrived=self._arrivals(epp_page),
+            capacity=values.capacity,
+            capacity_from=values.capacity_from,
+        )
+
+    def retain(self, urls: Sequence[str]) -> None:
+        """Forget what is kept of pages no longer read (pods discovery no longer finds)."""
+        keep = set(urls)
+        self._latency.retain(keep)
+        self._continuity.retain(keep)
+
+    def _missing(self, answered: int) -> PodError:
+        """Pages came back but none carries KV use: say which names were looked for."""
+        names = " or ".join(VLLM_KV if self._has_pods else EPP_KV)
+        keep = self._model_keep or self._pool_keep
+        scope = f" for {keep}" if keep else ""
+        detail = f"no {names} series{scope} on {answered} page(s) that answered"
+        return PodError("*", Reason.MISSING_METRIC, detail)
+
+    def _from_vllm(self, pods: Sequence[Page]) -> Summary:
+        kv = _KV(values=[])
+        waiting: list[float] = []
+        running: list[float] = []
+        for pod in pods:
+            family, samples = pod_kv(pod.samples, self._model_keep)
+            if family is not None:
+                kv.add(family, samples)
+            waiting += _pod_total(pod.samples, VLLM_WAITING, self._model_keep)
+            running += _pod_total(pod.samples, VLLM_RUNNING, self._model_keep)
+        return _summary(kv, waiting, running, per_pod=len(waiting) or None)
+
+    def _check(self, page: Page) -> Page | PodError:
+        """A vLLM page whose KV series repeat, or are all out of range, is an error of its
+        own: its pod does not count as answering. So is one URL that is several processes."""
+        for family in VLLM_KV:
+            samples = _kept(page.samples.get(family, ()), self._model_keep)
+            keys = [_series(s) for s in samples]
+            if len(set(keys)) != len(keys):
+                twice = next(k for k in keys if keys.count(k) > 1)
+                detail = f"{family}{{{_labels_text(twice)}}} appears more than once"
+                return PodError(page.url, Reason.DUPLICATE_SERIES, detail)
+        name, chosen = pod_kv(page.samples, self._model_keep)
+        if name is not None and chosen and not any(valid_fraction(s.value) for s in chosen):
+            bad = chosen[0]
+            hint = " (a percentage? it must be a fraction 0..1)" if 1 < bad.value <= 100 else ""
+            detail = f"{name}{{{_labels_text(_series(bad))}}}={bad.value:g} is outside 0..1{hint}"
+            return PodError(page.url, Reason.OUT_OF_RANGE, detail)
+        return self._identify(page, (VLLM_E2E,))
+
+    def _identify(self, page: Page, latency: Sequence[str]) -> Page | PodError:
+        """The page, or why its URL is several processes (``Continuity``)."""
+        counts = first_family(page.samples, [f + "_count" for f in latency], None)
+        total = sum(_finite(counts[1])) if counts else None
+        start = _finite(page.samples.get(PROCESS_START, ()))
+        why = self._continuity.check(page.url, total, start[0] if len(start) == 1 else None)
+        if why is None:
+            return page
+        detail = (
+            f"this URL answers as more than one process ({why}): a Service or load balancer "
+            "in front of several pods? List each pod, discover them (pods.dns), or read the "
+            "cluster through its EPP"
+        )
+        return PodError(page.url, Reason.LOAD_BALANCED, detail)
+
+    def _from_epp_pool(self, page: Page | None) -> tuple[Summary, PodError | None]:
+        kv = _KV(values=[])
+        if page is None:
+            return _summary(kv, [], [], per_pod=None), None
+        ready = first_family(page.samples, EPP_READY, self._pool_keep)
+        endpoints = sum(_finite(ready[1])) if ready else None
+        if endpoints is not None and endpoints <= 0:
+            detail = (
+                f"{ready[0] if ready else ''} is 0: no endpoint of the pool has fresh metrics, "
+                "so the EPP's averages are frozen at their last values"
+            )
+            return _summary(kv, [], [], per_pod=None), PodError(page.url, Reason.STALE, detail)
+        found = first_family(page.samples, EPP_KV, self._pool_keep)
+        if found is not None:
+            kv.add(*found)
+        per_pod = _mean_of(page, EPP_QUEUE, self._pool_keep)
+        running = _mean_of(page, EPP_RUNNING, self._pool_keep)
+        summary = replace(
+            _summary(kv, [], [], per_pod=None),
+            queue_per_pod=per_pod,
+            queue_depth=per_pod * endpoints if per_pod is not None and endpoints else None,
+            running=running * endpoints if running is not None and endpoints else None,
+            capacity=endpoints,
+            capacity_from="ready_endpoints" if endpoints else None,
+        )
+        return summary, None
+
+    def _arrivals(self, epp: Page | None) -> float | None:
+        """Requests the EPP scheduled since its last scrape (its request counter)."""
+        if epp is None:
+            return None
+        found = first_family(epp.samples, EPP_REQUESTS, self._model_keep)
+        return self._requests.increase(epp.url, found[1]) if found else None
+
+    def _latency_from(self, epp: Page | None, pods: Sequence[Page]) -> tuple[Latency | None, bool]:
+        if epp is not None:
+            for family in EPP_LATENCY:
+                series = histograms.collect(epp.samples, family, self._model_keep)
+                if series:
+                    return self._latency.observe(family, [(epp.url, series)])
+        pages = [(p.url, histograms.collect(p.samples, VLLM_E2E, self._model_keep)) for p in pods]
+        if not any(series for _, series in pages):
+            return None, False
+        return self._latency.observe(VLLM_E2E, pages)
+
+
+def _mean_of(page: Page, families: Sequence[str], keep: Mapping[str, str] | None) -> float | None:
+    found = first_family(page.samples, families, keep)
+    values = _finite(found[1]) if found else []
+    return sum(values) / len(values) if values else None
+
+
+def _pod_total(page: ByName, family: str, keep: Mapping[str, str] | None) -> list[float]:
+    """A pod's total for an additive gauge (summed over its engines), or nothing if absent."""
+    values = _finite(_kept(page.get(family, ()), keep))
+    return [sum(values)] if values else []
+
+
+def _summary(kv: _KV, waiting: list[float], running: list[float], per_pod: int | None) -> Summary:
+    queue = sum(waiting) if waiting else None
+    return Summary(
+        kv_mean=sum(kv.values) / len(kv.values) if kv.values else None,
+        kv_max=max(kv.values) if kv.values else None,
+        kv_family=kv.family,
+        queue_depth=queue,
+        queue_per_pod=queue / per_pod if queue is not None and per_pod else None,
+        running=sum(running) if running else None,
+        observed_at=kv.oldest,
+        invalid_samples=kv.invalid,
+    )

@@ -1,0 +1,348 @@
+"""Reading a real fleet: a cluster seen only through its EPP, pods found by DNS or
+EndpointSlices instead of listed, a token to an in-cluster EPP over plain HTTP, and a URL that
+turns out to be several pods behind a load balancer."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from structlog.testing import capture_logs
+
+from controller.app import Controller
+from controller.errors import ConfigError
+from controller.fakes.clusters import Fleet, SimCluster
+from controller.fakes.pages import CumulativeHistogram, vllm_v1_page
+from controller.kube.endpoints import addresses
+from controller.model import Reason
+from controller.render import report_json
+from controller.settings import Settings, build_settings
+from controller.sources import dns
+from controller.sources.scrape import ScrapeSource
+from tests.support.dns import DNSServer
+
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def settings_for(clusters: list[dict[str, Any]], **extra: Any) -> Settings:
+    return build_settings(
+        {
+            "interval": 1,
+            "server": {"bind": "127.0.0.1:0"},
+            "clusters": clusters,
+            "scrape": {"timeout": 0.5, "min_latency_requests": 1},
+            "weights": {"settle": 0},
+            **extra,
+        }
+    )
+
+
+# ---- the EPP alone --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("generation", ["llm-d", "gie"])
+async def test_epp_only_clusters_are_weighed_by_their_ready_endpoints(generation: str) -> None:
+    sims = [
+        SimCluster(name, kv=0.3, noise=0.0, epp_only=True, ready_endpoints=ready, pods=1)
+        for name, ready in (("small", 2), ("large", 8))
+    ]
+    for sim in sims:
+        sim.epp_generation = "gie" if generation == "gie" else "llm-d"
+    async with Fleet(sims) as fleet:
+        settings = settings_for(fleet.settings_clusters())
+        async with Controller(settings, serve=False) as controller:
+            report = report_json(await controller.once())
+    target = report["targets"]["configured"]
+    assert target["mode"] == "initial"
+    assert target["applied"] == {"small": 20, "large": 80}
+    small = report["clusters"]["small"]
+    assert (small["capacity"], small["capacity_from"]) == (2, "ready_endpoints")
+    if generation == "llm-d":  # GIE has no average running requests; llm-d-router has
+        assert small["running"] == pytest.approx(2 * 8 * 0.3)
+
+
+async def test_an_epp_with_no_ready_endpoint_is_stale_not_idle() -> None:
+    sims = [
+        SimCluster("frozen", kv=0.1, epp_only=True, ready_endpoints=0),
+        SimCluster("fine", kv=0.5, epp_only=True),
+    ]
+    async with Fleet(sims) as fleet, Controller(settings_for(fleet.settings_clusters())) as c:
+        report = report_json(await c.once())
+    frozen = report["clusters"]["frozen"]
+    assert frozen["healthy"] is False and frozen["reason"] == "stale"
+    assert "frozen" in frozen["errors"][0]["detail"]
+    assert report["targets"]["configured"]["applied"] == {"frozen": 0, "fine": 100}
+
+
+async def test_realised_share_counts_the_epps_arrivals() -> None:
+    sims = [SimCluster(n, kv=0.2, epp_only=True, seconds_per_scrape=1.0) for n in ("a", "b")]
+    async with Fleet(sims) as fleet, Controller(settings_for(fleet.settings_clusters())) as c:
+        for _ in range(8):
+            report = await c.once()
+    view = report.targets["configured"]
+    # each EPP counts the requests it scheduled; with equal clusters the split is even
+    assert view.realised and abs(view.realised["a"] - 50) < 10, view.realised
+    metrics = report.clusters["a"].metrics
+    assert metrics is not None and metrics.arrived == pytest.approx(20.0, abs=1)
+
+
+# ---- tokens inside one cluster --------------------------------------------------------------
+
+
+def test_a_token_may_reach_an_in_cluster_service_over_http_when_told() -> None:
+    def epp(url: str, **flags: Any) -> dict[str, Any]:
+        return {"name": "a", "epp_url": url, "epp_bearer_token_file": "/t", **flags}
+
+    with pytest.raises(ConfigError) as refused:
+        build_settings({"clusters": [epp("http://epp.llm.svc:9090/metrics")]})
+    assert "token_over_cluster_network" in refused.value.lines[0]
+    allowed = build_settings(
+        {"clusters": [epp("http://epp.llm.svc:9090/metrics", token_over_cluster_network=True)]}
+    )
+    assert allowed.clusters[0].token_over_cluster_network
+    for outside in ("http://epp.example.com:9090/metrics", "http://10.0.0.5:9090/metrics"):
+        with pytest.raises(ConfigError, match="plain http to"):
+            build_settings({"clusters": [epp(outside, token_over_cluster_network=True)]})
+
+
+async def test_the_in_cluster_token_is_warned_about_and_exported(tmp_path: Any) -> None:
+    token = tmp_path / "token"
+    token.write_text("t0k3n")
+    settings = settings_for(
+        [
+            {
+                "name": "a",
+                "epp_url": "http://epp.llm.svc.cluster.local:9090/metrics",
+                "epp_bearer_token_file": str(token),
+                "token_over_cluster_network": True,
+            }
+        ]
+    )
+    with capture_logs() as lines:
+        async with Controller(settings, serve=False) as controller:
+            gauge = controller.registry.get_sample_value(
+                "weight_controller_cluster_insecure", {"cluster": "a", "risk": "token_in_cluster"}
+            )
+    assert gauge == 1
+    warned = [e for e in lines if e["event"] == "bearer token over the cluster network"]
+    assert warned and warned[0]["hosts"] == ["epp.llm.svc.cluster.local"]
+
+
+# ---- pods found, not listed -----------------------------------------------------------------
+
+
+class Pods:
+    """vLLM pages on their own loopback addresses, one port for all (like pod IPs)."""
+
+    def __init__(self) -> None:
+        self.port = 0
+        self._runners: dict[str, web.AppRunner] = {}
+
+    async def add(self, address: str, kv: float) -> None:
+        async def page(_: web.Request) -> web.Response:
+            text = vllm_v1_page(MODEL, [kv], [0.0], [1.0], [CumulativeHistogram()])
+            return web.Response(text=text, content_type="text/plain")
+
+        app = web.Application()
+        app.router.add_get("/metrics", page)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.1)
+        await runner.setup()
+        await web.TCPSite(runner, address, self.port).start()
+        self.port = self.port or int(runner.addresses[0][1])
+        self._runners[address] = runner
+
+    async def remove(self, address: str) -> None:
+        await self._runners.pop(address).cleanup()
+
+    async def stop(self) -> None:
+        for runner in self._runners.values():
+            await runner.cleanup()
+
+
+@pytest.fixture
+async def pods() -> AsyncIterator[Pods]:
+    found = Pods()
+    yield found
+    await found.stop()
+
+
+@pytest.fixture
+async def nameserver() -> AsyncIterator[DNSServer]:
+    server = await DNSServer(ttl=0).start()
+    yield server
+    server.stop()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_pods_behind_a_headless_name_come_and_go_without_a_restart(
+    pods: Pods, nameserver: DNSServer
+) -> None:
+    name = "vllm-llama.llm.svc.cluster.local"
+    await pods.add("127.0.0.2", 0.2)
+    await pods.add("127.0.0.3", 0.4)
+    nameserver.records[name] = ["127.0.0.2", "127.0.0.3"]
+    discovery = {"dns": name, "port": pods.port, "nameserver": nameserver.address, "refresh": 5}
+    settings = settings_for([{"name": "a", "pods": discovery}])
+    clock = Clock()
+    async with aiohttp.ClientSession() as session:
+        source = ScrapeSource(settings.clusters[0], settings.scrape, 1.0, session, monotonic=clock)
+        first = await source.fetch()
+        assert first.pods_answering == 2 and first.kv_mean == pytest.approx(0.3)
+        assert first.discovered == (
+            f"http://127.0.0.2:{pods.port}/metrics",
+            f"http://127.0.0.3:{pods.port}/metrics",
+        )
+        # a scale-up: the new pod is read once the name is looked up again
+        await pods.add("127.0.0.4", 0.9)
+        nameserver.records[name].append("127.0.0.4")
+        assert (await source.fetch()).pods_scraped == 2  # not due yet
+        clock.now += 5
+        grown = await source.fetch()
+        assert grown.pods_answering == 3 and grown.kv_mean == pytest.approx(0.5)
+        # a scale-down: the pod leaves the record set and is no longer read (nor failing)
+        nameserver.records[name] = ["127.0.0.2", "127.0.0.4"]
+        await pods.remove("127.0.0.3")
+        clock.now += 5
+        shrunk = await source.fetch()
+        assert shrunk.pods_scraped == 2 and shrunk.errors == ()
+        # DNS goes away: the last pods found are still read, and the failure is reported
+        nameserver.stop()
+        clock.now += 5
+        blind = await source.fetch()
+    assert blind.pods_answering == 2
+    assert [e.reason for e in blind.errors] == [Reason.DISCOVERY]
+
+
+async def test_no_record_at_all_is_no_pods(nameserver: DNSServer) -> None:
+    discovery = {"dns": "gone.llm.svc", "nameserver": nameserver.address}
+    settings = settings_for([{"name": "a", "pods": discovery}])
+    async with Controller(settings, serve=False) as controller:
+        report = report_json(await controller.once())
+    cluster = report["clusters"]["a"]
+    assert cluster["healthy"] is False and cluster["reason"] == "no_pods"
+    assert cluster["discovered_pods"] == []
+
+
+@pytest.mark.parametrize(
+    ("answer", "why"),
+    [
+        (b"\x12\x34\x81\x80\x00\x01\x00\x01", "impossible size"),
+        (b"\x12\x34\x81\x80\x00\x01\x00\x01\x00\x00\x00\x00\x03abc", "runs past"),
+        # a compression pointer that points at itself is cut short, never followed for ever
+        (b"\x12\x34\x81\x80\x00\x00\x00\x01\x00\x00\x00\x00\xc0\x0c", "cut short"),
+        (b"\x12\x34\x81\x82\x00\x00\x00\x00\x00\x00\x00\x00", "error code 2"),
+        (b"\x00\x00\x81\x80\x00\x00\x00\x00\x00\x00\x00\x00", "not the answer"),
+    ],
+)
+def test_hostile_dns_answers_are_refused_cleanly(answer: bytes, why: str) -> None:
+    with pytest.raises(dns.DNSError, match=why):
+        dns.parse_answer(answer, 0x1234, dns.A, 10)
+
+
+def test_endpoint_slices_give_the_ready_addresses() -> None:
+    slices: list[dict[str, Any]] = [
+        {
+            "addressType": "IPv4",
+            "endpoints": [
+                {"addresses": ["10.0.0.1"], "conditions": {"ready": True}},
+                {"addresses": ["10.0.0.2"], "conditions": {"ready": False}},
+                {"addresses": ["10.0.0.3"]},  # no condition: ready
+            ],
+        },
+        {"addressType": "FQDN", "endpoints": [{"addresses": ["x.example"]}]},
+    ]
+    assert addresses(slices) == ["10.0.0.1", "10.0.0.3"]
+
+
+# ---- one URL, one pod -----------------------------------------------------------------------
+
+
+class RoundRobin:
+    """One URL in front of two vLLM pods, as a Service would be: each answer from the next."""
+
+    def __init__(self) -> None:
+        self.pods = [(0.92, CumulativeHistogram()), (0.05, CumulativeHistogram())]
+        self.pods[0][1].observe(2.0, 1500)  # one has served far more than the other
+        self.pods[1][1].observe(1.0, 300)
+        self._next = itertools.cycle(range(2))
+
+    async def handle(self, _: web.Request) -> web.Response:
+        kv, histogram = self.pods[next(self._next)]
+        histogram.observe(1.0, 10)
+        text = vllm_v1_page(MODEL, [kv], [0.0], [1.0], [histogram])
+        return web.Response(text=text, content_type="text/plain")
+
+
+async def test_a_load_balanced_url_is_named_within_three_ticks_and_weights_hold() -> None:
+    balancer = RoundRobin()
+    app = web.Application()
+    app.router.add_get("/metrics", balancer.handle)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.1)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}/metrics"
+    try:
+        async with Fleet([SimCluster("steady", kv=0.3, noise=0.0)]) as fleet:
+            clusters = [{"name": "behind-lb", "vllm_urls": [url]}, *fleet.settings_clusters()]
+            async with Controller(settings_for(clusters), serve=False) as controller:
+                with capture_logs() as lines:
+                    reports = [await controller.once() for _ in range(8)]
+    finally:
+        await runner.cleanup()
+    reasons = [
+        [e.reason for e in r.clusters["behind-lb"].metrics.errors]  # type: ignore[union-attr]
+        for r in reports
+    ]
+    named = next(i for i, r in enumerate(reasons) if Reason.LOAD_BALANCED in r)
+    assert named <= 2, reasons  # within 3 ticks
+    assert all(Reason.LOAD_BALANCED in r for r in reasons[named:])  # and it stays named
+    said = [e for e in lines if e["event"] == "url serves several processes"]
+    assert len(said) == 1 and said[0]["pod"] == url and "came back" in said[0]["detail"]
+    # its counters never counted as resets: no completions were made up from the other pod
+    for report in reports[: named + 1]:
+        metrics = report.clusters["behind-lb"].metrics
+        assert metrics is not None
+        assert metrics.completed is None or metrics.completed <= 20
+    # once named, the weights hold: the lb cluster out, nothing flips back
+    weights = [r.targets["configured"].outcome.applied["behind-lb"] for r in reports[named:]]
+    assert max(weights[1:], default=0) == 0, weights
+
+
+async def test_a_restart_is_not_a_load_balancer() -> None:
+    histogram = CumulativeHistogram()
+    histogram.observe(1.0, 1000)
+    state = {"histogram": histogram}
+
+    async def page(_: web.Request) -> web.Response:
+        state["histogram"].observe(1.0, 10)
+        text = vllm_v1_page(MODEL, [0.3], [0.0], [1.0], [state["histogram"]])
+        return web.Response(text=text, content_type="text/plain")
+
+    app = web.Application()
+    app.router.add_get("/metrics", page)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.1)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}/metrics"
+    try:
+        settings = settings_for([{"name": "a", "vllm_urls": [url]}])
+        async with aiohttp.ClientSession() as session:
+            source = ScrapeSource(settings.clusters[0], settings.scrape, 1.0, session)
+            seen = [await source.fetch() for _ in range(3)]
+            state["histogram"] = CumulativeHistogram()  # the pod restarted: counts from 0
+            seen += [await source.fetch() for _ in range(6)]
+    finally:
+        await runner.cleanup()
+    assert all(m.errors == () for m in seen)
+    assert [m.completed for m in seen[2:5]] == [10, None, 10]  # the fall is unknown, once

@@ -1,0 +1,121 @@
+"""A querier shared by many clusters (a hub Thanos): one query per signal per tick for all of
+them, split by the cluster label; a failing query fails only what it feeds. Against a loopback
+server speaking the Prometheus HTTP API (the real Prometheus is in tests/process)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from controller.app import Controller
+from controller.errors import ConfigError
+from controller.render import report_json
+from controller.settings import build_settings
+from tests.conftest import Serve
+
+CLUSTERS = {"east": 0.2, "west": 0.6, "north": 0.4}
+
+
+def vector(rows: dict[str, float]) -> dict[str, Any]:
+    result = [{"metric": {"cluster": c}, "value": [1712345678.5, str(v)]} for c, v in rows.items()]
+    return {"status": "success", "data": {"resultType": "vector", "result": result}}
+
+
+class HubThanos:
+    """Answers each template for every cluster it is asked about (``cluster=~"a|b"``),
+    grouped by ``cluster``; a query may be made to fail."""
+
+    def __init__(self) -> None:
+        self.queries: list[str] = []
+        self.failing: str | None = None
+
+    async def handle(self, request: web.Request) -> web.Response:
+        query = request.query["query"]
+        self.queries.append(query)
+        if self.failing and self.failing in query:
+            body = {"status": "error", "errorType": "timeout", "error": "query timed out"}
+            return web.json_response(body, status=503)
+        assert ('cluster=~"' in query and "by (cluster)" in query) or "le, cluster" in query
+        if query.startswith("min by (cluster) (max_over_time(timestamp("):
+            fresh = time.time() - 5  # each cluster's newest sample: a push 5 s ago
+            return web.json_response(vector(dict.fromkeys(CLUSTERS, fresh)))
+        if "histogram_quantile" in query:
+            return web.json_response(vector(dict.fromkeys(CLUSTERS, 1.5)))
+        if "increase(" in query:
+            return web.json_response(vector(dict.fromkeys(CLUSTERS, 600)))
+        if query.startswith("count by (cluster)"):
+            return web.json_response(vector(dict.fromkeys(CLUSTERS, 4)))
+        if "num_requests" in query:
+            return web.json_response(vector(dict.fromkeys(CLUSTERS, 2)))
+        return web.json_response(vector(CLUSTERS))  # KV mean and max
+
+
+def hub_settings(url: str) -> Any:
+    return build_settings(
+        {
+            "interval": 10,
+            "queriers": [{"name": "hub", "url": url, "push_interval": "30s"}],
+            "clusters": [{"name": name, "prometheus": {"querier": "hub"}} for name in CLUSTERS],
+            "scrape": {"timeout": 1, "min_latency_requests": 1},
+        }
+    )
+
+
+async def test_one_query_per_signal_for_every_cluster_of_a_querier(serve: Serve) -> None:
+    hub = HubThanos()
+    server = await serve({"/api/v1/query": hub.handle})
+    async with Controller(hub_settings(server.url("")), serve=False) as controller:
+        first = report_json(await controller.once())
+        asked = len(hub.queries)
+        second = report_json(await controller.once())
+    assert asked == 9 and len(hub.queries) == 18  # nine templates per tick, whatever the fleet
+    assert all('cluster=~"east|north|west"' in q for q in hub.queries)
+    for name, kv in CLUSTERS.items():
+        assert first["clusters"][name]["vram_utilization"] == kv
+        assert first["clusters"][name]["pods_answering"] == 4
+        assert second["clusters"][name]["healthy"] is True
+    assert second["targets"]["configured"]["applied"]["east"] > 33  # the coolest gets most
+
+
+async def test_a_failing_query_fails_only_what_it_feeds(serve: Serve) -> None:
+    hub = HubThanos()
+    hub.failing = "histogram_quantile(0.9"
+    server = await serve({"/api/v1/query": hub.handle})
+    async with Controller(hub_settings(server.url("")), serve=False) as controller:
+        report = report_json(await controller.once())
+    east = report["clusters"]["east"]
+    assert east["healthy"] is True and east["vram_utilization"] == 0.2  # KV is fine
+    assert east["latency_p90_seconds"] is None and east["latency_p50_seconds"] == 1.5
+    assert [e["reason"] for e in east["errors"]] == ["http_status"]
+    assert "p90" in east["errors"][0]["url"] and "timed out" in east["errors"][0]["detail"]
+
+    hub.failing = "avg by (cluster)"  # the KV query: without it no cluster can be weighed
+    async with Controller(hub_settings(server.url("")), serve=False) as controller:
+        blind = report_json(await controller.once())
+    assert all(c["healthy"] is False for c in blind["clusters"].values())
+    assert blind["targets"]["configured"]["mode"] == "no_data"
+
+
+def test_a_querier_must_exist_and_its_push_interval_fit_the_staleness() -> None:
+    cluster = {"name": "a", "prometheus": {"querier": "hub"}}
+    with pytest.raises(ConfigError, match="no querier named 'hub'"):
+        build_settings({"clusters": [cluster]})
+    acm = {"name": "hub", "url": "https://thanos.example", "push_interval": "5m"}
+    with pytest.raises(ConfigError) as stale:
+        build_settings({"clusters": [cluster], "queriers": [acm]})
+    assert any(
+        "health.max_staleness: 60s is shorter than twice queriers[0].push_interval (300s)" in line
+        and "at least 600s" in line
+        for line in stale.value.lines
+    ), stale.value.lines
+    fits = build_settings(
+        {"clusters": [cluster], "queriers": [acm], "health": {"max_staleness": "10m"}}
+    )
+    assert fits.queriers[0].push_interval == 300
+    with pytest.raises(ConfigError, match="matchers, credentials"):
+        build_settings(
+            {"clusters": [{"name": "a", "prometheus": {"querier": "hub", "matchers": {}}}]}
+        )
