@@ -37,7 +37,7 @@ import yaml  # noqa: E402
 
 from benchmarks.bench_fetch import cpu_per_endpoint, free_port, page_servers, wait_up  # noqa: E402
 from controller.settings import build_settings  # noqa: E402
-from controller.sources.prometheus import PrometheusQuerySource  # noqa: E402
+from controller.sources.prometheus import prometheus_source  # noqa: E402
 
 WANTED = (
     "vllm:kv_cache_usage_perc|vllm:gpu_cache_usage_perc|vllm:num_requests_waiting|"
@@ -103,20 +103,23 @@ async def promql_cost(
     settings = build_settings(
         {
             "clusters": [
-                {"name": f"c{i}", "prometheus": {"url": url, "matchers": {"cluster": f"c{i}"}}}
+                {
+                    "name": f"c{i}",
+                    "prometheus": {
+                        "url": url,
+                        "matchers": {"cluster": f"c{i}"},
+                        "push_interval": "10s",  # its scrape interval here
+                    },
+                }
                 for i in range(clusters)
             ],
             "prometheus_queries": {"window": "60s"},
         }
     )
-    sources = []
-    for cluster in settings.clusters:
-        assert cluster.prometheus is not None
-        sources.append(
-            PrometheusQuerySource(
-                cluster, cluster.prometheus, settings.prometheus_queries, settings.scrape, session
-            )
-        )
+    sources = [
+        prometheus_source(cluster, settings.prometheus_queries, settings.scrape, session)
+        for cluster in settings.clusters
+    ]
     first = await sources[0].fetch()
     assert first.kv_mean is not None and not first.errors, first
     idle_start, idle_cpu = time.perf_counter(), cpu_seconds(pid)

@@ -304,6 +304,10 @@ class PrometheusQuerySource:
     def queries(self) -> Mapping[str, str]:
         return self._querier.queries
 
+    @property
+    def querier(self) -> Querier:
+        return self._querier
+
     async def fetch(self) -> ClusterMetrics:
         started, began = self._clock(), time.perf_counter()
         answers = await self._querier.answers(self._value)
