@@ -13,6 +13,7 @@ from controller.logs import mask_url
 from controller.render import health_words
 
 STATE_PATH = "/debug/state"
+DISCOVERED_SHOWN = 8
 
 
 async def fetch_state(base_url: str, seconds: float = 5.0) -> dict[str, Any]:
@@ -88,6 +89,13 @@ def render(state: dict[str, Any], now: float | None = None, explain: bool = Fals
         )
     lines += _table(rows)
     for name, c in sorted(state["clusters"].items()):
+        found = c.get("discovered_pods")
+        if found is not None:  # pods found by discovery, not listed: which ones, now
+            shown = ", ".join(mask_url(str(u)) for u in found[:DISCOVERED_SHOWN])
+            more = (
+                f" (+{len(found) - DISCOVERED_SHOWN} more)" if len(found) > DISCOVERED_SHOWN else ""
+            )
+            lines.append(f"  {name}: {len(found)} pods discovered: {shown or '-'}{more}")
         for error in c.get("errors") or []:  # which pod failed, and how (URLs masked)
             url = mask_url(str(error.get("url")))
             lines.append(f"  {name}: {url}: {error.get('reason')}: {error.get('detail')}")

@@ -242,7 +242,8 @@ class TargetDiscovery:
         return self._mapping(await self._list(objects.EXTERNAL_PROVIDER, namespace, False))
 
     def _mapping(self, providers: list[dict[str, Any]]) -> ProviderMapping:
-        mapping = objects.map_providers(providers, self._configured, self._refuse)
+        tokens = self._kube.annotation_urls.tokens
+        mapping = objects.map_providers(providers, self._configured, self._refuse, tokens)
         for problem in mapping.problems:
             self._problem("ignoring provider annotations", ("provider", problem), problem=problem)
         return mapping

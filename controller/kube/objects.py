@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import ValidationError
@@ -34,6 +35,8 @@ CLUSTER_ANNOTATION = f"{DOMAIN}/cluster"
 VLLM_URLS_ANNOTATION = f"{DOMAIN}/vllm-metrics-urls"
 EPP_URL_ANNOTATION = f"{DOMAIN}/epp-metrics-url"
 MODEL_NAME_ANNOTATION = f"{DOMAIN}/model-name"
+TOKEN_ANNOTATION = f"{DOMAIN}/bearer-token"  # a name from kubernetes.annotation_urls.tokens
+EPP_TOKEN_ANNOTATION = f"{DOMAIN}/epp-bearer-token"
 PAUSE_ANNOTATION = f"{DOMAIN}/pause"
 PIN_ANNOTATION = f"{DOMAIN}/pin"
 
@@ -225,6 +228,7 @@ def map_providers(
     providers: Sequence[Mapping[str, Any]],
     configured: set[str],
     refuse: Callable[[str], str | None] = lambda url: None,
+    tokens: Mapping[str, Path] | None = None,
 ) -> ProviderMapping:
     """Provider name → cluster. ``refuse`` says why a metrics URL from an annotation may not
     be fetched (see ``controller.addresses``); such a provider defines no cluster, is a
@@ -239,7 +243,10 @@ def map_providers(
             clusters[name] = annotations[CLUSTER_ANNOTATION]
         elif VLLM_URLS_ANNOTATION in annotations or EPP_URL_ANNOTATION in annotations:
             try:
-                cluster = cluster_from_annotations(name, annotations)
+                cluster = cluster_from_annotations(name, annotations, tokens or {})
+            except UnknownTokenError as exc:
+                problems.append(f"ExternalProvider {name}: {exc}")
+                continue
             except ValidationError as exc:
                 reason = "; ".join(e["msg"] for e in exc.errors(include_url=False))
                 problems.append(f"ExternalProvider {name}: bad metrics annotations: {reason}")
@@ -258,14 +265,40 @@ def map_providers(
     return ProviderMapping(clusters, tuple(defined), tuple(problems))
 
 
-def cluster_from_annotations(name: str, annotations: Mapping[str, str]) -> ClusterSettings:
+class UnknownTokenError(ValueError):
+    """An annotation names a token the operator did not make available."""
+
+
+def cluster_from_annotations(
+    name: str, annotations: Mapping[str, str], tokens: Mapping[str, Path]
+) -> ClusterSettings:
+    """A cluster an ExternalProvider defines. Its tokens are named, never given as paths: only
+    files the operator listed in ``kubernetes.annotation_urls.tokens`` can be sent, and over
+    plain http only to Services of this cluster (``token_over_cluster_network``)."""
     urls = annotations.get(VLLM_URLS_ANNOTATION, "").replace(",", " ").split()
+    files: dict[str, Path] = {}
+    for setting, key in (
+        ("bearer_token_file", TOKEN_ANNOTATION),
+        ("epp_bearer_token_file", EPP_TOKEN_ANNOTATION),
+    ):
+        wanted = annotations.get(key, "").strip()
+        if not wanted:
+            continue
+        if wanted not in tokens:
+            known = ", ".join(sorted(tokens)) or "none"
+            raise UnknownTokenError(
+                f"{key} names token {wanted[:64]!r}, which kubernetes.annotation_urls.tokens "
+                f"does not define (defined: {known})"
+            )
+        files[setting] = tokens[wanted]
     return ClusterSettings.model_validate(
         {
             "name": name,
             "vllm_urls": urls,
             "epp_url": annotations.get(EPP_URL_ANNOTATION) or None,
             "model_name": annotations.get(MODEL_NAME_ANNOTATION) or None,
+            **files,
+            "token_over_cluster_network": bool(files),
         }
     )
 

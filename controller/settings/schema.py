@@ -577,6 +577,13 @@ class AnnotationURLSettings(_Group):
         description="Allow loopback URLs (127.0.0.0/8, ::1, localhost): for local runs and "
         "tests only, never in a cluster.",
     )
+    tokens: dict[str, Path] = Field(
+        default_factory=dict,
+        description="Token files an ExternalProvider's annotations may name (…/bearer-token, "
+        "…/epp-bearer-token: a name from here, never a path), mounted from Secrets like a "
+        "configured cluster's. An annotation cannot make the controller send any other file, "
+        "its own service-account token included.",
+    )
 
     @field_validator("allow")
     @classmethod

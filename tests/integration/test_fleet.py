@@ -224,6 +224,31 @@ async def test_pods_behind_a_headless_name_come_and_go_without_a_restart(
     assert [e.reason for e in blind.errors] == [Reason.DISCOVERY]
 
 
+def test_status_lists_the_pods_discovery_found() -> None:
+    from controller.status import render
+
+    found = [f"http://10.0.0.{i}:8000/metrics" for i in range(10)]
+    cluster = {
+        "vram_utilization": 0.3,
+        "vram_utilization_max": 0.3,
+        "queue_depth": 0.0,
+        "latency_p50_seconds": None,
+        "latency_p90_seconds": None,
+        "pods_answering": 10,
+        "pods_scraped": 10,
+        "healthy": True,
+        "degraded": False,
+        "reason": None,
+        "weight": 100,
+        "discovered_pods": found,
+        "errors": [],
+    }
+    state = {"ticks": 1, "leader": True, "clusters": {"a": cluster}, "targets": {}}
+    table = render(state, now=0)
+    assert "a: 10 pods discovered: http://10.0.0.0:8000/metrics" in table
+    assert "(+2 more)" in table
+
+
 async def test_no_record_at_all_is_no_pods(nameserver: DNSServer) -> None:
     discovery = {"dns": "gone.llm.svc", "nameserver": nameserver.address}
     settings = settings_for([{"name": "a", "pods": discovery}])
