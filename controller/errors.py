@@ -5,6 +5,7 @@ WeightControllerError
 └── ScrapeError            one page could not be turned into samples; carries a Reason
     ├── ScrapeTimeoutError
     ├── ScrapeConnectError
+    │   └── ScrapeRefusedError
     ├── ScrapeHTTPStatusError
     ├── ScrapeTooLargeError
     └── ScrapeParseError
@@ -44,6 +45,13 @@ class ScrapeTimeoutError(ScrapeError):
 
 class ScrapeConnectError(ScrapeError):
     reason = Reason.CONNECT
+
+
+class ScrapeRefusedError(ScrapeConnectError):
+    """The connection was refused: the host is there and nothing listens on the port (the
+    server process is gone), unlike a timeout, which may be a slow network."""
+
+    reason = Reason.REFUSED
 
 
 class ScrapeHTTPStatusError(ScrapeError):

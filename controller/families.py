@@ -23,6 +23,10 @@ VLLM_KV = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 VLLM_WAITING = "vllm:num_requests_waiting"
 VLLM_RUNNING = "vllm:num_requests_running"
 VLLM_E2E = "vllm:e2e_request_latency_seconds"
+# Each engine's KV pool: an info-style gauge whose labels are the CacheConfig's fields
+# (num_gpu_blocks, block_size, …; V1 adds engine). What a pod can hold is num_gpu_blocks ×
+# block_size tokens (vllm/v1/metrics/loggers.py, log_metrics_info).
+VLLM_CACHE_INFO = "vllm:cache_config_info"
 
 EPP_LATENCY = (
     "llm_d_epp_request_duration_seconds",
@@ -50,7 +54,7 @@ EPP_READY = ("llm_d_epp_ready_endpoints", "inference_pool_ready_pods")
 # registry does not): a page whose start time alternates is several processes behind one URL.
 PROCESS_START = "process_start_time_seconds"
 
-VLLM_GAUGES = (*VLLM_KV, VLLM_WAITING, VLLM_RUNNING, PROCESS_START)
+VLLM_GAUGES = (*VLLM_KV, VLLM_WAITING, VLLM_RUNNING, VLLM_CACHE_INFO, PROCESS_START)
 VLLM_HISTOGRAMS = (VLLM_E2E,)
 EPP_GAUGES = (*EPP_KV, *EPP_QUEUE, *EPP_RUNNING, *EPP_READY, *EPP_REQUESTS, PROCESS_START)
 EPP_HISTOGRAMS = EPP_LATENCY

@@ -2,7 +2,9 @@
 
 - A fetch is *good* when enough pods answered, the KV-cache signal is known and fresh.
 - A healthy cluster turns unhealthy after ``failures_to_unhealthy`` bad fetches in a row, or at
-  once when its data are stale; until then weighting keeps using its last good signals.
+  once when its data are stale or every page refused the connection (nothing listens: the
+  servers are gone, and every request sent there fails); until then weighting keeps using its
+  last good signals. A timeout may be a slow network, so it waits for the second.
 - An unhealthy cluster turns healthy again only after ``successes_to_healthy`` good fetches.
 - At start-up there is no history to distrust: the first good fetch makes a cluster healthy,
   the first bad one unhealthy.
@@ -53,7 +55,17 @@ def judge(
     degraded = reason is None and (metrics.pods_answering < metrics.pods_scraped)
     if reason is None:
         return _after_success(previous, metrics, settings, degraded)
-    return _after_failure(previous, reason, settings, now)
+    return _after_failure(previous, reason, settings, now, refused=all_refused(metrics))
+
+
+def all_refused(metrics: ClusterMetrics) -> bool:
+    """No page answered and every one refused the connection."""
+    errors = metrics.errors
+    return (
+        metrics.pods_answering == 0
+        and bool(errors)
+        and all(e.reason is Reason.REFUSED for e in errors)
+    )
 
 
 def _after_success(
@@ -72,7 +84,11 @@ def _after_success(
 
 
 def _after_failure(
-    previous: ClusterHealth | None, reason: Reason, settings: HealthSettings, now: float
+    previous: ClusterHealth | None,
+    reason: Reason,
+    settings: HealthSettings,
+    now: float,
+    refused: bool = False,
 ) -> ClusterHealth:
     failures = previous.failures + 1 if previous else 1
     if previous is None or not previous.healthy:
@@ -80,7 +96,7 @@ def _after_failure(
     held = previous.metrics
     if held is not None and _age(held, now) > settings.max_staleness:
         reason = Reason.STALE
-    if reason is Reason.STALE or failures >= settings.failures_to_unhealthy:
+    if reason is Reason.STALE or refused or failures >= settings.failures_to_unhealthy:
         return ClusterHealth(False, reason, failures, 0, False, True, None)
     # Still healthy on the strength of the last good fetch; weighting keeps using it.
     return ClusterHealth(True, reason, failures, 0, True, False, held)

@@ -12,6 +12,7 @@ class Reason(StrEnum):
 
     TIMEOUT = "timeout"
     CONNECT = "connect"
+    REFUSED = "refused"  # the host answered and nothing listens there: the process is gone
     HTTP_STATUS = "http_status"
     REDIRECT = "redirect"
     PARSE = "parse"
@@ -26,6 +27,15 @@ class Reason(StrEnum):
     LOAD_BALANCED = "load_balanced"  # one URL answers as several processes (a Service, an LB)
     DISCOVERY = "discovery"  # the cluster's pods could not be looked up
     INTERNAL = "internal"
+
+
+class CapacityFrom(StrEnum):
+    """Where a cluster's capacity came from; shown in explain and /debug/state."""
+
+    KV_BLOCKS = "kv_blocks"  # Σ num_gpu_blocks × block_size of the pods (vllm:cache_config_info)
+    KV_TOKENS_PER_POD = "kv_tokens_per_pod"  # the EPP's ready endpoints × the configured size
+    READY_ENDPOINTS = "ready_endpoints"  # the EPP's ready endpoints, in pods
+    PODS = "pods"  # the pods that answered
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,10 +86,12 @@ class ClusterMetrics:
     # Requests that arrived since the previous fetch, where the source counts arrivals itself
     # (the EPP's request counter); realised share prefers it to completions.
     arrived: float | None = None
-    # What the cluster can hold, where the source knows better than the pods that answered
-    # (the EPP's ready endpoints), and where that came from; None: its pods answering.
-    capacity: float | None = None
-    capacity_from: str | None = None
+    # Pods the source says can serve (the EPP's ready endpoints); None: the pods that answered.
+    ready: float | None = None
+    # KV-cache tokens the cluster holds (its pods' num_gpu_blocks × block_size, summed; or ready
+    # endpoints × kv_tokens_per_pod), and where that came from; None: unknown.
+    kv_tokens: float | None = None
+    kv_tokens_from: str | None = None
     # The pod URLs discovery found this tick (None: the pods are listed in the config).
     discovered: tuple[str, ...] | None = None
 
@@ -104,10 +116,15 @@ class Signals:
     queue_per_pod: float | None = None
     latency: float | None = None  # the quantile weights.latency_quantile names
     # For the capacity law: utilization counting the queue ((running + waiting) / running × KV),
-    # as read now and filtered over recent scrapes, and what the cluster can hold (pods).
+    # as read now and filtered over recent scrapes, and what the cluster can hold: ``capacity``
+    # in the unit its target weighs by (KV tokens when every cluster says, else pods), where
+    # that came from (``CapacityFrom``), and both units as known.
     utilization: float | None = None
     demand: float | None = None
     capacity: float | None = None
+    capacity_from: str | None = None
+    pods: float | None = None
+    kv_tokens: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +168,7 @@ class Decision:
     notes: tuple[str, ...] = field(default=())
     scores: Mapping[str, float] = field(default_factory=dict)  # healthy ones: why this weight
     factors: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # the score's parts
+    capacity_from: Mapping[str, str] = field(default_factory=dict)  # healthy ones (CapacityFrom)
     law: str = field(default="capacity", kw_only=True)  # weights.law in force
 
 

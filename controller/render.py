@@ -163,10 +163,9 @@ CLUSTER: tuple[Column, ...] = (
         log="reason",
     ),
     Column("capacity", lambda v: _m(v, signals.capacity)),
-    Column(
-        "capacity_from",
-        lambda v: _m(v, lambda m: m.capacity_from or ("pods" if m.pods_answering else None)),
-    ),
+    Column("capacity_from", lambda v: _m(v, signals.capacity_from)),
+    Column("pods", lambda v: _m(v, signals.pods)),
+    Column("kv_tokens", lambda v: _m(v, lambda m: m.kv_tokens)),
     Column(
         "discovered_pods",
         lambda v: _m(v, lambda m: list(m.discovered) if m.discovered is not None else None),
@@ -211,6 +210,7 @@ REF: tuple[RefColumn, ...] = (
     ),
     RefColumn("goal", _decided(lambda o, ref: o.decision.goal.get(ref))),
     RefColumn("factors", _decided(lambda o, ref: dict(o.decision.factors.get(ref, {})) or None)),
+    RefColumn("capacity_from", _decided(lambda o, ref: o.decision.capacity_from.get(ref))),
     RefColumn(
         "realised",
         lambda view, ref: view.realised.get(ref),

@@ -9,8 +9,10 @@ memory carried from tick to tick (``SignalMemory``):
   ``weights.demand_smoothing``), started afresh after an outage;
 - *kv*: the newest KV use, or with ``weights.forecast_horizon`` its value that far ahead on the
   line through the last ``FORECAST_POINTS`` good readings (only when rising);
-- *capacity*: what the source says the cluster holds (the EPP's ready endpoints), else the
-  pods that answered.
+- *capacity*: what the cluster holds: its KV-cache tokens where its pages say (each pod's
+  ``vllm:cache_config_info``, or the EPP's ready endpoints × ``kv_tokens_per_pod``), else its
+  pods (the EPP's ready endpoints, or the pods that answered). ``weights.weigh`` puts a
+  target's clusters on one of the two units (``on_one_basis``).
 
 The loop keeps one ``SignalMemory`` per cluster and calls ``remember`` after judging each fetch
 and ``derive`` before weighing; the simulator's baselines use ``current`` (no memory).
@@ -18,10 +20,10 @@ and ``derive`` before weighing; the simulator's baselines use ``current`` (no me
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from controller.model import ClusterHealth, ClusterMetrics, Signals
+from controller.model import CapacityFrom, ClusterHealth, ClusterMetrics, Signals
 from controller.settings import WeightSettings
 
 # Readings the KV forecast fits its slope to: enough to average out noise, few enough to turn.
@@ -84,15 +86,52 @@ def current(health: ClusterHealth, quantile: str) -> Signals | None:
         latency=latency,
         utilization=utilization(metrics),
         capacity=capacity(metrics),
+        capacity_from=capacity_from(metrics),
+        pods=pods(metrics),
+        kv_tokens=metrics.kv_tokens,
     )
 
 
-def capacity(metrics: ClusterMetrics) -> float | None:
-    """What the cluster can hold: what its source says (the EPP's ready endpoints), else the
-    pods that answered."""
-    if metrics.capacity is not None:
-        return metrics.capacity
+def pods(metrics: ClusterMetrics) -> float | None:
+    """The pods serving: the EPP's ready endpoints where it says, else the pods that answered."""
+    if metrics.ready is not None:
+        return metrics.ready
     return float(metrics.pods_answering) if metrics.pods_answering else None
+
+
+def capacity(metrics: ClusterMetrics) -> float | None:
+    """What the cluster holds in its best-known unit: KV tokens, else pods."""
+    return metrics.kv_tokens if metrics.kv_tokens is not None else pods(metrics)
+
+
+def capacity_from(metrics: ClusterMetrics) -> str | None:
+    """Where ``capacity`` came from (a ``CapacityFrom`` value)."""
+    if metrics.kv_tokens is not None:
+        return metrics.kv_tokens_from or CapacityFrom.KV_BLOCKS
+    if metrics.ready is not None:
+        return CapacityFrom.READY_ENDPOINTS
+    return CapacityFrom.PODS if metrics.pods_answering else None
+
+
+def on_one_basis(healthy: Mapping[str, Signals]) -> tuple[dict[str, Signals], str | None]:
+    """``healthy`` with every capacity in one unit: KV tokens when every cluster knows its
+    own, else pods for all (a token count beside a pod count compares nothing), and a note
+    naming the clusters that made it pods."""
+    if all(s.kv_tokens is not None for s in healthy.values()):
+        return dict(healthy), None
+    result = {}
+    for name, s in healthy.items():
+        from_ = CapacityFrom.READY_ENDPOINTS if s.capacity_from in _READY else CapacityFrom.PODS
+        result[name] = replace(s, capacity=s.pods, capacity_from=from_)
+    known = sorted(n for n, s in healthy.items() if s.kv_tokens is not None)
+    if not known:
+        return result, None
+    unknown = sorted(n for n, s in healthy.items() if s.kv_tokens is None)
+    note = f"capacity in pods: {', '.join(unknown)} publish no KV pool (vllm:cache_config_info)"
+    return result, note
+
+
+_READY = (CapacityFrom.READY_ENDPOINTS, CapacityFrom.KV_TOKENS_PER_POD)
 
 
 def derive(

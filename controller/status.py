@@ -135,12 +135,14 @@ LAWS: dict[str, tuple[tuple[tuple[str, str, str], ...], str]] = {
     "capacity": (
         (
             ("CAPACITY", "capacity", ".0f"),
+            ("FROM", "capacity_from", "ref"),
             ("UTILIZATION", "utilization", ".2f"),
             ("CAP SHARE", "capacity_share", ".2f"),
             ("DEMAND SHARE", "demand_share", ".2f"),
         ),
-        "score = capacity share − demand share (above 0: room for more); realised/intended:"
-        " % of the target's requests served vs asked for; '-' for unhealthy or unmapped",
+        "score = capacity share − demand share (above 0: room for more); capacity in KV tokens"
+        " (from: kv_blocks, kv_tokens_per_pod) or pods (ready_endpoints, pods); realised/"
+        "intended: % of the target's requests served vs asked for; '-' for unhealthy or unmapped",
     ),
     "integral": (
         (
@@ -169,6 +171,13 @@ def _explain(targets: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _part(factors: dict[str, Any], ref: dict[str, Any], name: str, spec: str) -> str:
+    """One of a law's columns: a factor, or (``spec`` "ref") a fact of the ref itself."""
+    if spec == "ref":
+        return str(ref.get(name) or "-")
+    return _num(factors.get(name), spec)
+
+
 def _explain_law(
     targets: dict[str, Any], parts: tuple[tuple[str, str, str], ...], legend: str
 ) -> list[str]:
@@ -194,7 +203,7 @@ def _explain_law(
                     ref,
                     r["cluster"] or "(unmapped)",
                     _num(f.get("score"), ".3f"),
-                    *(_num(f.get(name), spec) for _, name, spec in parts),
+                    *(_part(f, r, name, spec) for _, name, spec in parts),
                     _num(r.get("goal"), ".1f"),
                     _num(r["desired"], "d"),
                     _num(r.get("realised"), ".1f"),

@@ -52,6 +52,7 @@ class SimCluster:
     epp_generation: Literal["llm-d", "gie"] = "llm-d"
     ready_endpoints: int | None = None  # what the EPP reports as ready (default: its pods)
     requests_per_second: float = 20.0
+    blocks: int | None = 2048  # each engine's KV pool (None: the pages publish no cache config)
     model: str = "meta-llama/Llama-3.1-8B-Instruct"
     seed: int = 0
     noise: float = 0.02  # ± jitter on each engine's KV reading, like a busy server's
@@ -108,11 +109,18 @@ class SimCluster:
         running = 8.0 * self.load()
         if self.style == "v0":
             value = round(self._engine_kv(pod.noise), 4)
-            return vllm_v0_page(self.model, value, self.waiting(), running, pod.histograms[0])
+            return vllm_v0_page(
+                self.model, value, self.waiting(), running, pod.histograms[0], blocks=self.blocks
+            )
         n = len(pod.histograms)
         kv = [round(self._engine_kv(pod.noise), 4) for _ in range(n)]
         return vllm_v1_page(
-            self.model, kv, [self.waiting() / n] * n, [running / n] * n, pod.histograms
+            self.model,
+            kv,
+            [self.waiting() / n] * n,
+            [running / n] * n,
+            pod.histograms,
+            blocks=self.blocks,
         )
 
     def epp_page(self, now: float) -> str:

@@ -41,6 +41,25 @@ class CumulativeHistogram:
         return out
 
 
+def cache_config(blocks: int, block_size: int, engine: str | None) -> list[str]:
+    """vLLM's ``vllm:cache_config_info``: an info-style gauge (always 1) whose labels are the
+    CacheConfig's fields, as strings (vllm/v1/metrics/loggers.py ``log_metrics_info``; V1 adds
+    ``engine``, and there is no ``model_name``). A subset of the real label set, as the V0
+    capture in ../shared/fixtures shows it."""
+    labels = (
+        f'block_size="{block_size}",cache_dtype="auto",enable_prefix_caching="True",'
+        f'gpu_memory_utilization="0.9",num_cpu_blocks="0",num_gpu_blocks="{blocks}",'
+        'num_gpu_blocks_override="None"'
+    )
+    if engine is not None:
+        labels += f',engine="{engine}"'
+    return [
+        "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig",
+        "# TYPE vllm:cache_config_info gauge",
+        f"vllm:cache_config_info{{{labels}}} 1.0",
+    ]
+
+
 def vllm_v1_page(
     model: str,
     kv: Sequence[float],
@@ -48,11 +67,18 @@ def vllm_v1_page(
     running: Sequence[float],
     e2e: Sequence[CumulativeHistogram],
     timestamp_ms: int | None = None,
+    blocks: int | None = 2048,
+    block_size: int = 16,
 ) -> str:
     """One vLLM V1 server with one series per data-parallel engine. ``timestamp_ms`` stamps the
-    gauges, as a caching or federating exporter would."""
+    gauges, as a caching or federating exporter would; ``blocks`` is each engine's KV pool
+    (``None``: a server that publishes no cache config)."""
     stamp = "" if timestamp_ms is None else f" {timestamp_ms}"
     lines: list[str] = []
+    if blocks is not None:
+        for engine in range(len(kv)):
+            block = cache_config(blocks, block_size, str(engine))
+            lines += block if engine == 0 else block[2:]
     for family, doc, values in (
         ("vllm:num_requests_running", "Number of requests in model execution batches.", running),
         ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", waiting),
@@ -76,14 +102,18 @@ def vllm_v0_page(
     running: float,
     e2e: CumulativeHistogram | None = None,
     timestamp_ms: int | None = None,
+    blocks: int | None = 2048,
+    block_size: int = 16,
 ) -> str:
     """An older vLLM (V0): no engine label, the KV gauge under its deprecated name."""
     label = f'model_name="{model}"'
     stamp = "" if timestamp_ms is None else f" {timestamp_ms}"
     latency = [] if e2e is None else e2e.lines("vllm:e2e_request_latency_seconds", label)
+    info = [] if blocks is None else cache_config(blocks, block_size, None)
     return (
         "\n".join(
             [
+                *info,
                 "# HELP vllm:num_requests_running Number of requests currently running on GPU.",
                 "# TYPE vllm:num_requests_running gauge",
                 f"vllm:num_requests_running{{{label}}} {running}{stamp}",
@@ -113,15 +143,17 @@ def epp_page(
     ready: int = 1,
     running: float = 0.0,
     generation: str = "llm-d",
+    requests: float | None = None,
 ) -> str:
     """An EPP's page: its request-duration histogram, request counter and pool gauges.
 
     ``generation`` ``llm-d`` is llm-d-router >= 0.9 (``llm_d_epp_*``, and the ``inference_pool_*``
     twins it still emits, marked deprecated); ``gie`` is the Gateway API Inference Extension
     >= 1.1 (``inference_objective_*`` and ``inference_pool_*`` only). Label sets as upstream's
-    golden test files (``../shared/fixtures``). ``running`` is the average per endpoint."""
+    golden test files (``../shared/fixtures``). ``running`` is the average per endpoint;
+    ``requests`` the request counter (requests received; default: the histogram's count)."""
     name = f'name="{pool}"'
-    requests = latency.total
+    requests = latency.total if requests is None else requests
     if generation == "gie":
         labels = f'model_name="{model}",target_model_name="{model}"'
         lines = latency.lines("inference_objective_request_duration_seconds", labels)

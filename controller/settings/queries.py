@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from controller.families import (
     EPP_LATENCY,
+    VLLM_CACHE_INFO,
     VLLM_E2E,
     VLLM_KV,
     VLLM_PREFIX,
@@ -73,6 +74,14 @@ class PrometheusQueries(BaseModel):
         default=f"count by ($by) (count by (job, instance$and_by) "
         f"(last_over_time({any_series(VLLM_KV)}[$lookback])))",
         description="Pods reporting KV-cache use.",
+    )
+    kv_pools: str = Field(
+        default=f"count by (job, instance, num_gpu_blocks, block_size$and_by) "
+        f"(last_over_time({series(VLLM_CACHE_INFO)}[$lookback]))",
+        description="Engines by pod and KV pool (vllm:cache_config_info's num_gpu_blocks "
+        "and block_size labels; PromQL cannot read a label as a number, so the controller "
+        "sums engines × blocks × block size). Fewer pods here than pods reporting KV: "
+        "capacity in pods.",
     )
     queue: str = Field(
         default=f"sum by ($by) (last_over_time({series(VLLM_WAITING)}[$lookback]))",

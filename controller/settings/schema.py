@@ -263,6 +263,14 @@ class ClusterSettings(_Group):
     timeout: Duration | None = Field(
         default=None, description="Per-request timeout for this cluster; scrape.timeout if unset."
     )
+    kv_tokens_per_pod: int | None = Field(
+        default=None,
+        gt=0,
+        description="KV-cache tokens one pod holds (num_gpu_blocks × block_size), for a "
+        "cluster whose pages do not say: read through its EPP alone, its capacity is then "
+        "ready endpoints × this, comparable with clusters whose pods publish "
+        "vllm:cache_config_info. Unset: capacity in pods.",
+    )
     pods: PodDiscovery | None = Field(
         default=None,
         description="Discover the vLLM pods (DNS of a headless Service, or EndpointSlices) "

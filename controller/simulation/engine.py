@@ -126,8 +126,11 @@ class _World:
         trace = self.trace
         for name, cluster in self.clusters.items():
             if cluster.alive:
+                before = len(self._done)
                 for replica in cluster.replicas:
                     replica.step(t, DT, self._done)
+                for _, latency in self._done[before:]:
+                    cluster.epp.observe(latency)
             trace.kv[name].append(cluster.kv if cluster.alive else 0.0)
             trace.waiting[name].append(cluster.waiting if cluster.alive else 0)
             trace.alive[name].append(cluster.alive)
@@ -214,7 +217,10 @@ async def _tick(
     policy: Policy,
     trace: Trace,
 ) -> None:
-    metrics = {n: readers[n].read(scraper.pages(c, t), None, t, 0.0) for n, c in clusters.items()}
+    metrics = {
+        n: readers[n].read(scraper.pages(c, t), scraper.epp(c, t), t, 0.0)
+        for n, c in clusters.items()
+    }
     published = await policy.tick(t, metrics)
     trace.ticks.append(t)
     for name, cluster in clusters.items():

@@ -19,6 +19,7 @@ from controller.simulation.engine import Trace, run
 from controller.simulation.policies import Naive, Ours, Policy, Proportional, Static
 from controller.simulation.scenarios import SCENARIOS, Scenario
 from controller.simulation.scores import Scores, score
+from controller.simulation.world import epp_url, pod_urls
 
 POLICIES = ("ours", "integral", "proportional", "naive", "static")
 SEEDS = (1, 2, 3, 4, 5)
@@ -59,10 +60,9 @@ class Outcome:
 def sim_settings(scenario: Scenario, interval: float, overrides: Mapping[str, object]) -> Settings:
     """Settings for ``scenario``'s clusters: the shipped defaults plus ``overrides``."""
     clusters = [
-        {
-            "name": c.name,
-            "vllm_urls": [f"http://{c.name}-pod-{i}:8000/metrics" for i in range(c.replicas)],
-        }
+        {"name": c.name, "epp_url": epp_url(c.name)}
+        if c.read == "epp"
+        else {"name": c.name, "vllm_urls": pod_urls(c)}
         for c in scenario.clusters
     ]
     return build_settings(

@@ -8,6 +8,7 @@ with the scenario's request lengths (not assumed). Every scenario runs 30 simula
 from __future__ import annotations
 
 import functools
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -53,6 +54,14 @@ class Scenario:
 
 DEFAULT_REPLICA = ReplicaSpec()
 DEFAULT_LENGTHS = Lengths()
+# Unequal hardware for the same model: an 80 GB card holds 4× the default's KV blocks, batches
+# twice as many sequences, decodes ~1.5× and prefills 2.5× as fast; a 48 GB one sits between.
+BIG_GPU = ReplicaSpec(
+    num_gpu_blocks=8192, max_num_seqs=256, itl_base=0.008, itl_per_seq=0.0001, prefill_rate=20000
+)
+MID_GPU = ReplicaSpec(
+    num_gpu_blocks=4096, max_num_seqs=192, itl_base=0.010, itl_per_seq=0.00015, prefill_rate=12000
+)
 
 
 @functools.cache
@@ -136,6 +145,11 @@ def bursty(base: float, seed: str) -> Rate:
     """``base`` with bursts: for 20 s in every 2 minutes (at a seeded offset) 1.5× the rate."""
     offset = random.Random(seed).uniform(0, 120)
     return lambda t: base * (1.5 if (t + offset) % 120 < 20 else 1.0)
+
+
+def daily(low: float, high: float, period: float) -> Rate:
+    """A day's curve squeezed into ``period``: ``low`` at the start and end, ``high`` halfway."""
+    return lambda t: low + (high - low) * 0.5 * (1.0 - math.cos(2.0 * math.pi * t / period))
 
 
 def three(replicas: int = 2) -> list[ClusterSpec]:
@@ -272,6 +286,63 @@ def rename() -> Scenario:
     )
 
 
+def gpus() -> list[ClusterSpec]:
+    return [
+        ClusterSpec("h100", 2, BIG_GPU),
+        ClusterSpec("l40s", 2, MID_GPU),
+        ClusterSpec("a10", 2),
+    ]
+
+
+def unequal_gpus() -> Scenario:
+    clusters = gpus()
+    return Scenario(
+        "unequal-gpus",
+        "2 pods each on 80, 48 and 24 GB GPUs (4×, 2× and 1× the KV, faster decode) at 60%",
+        clusters,
+        constant(rate_for(0.6, *clusters)),
+        hot="a10",
+    )
+
+
+def local_heavy() -> Scenario:
+    a, b, c = three()
+    extra = 0.6 * b.replicas * capacity(b.replica)
+    return Scenario(
+        "local-heavy",
+        "three equal clusters, 50% routed; b also serves local traffic worth 60% of it, always",
+        [a, replace(b, local=constant(extra)), c],
+        constant(rate_for(0.5, a, b, c)),
+        hot="b",
+    )
+
+
+def daily_curve() -> Scenario:
+    clusters = [ClusterSpec("h100", 2, BIG_GPU), ClusterSpec("a", 2), ClusterSpec("b", 4)]
+    total = rate_for(1.0, *clusters)
+    return Scenario(
+        "daily",
+        "80 GB GPUs beside 2 and 4 pods of 24 GB; load from 30% to 95% and back over the run",
+        clusters,
+        daily(0.3 * total, 0.95 * total, DURATION),
+    )
+
+
+def epp_only() -> Scenario:
+    clusters = [
+        ClusterSpec("small", 2, read="epp"),
+        ClusterSpec("medium", 4, read="epp"),
+        ClusterSpec("large", 8, read="epp"),
+    ]
+    return Scenario(
+        "epp-only",
+        "heterogeneous (2, 4, 8 pods) read only through each EPP's pool averages, at 60%",
+        clusters,
+        constant(rate_for(0.6, *clusters)),
+        hot="small",
+    )
+
+
 def at_delay(make: Callable[[], Scenario], delay: float) -> Callable[[], Scenario]:
     def scenario() -> Scenario:
         base = make()
@@ -292,6 +363,14 @@ BASE = (
     flapping,
     noisy_stale,
     rename,
+    unequal_gpus,
+    local_heavy,
+    daily_curve,
+    epp_only,
 )
-DELAYED = tuple(at_delay(m, d) for m in (heterogeneous, spike, hot_hard) for d in (5.0, 30.0))
+DELAYED = tuple(
+    at_delay(m, d)
+    for m in (heterogeneous, spike, hot_hard, unequal_gpus, local_heavy, daily_curve, epp_only)
+    for d in (5.0, 30.0)
+)
 SCENARIOS: dict[str, Callable[[], Scenario]] = {s().name: s for s in (*BASE, *DELAYED)}

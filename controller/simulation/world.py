@@ -7,10 +7,14 @@
 - Inside a cluster the endpoint picker sends each request to the replica with the shortest
   queue, then the lowest KV use (the EPP's queue and KV-cache scorers).
 - A dead cluster loses what it was serving and every request sent to it until it returns.
-- Each scrape renders the replicas' real /metrics pages (vLLM V1 or V0 style) as they were a
-  moment ago (``scrape_age``: gauges lag by up to that much), optionally with extra noise,
-  failures or a frozen exporter, so the controller reads the world only through its own
-  extractor and PageReader.
+- Each scrape renders the replicas' real /metrics pages (vLLM V1 or V0 style, each with its
+  ``vllm:cache_config_info``) as they were a moment ago (``scrape_age``: gauges lag by up to
+  that much), optionally with extra noise, failures or a frozen exporter, so the controller
+  reads the world only through its own extractor and PageReader. A cluster read through its
+  EPP (``read="epp"``) renders the EPP's page instead: the pool's averages over its replicas
+  (refreshed every ``EPP_REFRESH`` seconds, as llm-d-router's datalayer logger does), its
+  ready endpoints, its request counter (every arrival, routed or local) and its
+  request-duration histogram.
 """
 
 from __future__ import annotations
@@ -22,12 +26,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from controller.fakes.pages import vllm_v0_page, vllm_v1_page
+from controller.fakes.pages import CumulativeHistogram, epp_page, vllm_v0_page, vllm_v1_page
 from controller.model import PodError, Reason
 from controller.simulation.vllm import Replica, ReplicaSpec, Request
-from controller.sources.pages import VLLM_EXTRACTOR, Page, read_page
+from controller.sources.pages import EPP_EXTRACTOR, VLLM_EXTRACTOR, Page, read_page
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+POOL = "vllm-llama"
+# The EPP recomputes its pool averages this often (llm-d-router pkg/epp/datalayer/logger).
+EPP_REFRESH = 5.0
 Rate = Callable[[float], float]
 
 
@@ -65,6 +72,7 @@ class ClusterSpec:
     replica: ReplicaSpec = field(default_factory=ReplicaSpec)
     style: Literal["v1", "v0"] = "v1"
     local: Rate = field(default_factory=lambda: constant(0.0))
+    read: Literal["pods", "epp"] = "pods"  # how the controller sees it
 
 
 @dataclass
@@ -79,6 +87,8 @@ class Cluster:
     frozen: list[Page | PodError] | None = None
     lost: int = 0
     received: int = 0  # routable requests that arrived here (the realised share)
+    arrived: int = 0  # every request that arrived here, local ones too (the EPP's counter)
+    epp: CumulativeHistogram = field(default_factory=CumulativeHistogram)  # its durations
     history: deque[tuple[float, list[tuple[float, int, int]]]] = field(default_factory=deque)
 
     @classmethod
@@ -97,6 +107,7 @@ class Cluster:
     def offer(self, request: Request) -> None:
         if request.routed:
             self.received += 1
+        self.arrived += 1
         if not self.alive:
             self.lost += 1
             return
@@ -126,11 +137,42 @@ class Scraper:
     def __init__(self, rng: random.Random) -> None:
         self._rng = rng
 
+    def epp(self, cluster: Cluster, now: float) -> Page | PodError | None:
+        """The EPP's page of a cluster read through it (``None`` for one read by its pods):
+        pool averages as of the EPP's last refresh, which itself read gauges a moment old."""
+        spec = cluster.spec
+        if spec.read != "epp":
+            return None
+        url = epp_url(spec.name)
+        if not cluster.alive:
+            return PodError(url, Reason.REFUSED, "connection refused")
+        if cluster.scrape_failure_rate and self._rng.random() < cluster.scrape_failure_rate:
+            return PodError(url, Reason.TIMEOUT, "no answer in time")
+        refreshed = now - now % EPP_REFRESH
+        gauges = cluster.gauges_at(refreshed - self._rng.uniform(0.0, cluster.scrape_age))
+        n = len(gauges)
+        kv = sum(g[0] for g in gauges) / n
+        if cluster.noise:
+            kv = min(1.0, max(0.0, kv + self._rng.gauss(0.0, cluster.noise)))
+        text = epp_page(
+            MODEL,
+            POOL,
+            round(kv, 4),
+            sum(g[1] for g in gauges) / n,
+            cluster.epp,
+            ready=n,
+            running=sum(g[2] for g in gauges) / n,
+            requests=cluster.arrived,
+        )
+        return read_page(url, text, EPP_EXTRACTOR)
+
     def pages(self, cluster: Cluster, now: float) -> list[Page | PodError]:
         spec = cluster.spec
-        urls = [f"http://{spec.name}-pod-{i}:8000/metrics" for i in range(spec.replicas)]
+        if spec.read == "epp":
+            return []
+        urls = pod_urls(spec)
         if not cluster.alive:
-            return [PodError(u, Reason.CONNECT, "connection refused") for u in urls]
+            return [PodError(u, Reason.REFUSED, "connection refused") for u in urls]
         if cluster.frozen is not None:
             return cluster.frozen
         if cluster.scrape_failure_rate and self._rng.random() < cluster.scrape_failure_rate:
@@ -147,7 +189,7 @@ class Scraper:
         gauges = cluster.gauges_at(now)
         cluster.frozen = [
             read_page(
-                f"http://{spec.name}-pod-{i}:8000/metrics",
+                pod_urls(spec)[i],
                 self._text(cluster, i, gauges[i], int(now * 1000)),
                 VLLM_EXTRACTOR,
             )
@@ -165,9 +207,22 @@ class Scraper:
         if cluster.noise:
             kv = min(1.0, max(0.0, kv + self._rng.gauss(0.0, cluster.noise)))
         replica = cluster.replicas[pod]
+        blocks, size = replica.spec.num_gpu_blocks, replica.spec.block_size
         if cluster.style == "v0":
-            return vllm_v0_page(MODEL, round(kv, 4), waiting, running, replica.e2e, stamp)
-        return vllm_v1_page(MODEL, [round(kv, 4)], [waiting], [running], [replica.e2e], stamp)
+            return vllm_v0_page(
+                MODEL, round(kv, 4), waiting, running, replica.e2e, stamp, blocks, size
+            )
+        return vllm_v1_page(
+            MODEL, [round(kv, 4)], [waiting], [running], [replica.e2e], stamp, blocks, size
+        )
+
+
+def pod_urls(spec: ClusterSpec) -> list[str]:
+    return [f"http://{spec.name}-pod-{i}:8000/metrics" for i in range(spec.replicas)]
+
+
+def epp_url(name: str) -> str:
+    return f"http://{name}-epp:9090/metrics"
 
 
 class Arrivals:

@@ -22,6 +22,7 @@ from controller.errors import (
     ScrapeError,
     ScrapeHTTPStatusError,
     ScrapeRedirectError,
+    ScrapeRefusedError,
     ScrapeTimeoutError,
     ScrapeTooLargeError,
     ScrapeTruncatedError,
@@ -156,9 +157,17 @@ async def _request(
         detail = f"body cut short or badly encoded: {type(exc).__name__}"
         raise ScrapeTruncatedError(url, detail) from exc
     except (aiohttp.ClientConnectionError, OSError) as exc:
+        if _refused(exc):
+            raise ScrapeRefusedError(url, f"connection refused: {exc}") from exc
         raise ScrapeConnectError(url, f"{type(exc).__name__}: {exc}") from exc
     except aiohttp.ClientError as exc:
         raise ScrapeError(url, f"{type(exc).__name__}: {exc}") from exc
+
+
+def _refused(exc: BaseException) -> bool:
+    """ECONNREFUSED, raised as itself or inside aiohttp's connector error."""
+    cause = getattr(exc, "os_error", exc)
+    return isinstance(cause, ConnectionRefusedError)
 
 
 async def _status_detail(response: aiohttp.ClientResponse) -> str:

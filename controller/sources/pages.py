@@ -7,9 +7,11 @@ two scrapes, never from since-start totals) and each URL's identity (one URL mus
 process; a load-balanced URL is named as such).
 
 - vLLM pods: KV use is the mean (and max) over every pod and engine, one series per engine,
-  never summed; queue and running requests are summed; capacity is the pods that answered.
+  never summed; queue and running requests are summed; what the cluster holds is the sum of
+  its pods' KV pools (``vllm:cache_config_info``) when every answering pod publishes one.
 - The EPP alone: the pool's averages (KV, queue and running per endpoint), its ready endpoints
-  as capacity, its request counter as arrivals. An EPP with 0 ready endpoints has no fresh pod
+  (times ``kv_tokens_per_pod`` where the operator knows a pod's pool), its request counter as
+  arrivals. An EPP with 0 ready endpoints has no fresh pod
   and its averages are frozen: stale, never idle.
 - Latency: the EPP's request-duration histogram (newest name first), else vLLM's e2e one.
 """
@@ -33,6 +35,7 @@ from controller.families import (
     EPP_REQUESTS,
     EPP_RUNNING,
     PROCESS_START,
+    VLLM_CACHE_INFO,
     VLLM_E2E,
     VLLM_GAUGES,
     VLLM_HISTOGRAMS,
@@ -41,7 +44,7 @@ from controller.families import (
     VLLM_WAITING,
 )
 from controller.histograms import Histogram, SeriesKey
-from controller.model import ClusterMetrics, Latency, PodError, Reason
+from controller.model import CapacityFrom, ClusterMetrics, Latency, PodError, Reason
 from controller.settings import ClusterSettings
 
 # Preference order matters (controller.families): the first name present on a page wins.
@@ -301,8 +304,9 @@ class Summary:
     running: float | None
     observed_at: float | None
     invalid_samples: int
-    capacity: float | None = None
-    capacity_from: str | None = None
+    ready: float | None = None
+    kv_tokens: float | None = None
+    kv_tokens_from: str | None = None
 
 
 @dataclass(slots=True)
@@ -331,6 +335,7 @@ class PageReader:
     def __init__(self, cluster: ClusterSettings, min_latency_requests: float) -> None:
         self._name = cluster.name
         self._has_pods = bool(cluster.vllm_urls) or cluster.pods is not None
+        self._pod_tokens = cluster.kv_tokens_per_pod
         self._model_keep = {"model_name": cluster.model_name} if cluster.model_name else None
         self._pool_keep = {"name": cluster.pool_name} if cluster.pool_name else None
         self._latency = LatencyWindow(min_latency_requests)
@@ -385,8 +390,9 @@ class PageReader:
             # when a counter fell: a restart, or another process behind the URL)
             completed=latency.requests if latency is not None and not fell else None,
             arrived=self._arrivals(epp_page),
-            capacity=values.capacity,
-            capacity_from=values.capacity_from,
+            ready=values.ready,
+            kv_tokens=values.kv_tokens,
+            kv_tokens_from=values.kv_tokens_from,
         )
 
     def retain(self, urls: Sequence[str]) -> None:
@@ -407,13 +413,19 @@ class PageReader:
         kv = _KV(values=[])
         waiting: list[float] = []
         running: list[float] = []
+        pools: list[float | None] = []
         for pod in pods:
             family, samples = pod_kv(pod.samples, self._model_keep)
             if family is not None:
                 kv.add(family, samples)
             waiting += _pod_total(pod.samples, VLLM_WAITING, self._model_keep)
             running += _pod_total(pod.samples, VLLM_RUNNING, self._model_keep)
-        return _summary(kv, waiting, running, per_pod=len(waiting) or None)
+            pools.append(kv_tokens(pod.samples))
+        summary = _summary(kv, waiting, running, per_pod=len(waiting) or None)
+        if pools and all(p is not None for p in pools):  # every pod says what it holds
+            tokens = sum(p for p in pools if p is not None)
+            return replace(summary, kv_tokens=tokens, kv_tokens_from=CapacityFrom.KV_BLOCKS)
+        return summary
 
     def _check(self, page: Page) -> Page | PodError:
         """A vLLM page whose KV series repeat, or are all out of range, is an error of its
@@ -465,13 +477,15 @@ class PageReader:
             kv.add(*found)
         per_pod = _mean_of(page, EPP_QUEUE, self._pool_keep)
         running = _mean_of(page, EPP_RUNNING, self._pool_keep)
+        tokens = endpoints * self._pod_tokens if endpoints and self._pod_tokens else None
         summary = replace(
             _summary(kv, [], [], per_pod=None),
             queue_per_pod=per_pod,
             queue_depth=per_pod * endpoints if per_pod is not None and endpoints else None,
             running=running * endpoints if running is not None and endpoints else None,
-            capacity=endpoints,
-            capacity_from="ready_endpoints" if endpoints else None,
+            ready=endpoints or None,
+            kv_tokens=tokens,
+            kv_tokens_from=CapacityFrom.KV_TOKENS_PER_POD if tokens else None,
         )
         return summary, None
 
@@ -492,6 +506,23 @@ class PageReader:
         if not any(series for _, series in pages):
             return None, False
         return self._latency.observe(VLLM_E2E, pages)
+
+
+def kv_tokens(page: ByName) -> float | None:
+    """What a pod's KV cache holds, in tokens: ``num_gpu_blocks × block_size`` summed over its
+    engines (``vllm:cache_config_info``, one series per engine, no model label). ``None`` when
+    the page does not say, or says nothing usable (``num_gpu_blocks="None"`` before profiling)."""
+    engines: dict[str, float] = {}
+    for sample in page.get(VLLM_CACHE_INFO, ()):
+        try:
+            blocks = int(sample.labels["num_gpu_blocks"])
+            size = int(sample.labels["block_size"])
+        except (KeyError, ValueError):
+            return None
+        if blocks <= 0 or size <= 0:
+            return None
+        engines[sample.labels.get("engine", "")] = float(blocks * size)
+    return sum(engines.values()) if engines else None
 
 
 def _mean_of(page: Page, families: Sequence[str], keep: Mapping[str, str] | None) -> float | None:

@@ -3,7 +3,7 @@
 Used where the controller cannot reach a cluster's pods. A ``Querier`` sends each template of
 ``Settings.prometheus_queries`` once per tick, for every cluster it holds: grouped by its
 cluster label (``$by``) and split here, so a hub Thanos holding 200 clusters answers the same
-nine queries as one holding two. Every cluster read through it awaits the same answers. A
+ten queries as one holding two. Every cluster read through it awaits the same answers. A
 cluster with a querier of its own (``prometheus.url``) is the same with one cluster and no
 grouping. An empty result is unknown, never 0; ``status: error``, 4xx/5xx, timeouts and
 unreachable servers become the usual health reasons, and one failing query fails only what it
@@ -27,7 +27,7 @@ import aiohttp
 from yarl import URL
 
 from controller.errors import ScrapeError, ScrapeHTTPStatusError, ScrapeParseError
-from controller.model import ClusterMetrics, Latency, PodError
+from controller.model import CapacityFrom, ClusterMetrics, Latency, PodError, Reason
 from controller.settings import ClusterSettings, PrometheusQueries, ScrapeSettings
 from controller.settings import Querier as QuerierSettings
 from controller.settings.durations import seconds
@@ -35,7 +35,17 @@ from controller.sources.http import Endpoint, TokenFile, get_text, ssl_context
 
 ACCEPT_JSON = "application/json"
 REQUIRED = ("kv_mean",)  # without it a cluster cannot be weighed
-NAMES = ("kv_mean", "kv_max", "kv_oldest", "pods", "queue", "running", "latency_requests")
+NAMES = (
+    "kv_mean",
+    "kv_max",
+    "kv_oldest",
+    "pods",
+    "kv_pools",
+    "queue",
+    "running",
+    "latency_requests",
+)
+POOL_PODS = "kv_pool_pods"  # not a query: the pods kv_pools found a pool on
 Answers = dict[str, dict[str, float] | ScrapeError]  # query → {cluster label value: value}
 
 
@@ -99,6 +109,41 @@ def queries_for(
 def vectors(body: str, url: str, label: str) -> dict[str, float]:
     """An instant query's answer by the value of ``label`` (``""`` when it is not grouped);
     NaN and infinities are unknown, so left out."""
+    found: dict[str, float] = {}
+    for metric, value in answer_series(body, url):
+        key = str(metric.get(label, "")) if label else ""
+        if math.isfinite(value):
+            found.setdefault(key, value)
+    return found
+
+
+def pools(body: str, url: str, label: str) -> tuple[dict[str, float], dict[str, float]]:
+    """The ``kv_pools`` answer (engines by pod and KV pool) as KV tokens and pods with a
+    pool, by the value of ``label``; a series whose pool labels are not whole numbers > 0
+    leaves its cluster out (unknown, never a guess)."""
+    tokens: dict[str, float] = {}
+    pods: dict[str, set[tuple[str, str]]] = {}
+    broken: set[str] = set()
+    for metric, engines in answer_series(body, url):
+        key = str(metric.get(label, "")) if label else ""
+        try:
+            blocks, size = int(metric["num_gpu_blocks"]), int(metric["block_size"])
+        except (KeyError, ValueError):
+            broken.add(key)
+            continue
+        if blocks <= 0 or size <= 0 or not math.isfinite(engines) or engines <= 0:
+            broken.add(key)
+            continue
+        tokens[key] = tokens.get(key, 0.0) + engines * blocks * size
+        pods.setdefault(key, set()).add((metric.get("job", ""), metric.get("instance", "")))
+    return (
+        {k: v for k, v in tokens.items() if k not in broken},
+        {k: float(len(v)) for k, v in pods.items() if k not in broken},
+    )
+
+
+def answer_series(body: str, url: str) -> list[tuple[dict[str, str], float]]:
+    """An instant query's answer: (labels, value) per series (one, unlabelled, for a scalar)."""
     try:
         answer = json.loads(body)
     except ValueError as exc:
@@ -109,24 +154,18 @@ def vectors(body: str, url: str, label: str) -> dict[str, float]:
         raise ScrapeHTTPStatusError(url, f"query failed ({kind}): {error}")
     data = answer.get("data") or {}
     result: Any = data.get("result")
-    found: dict[str, float] = {}
     try:
         if data.get("resultType") == "scalar":
-            pairs = [("", float(result[1]))]
-        elif data.get("resultType") == "vector":
-            pairs = [
-                (str((item.get("metric") or {}).get(label, "")) if label else "", float(v[1]))
+            return [({}, float(result[1]))]
+        if data.get("resultType") == "vector":
+            return [
+                ({str(k): str(v) for k, v in (item.get("metric") or {}).items()}, float(value[1]))
                 for item in result
-                for v in [item["value"]]
+                for value in [item["value"]]
             ]
-        else:
-            raise ScrapeParseError(url, f"unexpected result type {data.get('resultType')!r}")
     except (TypeError, KeyError, IndexError, ValueError, AttributeError) as exc:
         raise ScrapeParseError(url, f"malformed result: {exc}") from exc
-    for key, value in pairs:
-        if math.isfinite(value):
-            found.setdefault(key, value)
-    return found
+    raise ScrapeParseError(url, f"unexpected result type {data.get('resultType')!r}")
 
 
 def scalar(body: str, url: str) -> float | None:
@@ -191,14 +230,23 @@ class Querier:
             elif isinstance(answer, BaseException):
                 raise answer
             else:
-                result[name] = answer
+                try:
+                    result.update(self._parse(name, answer))
+                except ScrapeError as exc:
+                    result[name] = exc
         return result
 
-    async def _ask(self, promql: str) -> dict[str, float]:
+    def _parse(self, name: str, body: str) -> Answers:
+        label = self.label or ""
+        if name == "kv_pools":
+            tokens, pods = pools(body, self.base, label)
+            return {name: tokens, POOL_PODS: pods}
+        return {name: vectors(body, self.base, label)}
+
+    async def _ask(self, promql: str) -> str:
         self.sent += 1
         endpoint = replace(self._endpoint, url=str(URL(self.base).with_query(query=promql)))
-        body = await get_text(self._session, endpoint, ACCEPT_JSON)
-        return vectors(body, self.base, self.label or "")
+        return await get_text(self._session, endpoint, ACCEPT_JSON)
 
 
 def make_querier(
@@ -316,12 +364,14 @@ class PrometheusQuerySource:
         for name, answer in answers.items():
             if isinstance(answer, ScrapeError):
                 url = f"{self._querier.base} ({name})"
-                errors.append(PodError(url, answer.reason, answer.detail))
+                # a querier that refuses is down, which says nothing of the cluster
+                reason = Reason.CONNECT if answer.reason is Reason.REFUSED else answer.reason
+                errors.append(PodError(url, reason, answer.detail))
             else:
                 values[name] = answer.get(self._value)
         duration = time.perf_counter() - began
         since, self._previous = self._previous, started
-        pages = len(answers)
+        pages = sum(1 for name in answers if name != POOL_PODS)
         if any(name not in values for name in REQUIRED):
             failed = tuple(errors[:1])
             return ClusterMetrics(self._name, started, duration, 1, 0, errors=failed, pages=pages)
@@ -352,6 +402,8 @@ class PrometheusQuerySource:
         if kv is not None and not 0.0 <= kv <= 1.0:
             kv = None  # an out-of-range fraction is unusable, as in a direct scrape
         queue = v.get("queue")
+        # every pod reporting KV says what it holds, or the capacity stays in pods
+        tokens = v.get("kv_pools") if (v.get(POOL_PODS) or 0) >= max(1, pods) else None
         return ClusterMetrics(
             cluster=self._name,
             scraped_at=started,
@@ -368,6 +420,8 @@ class PrometheusQuerySource:
             observed_at=v.get("kv_oldest"),
             invalid_samples=0,
             errors=errors,
+            kv_tokens=tokens,
+            kv_tokens_from=CapacityFrom.KV_BLOCKS if tokens is not None else None,
         )
 
     def _latency(self, v: Mapping[str, float | None]) -> Latency | None:

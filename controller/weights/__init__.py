@@ -22,6 +22,7 @@ from dataclasses import replace
 
 from controller.model import Decision, Mode, Signals, Target
 from controller.settings import WeightSettings
+from controller.signals import on_one_basis
 from controller.weights import capacity, integral
 from controller.weights.rounding import TOTAL, at_least, proportional, round_to_total
 from controller.weights.steps import survivors
@@ -79,12 +80,16 @@ def weigh(
     inputs = {ref.name: signals.get(ref.cluster or "") for ref in mapped}
     current = {ref.name: ref.weight for ref in mapped}
     in_force = proportional(current, TOTAL) if sum(current.values()) > 0 else None
-    healthy = {name: s for name, s in inputs.items() if s is not None}
+    healthy, basis = on_one_basis({name: s for name, s in inputs.items() if s is not None})
+    inputs = {name: healthy.get(name) for name in inputs}
     why = factors(healthy, params)
+    decided = decide(inputs, in_force, params, settling)
     decision = replace(
-        decide(inputs, in_force, params, settling),
+        decided,
         scores={n: f["score"] for n, f in why.items()},
         factors=why,
+        capacity_from={n: s.capacity_from for n, s in healthy.items() if s.capacity_from},
+        notes=decided.notes if basis is None else (*decided.notes, basis),
     )
     if not decision.changed or decision.weights is None:
         return held, decision

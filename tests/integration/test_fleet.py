@@ -371,3 +371,58 @@ async def test_a_restart_is_not_a_load_balancer() -> None:
         await runner.cleanup()
     assert all(m.errors == () for m in seen)
     assert [m.completed for m in seen[2:5]] == [10, None, 10]  # the fall is unknown, once
+
+
+# ---- capacity from what the GPUs hold -------------------------------------------------------
+
+
+async def test_a_cluster_whose_pods_hold_4x_the_kv_gets_most_of_the_traffic() -> None:
+    sims = [
+        SimCluster("small", kv=0.4, noise=0.0, pods=2, blocks=2048),
+        SimCluster("big", kv=0.4, noise=0.0, pods=2, blocks=4 * 2048),
+    ]
+    async with (
+        Fleet(sims) as fleet,
+        Controller(settings_for(fleet.settings_clusters()), serve=False) as c,
+    ):
+        report = report_json(await c.once())
+    target = report["targets"]["configured"]
+    assert target["applied"]["big"] >= 65  # 4 × the tokens at equal KV: 80 by capacity
+    big = report["clusters"]["big"]
+    assert big["capacity_from"] == "kv_blocks" and big["pods"] == 2
+    assert big["kv_tokens"] == 2 * 2 * 4 * 2048 * 16  # 2 pods × 2 engines × blocks × 16
+    assert target["refs"]["big"]["capacity_from"] == "kv_blocks"
+
+
+async def test_one_cluster_without_its_kv_pool_puts_the_target_on_pods_and_says_so() -> None:
+    sims = [
+        SimCluster("old", kv=0.4, noise=0.0, pods=2, blocks=None),
+        SimCluster("big", kv=0.4, noise=0.0, pods=2, blocks=4 * 2048),
+    ]
+    async with (
+        Fleet(sims) as fleet,
+        Controller(settings_for(fleet.settings_clusters()), serve=False) as c,
+    ):
+        report = report_json(await c.once())
+    target = report["targets"]["configured"]
+    assert target["applied"] == {"old": 50, "big": 50}  # tokens beside pods compare nothing
+    assert {r["capacity_from"] for r in target["refs"].values()} == {"pods"}
+    assert any("old publish no KV pool" in note for note in target["notes"])
+    assert report["clusters"]["big"]["capacity_from"] == "kv_blocks"  # what it knows itself
+
+
+async def test_an_epp_only_cluster_with_a_known_pod_size_is_weighed_in_tokens() -> None:
+    sims = [
+        SimCluster("pods", kv=0.3, noise=0.0, pods=2, engines=1, blocks=2048),
+        SimCluster("epp", kv=0.3, noise=0.0, epp_only=True, ready_endpoints=2, pods=1),
+    ]
+    async with Fleet(sims) as fleet:
+        clusters = fleet.settings_clusters()
+        for cluster in clusters:
+            if cluster["name"] == "epp":
+                cluster["kv_tokens_per_pod"] = 3 * 2048 * 16
+        async with Controller(settings_for(clusters), serve=False) as c:
+            report = report_json(await c.once())
+    assert report["clusters"]["epp"]["capacity_from"] == "kv_tokens_per_pod"
+    assert report["clusters"]["epp"]["kv_tokens"] == 2 * 3 * 2048 * 16
+    assert report["targets"]["configured"]["applied"] == {"pods": 25, "epp": 75}

@@ -17,6 +17,25 @@ from controller.settings import build_settings
 from tests.conftest import Serve
 
 CLUSTERS = {"east": 0.2, "west": 0.6, "north": 0.4}
+POOLS = {"east": 8192, "west": 2048, "north": 2048}  # each of a cluster's 4 pods: blocks of 16
+
+
+def pools(blocks: dict[str, int]) -> dict[str, Any]:
+    result = [
+        {
+            "metric": {
+                "cluster": c,
+                "job": "vllm",
+                "instance": f"10.0.0.{pod}:8000",
+                "num_gpu_blocks": str(n),
+                "block_size": "16",
+            },
+            "value": [1712345678.5, "1"],
+        }
+        for c, n in blocks.items()
+        for pod in range(4)
+    ]
+    return {"status": "success", "data": {"resultType": "vector", "result": result}}
 
 
 def vector(rows: dict[str, float]) -> dict[str, Any]:
@@ -38,7 +57,8 @@ class HubThanos:
         if self.failing and self.failing in query:
             body = {"status": "error", "errorType": "timeout", "error": "query timed out"}
             return web.json_response(body, status=503)
-        assert ('cluster=~"' in query and "by (cluster)" in query) or "le, cluster" in query
+        grouped = ("by (cluster)", "le, cluster", "block_size, cluster")
+        assert 'cluster=~"' in query and any(g in query for g in grouped), query
         if query.startswith("min by (cluster) (max_over_time(timestamp("):
             fresh = time.time() - 5  # each cluster's newest sample: a push 5 s ago
             return web.json_response(vector(dict.fromkeys(CLUSTERS, fresh)))
@@ -46,6 +66,8 @@ class HubThanos:
             return web.json_response(vector(dict.fromkeys(CLUSTERS, 1.5)))
         if "increase(" in query:
             return web.json_response(vector(dict.fromkeys(CLUSTERS, 600)))
+        if query.startswith("count by (job, instance, num_gpu_blocks"):  # engines by pod and pool
+            return web.json_response(pools(POOLS))
         if query.startswith("count by (cluster)"):
             return web.json_response(vector(dict.fromkeys(CLUSTERS, 4)))
         if "num_requests" in query:
@@ -71,11 +93,13 @@ async def test_one_query_per_signal_for_every_cluster_of_a_querier(serve: Serve)
         first = report_json(await controller.once())
         asked = len(hub.queries)
         second = report_json(await controller.once())
-    assert asked == 9 and len(hub.queries) == 18  # nine templates per tick, whatever the fleet
+    assert asked == 10 and len(hub.queries) == 20  # ten templates per tick, whatever the fleet
     assert all('cluster=~"east|north|west"' in q for q in hub.queries)
     for name, kv in CLUSTERS.items():
         assert first["clusters"][name]["vram_utilization"] == kv
         assert first["clusters"][name]["pods_answering"] == 4
+        assert first["clusters"][name]["kv_tokens"] == 4 * POOLS[name] * 16
+        assert first["clusters"][name]["capacity_from"] == "kv_blocks"
         assert second["clusters"][name]["healthy"] is True
     assert second["targets"]["configured"]["applied"]["east"] > 33  # the coolest gets most
 

@@ -297,7 +297,7 @@ FAILURES: list[tuple[str, Handler | None, Reason]] = [
         text_handler(v1_page([0.5]) + "# padding " + "x" * 5000 + "\n"),
         Reason.TOO_LARGE,
     ),
-    ("refused", None, Reason.CONNECT),
+    ("refused", None, Reason.REFUSED),
 ]
 
 

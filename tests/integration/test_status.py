@@ -69,6 +69,7 @@ async def test_state_and_status_table_show_clusters_targets_and_leader() -> None
         "share": 100.0,
         "goal": None,
         "factors": None,
+        "capacity_from": "kv_blocks",  # its pods publish vllm:cache_config_info
         "realised": None,
         "intended": None,
     }

@@ -150,6 +150,8 @@ def test_the_acm_allowlist_carries_exactly_what_the_controller_reads() -> None:
     wanted: set[str] = set()
     for family in (*families.VLLM_KV, families.VLLM_WAITING, families.VLLM_RUNNING):
         wanted.add(family)
+    for family in (families.VLLM_CACHE_INFO,):
+        wanted.add(family)
     for family in (families.VLLM_E2E, *families.EPP_LATENCY):
         wanted |= {family + suffix for suffix in ("_bucket", "_count", "_sum")}
     wanted |= {*families.EPP_REQUESTS, *families.EPP_KV, *families.EPP_QUEUE}

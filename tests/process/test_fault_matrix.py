@@ -97,7 +97,7 @@ async def rotating_token(request: web.Request) -> web.Response:
 
 # (cluster, handler or "refused", reason after a few ticks; None: healthy)
 ROWS: list[tuple[str, Handler | str, str | None]] = [
-    ("refused", "refused", "connect"),
+    ("refused", "refused", "refused"),
     ("hang", hang, "timeout"),
     ("slowloris-headers", slow_headers, "timeout"),
     ("slowloris-body", slow_body, "timeout"),

@@ -194,6 +194,8 @@ async def test_a_cluster_read_through_prometheus_gets_the_same_weight(stack: Sta
         ours, theirs = via_report["clusters"][name], direct_report["clusters"][name]
         assert ours["healthy"] and theirs["healthy"]
         assert ours["vram_utilization"] == pytest.approx(theirs["vram_utilization"])
+        # what the pods hold, from vllm:cache_config_info either way
+        assert ours["kv_tokens"] == theirs["kv_tokens"] and ours["capacity_from"] == "kv_blocks"
         # latency estimates differ within a bucket, which can move the rounding by a point
         assert abs(ours["weight"] - theirs["weight"]) <= 1, (name, ours, theirs)
     assert direct_report["clusters"]["hot"]["weight"] < direct_report["clusters"]["east"]["weight"]

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.exposition import Extractor, Labels, Sample
-from controller.sources.pages import EPP_EXTRACTOR, VLLM_EXTRACTOR
+from controller.sources.pages import EPP_EXTRACTOR, VLLM_EXTRACTOR, kv_tokens
 from tests.support.pages import fixture_names, fixture_text
 
 Row = tuple[str, tuple[tuple[str, str], ...], float | str, float | None]
@@ -59,7 +59,10 @@ def test_fixtures_hold_the_families_we_rely_on() -> None:
         "vllm:gpu_cache_usage_perc",
         "vllm:num_requests_waiting",
         "vllm:num_requests_running",
+        "vllm:cache_config_info",
     }
+    # what the pod holds: num_gpu_blocks × block_size of its one (V0) engine
+    assert kv_tokens(vllm) == 81767 * 16
     epp = EPP_EXTRACTOR.extract(fixture_text("epp-llmd-router-request-duration.prom")).by_name()
     assert len(epp["llm_d_epp_request_duration_seconds_bucket"]) > 50
 

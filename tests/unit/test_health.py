@@ -104,3 +104,26 @@ def test_held_signals_go_stale() -> None:
     assert state.healthy
     state = judge(state, bad(now=NOW + 20), short, 0.5, NOW + 20)
     assert not state.healthy and state.reason is Reason.STALE
+
+
+def refusing(*reasons: Reason, now: float = NOW) -> ClusterMetrics:
+    errors = tuple(PodError(f"u{i}", r, "x") for i, r in enumerate(reasons))
+    return ClusterMetrics("a", now, 0.01, len(reasons), 0, errors=errors)
+
+
+@pytest.mark.parametrize(
+    ("failing", "healthy_after_one"),
+    [
+        ((Reason.REFUSED, Reason.REFUSED), False),  # nothing listens: every request would fail
+        ((Reason.TIMEOUT, Reason.TIMEOUT), True),  # may be a slow network: wait for the second
+        ((Reason.REFUSED, Reason.TIMEOUT), True),  # one pod may only be slow
+    ],
+)
+def test_a_cluster_whose_every_pod_refuses_leaves_at_once(
+    failing: tuple[Reason, ...], healthy_after_one: bool
+) -> None:
+    first, after = run([good(NOW), refusing(*failing, now=NOW + 10)])
+    assert first.healthy
+    assert after.healthy is healthy_after_one
+    if not healthy_after_one:
+        assert after.reason is Reason.REFUSED and after.changed
