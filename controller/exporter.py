@@ -103,8 +103,16 @@ def _targets(report: TickReport) -> Iterator[Metric]:
         "Refs of a target that map to no known cluster (they keep their weight).",
         "target",
     )
+    delay = _family(
+        "target_actuation_delay_seconds",
+        "How long a target's weight changes take to act (the realised share moving), measured;"
+        " absent before a change was seen acting.",
+        "target",
+    )
     for key, view in report.targets.items():
         outcome = view.outcome
+        if view.actuation_delay is not None:
+            delay.add_metric([key], view.actuation_delay)
         for ref, parts in outcome.decision.factors.items():
             cluster = outcome.target.clusters.get(ref) or ""
             for name, value in parts.items():
@@ -113,7 +121,7 @@ def _targets(report: TickReport) -> Iterator[Metric]:
             mode.add_metric([key, m.value], float(outcome.decision.mode is m))
         missing = sum(1 for c in outcome.target.clusters.values() if c is None)
         unmapped.add_metric([key], missing)
-    yield from (mode, factor, unmapped)
+    yield from (mode, factor, unmapped, delay)
 
 
 def _process(report: TickReport, dry_run: bool) -> Iterator[Metric]:

@@ -121,6 +121,8 @@ class Signals:
     # that came from (``CapacityFrom``), and both units as known.
     utilization: float | None = None
     demand: float | None = None
+    previous: float | None = None  # utilization at the good fetch before the newest
+    arrived: float | None = None  # requests that reached it since the previous fetch
     capacity: float | None = None
     capacity_from: str | None = None
     pods: float | None = None

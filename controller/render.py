@@ -260,6 +260,8 @@ def target_json(view: TargetView) -> dict[str, Any]:
         "applied": dict(outcome.applied),
         "last_write": view.last_write,
         "last_change": view.last_change,
+        "actuation_delay_s": view.actuation_delay,
+        "waiting_to_act": view.acting,
         "refs": {ref: {c.key: c.value(view, ref) for c in REF} for ref in target.clusters},
     }
 

@@ -6,7 +6,8 @@ memory carried from tick to tick (``SignalMemory``):
 - *utilization*: KV use scaled up by the queue, ``(running + waiting) / running × KV`` when
   requests wait: what the cluster would use if it could admit everything offered to it;
 - *demand*: that utilization filtered over recent scrapes (an EWMA with
-  ``weights.demand_smoothing``), started afresh after an outage;
+  ``weights.demand_smoothing``), started afresh after an outage; *previous*: the utilization
+  of the good fetch before the newest (a single reading is not yet a trend);
 - *kv*: the newest KV use, or with ``weights.forecast_horizon`` its value that far ahead on the
   line through the last ``FORECAST_POINTS`` good readings (only when rising);
 - *capacity*: what the cluster holds: its KV-cache tokens where its pages say (each pod's
@@ -36,6 +37,7 @@ class SignalMemory:
 
     history: tuple[tuple[float, float], ...] = ()  # (scraped_at, KV) of the last good fetches
     demand: float | None = None  # the filtered utilization
+    readings: tuple[float, ...] = ()  # the utilization of the last two good fetches
 
 
 def utilization(metrics: ClusterMetrics) -> float | None:
@@ -65,9 +67,11 @@ def remember(
         history = ()  # do not extrapolate across a gap
     now = utilization(metrics) if good else None
     if now is None:
-        return SignalMemory(history, memory.demand if health.healthy else None)
+        readings = memory.readings if health.healthy else ()
+        return SignalMemory(history, memory.demand if health.healthy else None, readings)
     before = memory.demand
-    return SignalMemory(history, now if before is None else before + smoothing * (now - before))
+    demand = now if before is None else before + smoothing * (now - before)
+    return SignalMemory(history, demand, (*memory.readings, now)[-2:])
 
 
 def current(health: ClusterHealth, quantile: str) -> Signals | None:
@@ -144,6 +148,8 @@ def derive(
         return signals
     if memory.demand is not None:
         signals = replace(signals, demand=memory.demand)
+    if len(memory.readings) == 2 and health.metrics is not None:
+        signals = replace(signals, previous=memory.readings[0])
     horizon = float(params.forecast_horizon)
     # Two noisy points make a wild slope: forecast only from a full window.
     if horizon > 0 and len(memory.history) == FORECAST_POINTS:

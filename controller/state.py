@@ -31,6 +31,10 @@ class TargetView:
     # of requests its cluster actually served, and the share the weights in force intended.
     realised: Mapping[str, float] = field(default_factory=dict)
     intended: Mapping[str, float] = field(default_factory=dict)
+    # How long its changes take to act (measured, seconds; None before any was seen), and
+    # whether the last change has yet to be seen acting (reconcile/actuation.py).
+    actuation_delay: float | None = None
+    acting: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -166,9 +166,19 @@ def _explain(targets: dict[str, Any]) -> list[str]:
         lines += [f"law: {law}", *_explain_law(chosen, *LAWS.get(law, ((), "")))]
     for key, t in sorted(targets.items()):
         lines.append(
-            f"{key}: mode {t['mode']}" + (f" ({'; '.join(t['notes'])})" if t.get("notes") else "")
+            f"{key}: mode {t['mode']}"
+            + (f" ({'; '.join(t['notes'])})" if t.get("notes") else "")
+            + f"; {_actuation(t)}"
         )
     return lines
+
+
+def _actuation(target: dict[str, Any]) -> str:
+    """How long the target's changes take to act, and whether the last one has."""
+    delay = target.get("actuation_delay_s")
+    measured = "not measured yet" if delay is None else f"{delay:.0f}s"
+    waiting = " (waiting for the last change to act)" if target.get("waiting_to_act") else ""
+    return f"actuation delay {measured}{waiting}"
 
 
 def _part(factors: dict[str, Any], ref: dict[str, Any], name: str, spec: str) -> str:

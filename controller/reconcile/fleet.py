@@ -9,6 +9,7 @@ metrics annotations), followed as discovery finds them. Per cluster, its health 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 
 import structlog
 
@@ -89,10 +90,13 @@ class Fleet:
     def signals(self) -> dict[str, Signals | None]:
         """What the laws read of each judged cluster this tick (``None``: unusable)."""
         params = self._settings.weights
-        return {
-            name: signals.derive(state, self._memory.get(name), params)
-            for name, state in self._health.items()
-        }
+        result: dict[str, Signals | None] = {}
+        for name, state in self._health.items():
+            derived = signals.derive(state, self._memory.get(name), params)
+            if derived is not None and state.metrics is self._last.get(name):  # read this tick
+                derived = replace(derived, arrived=self.arrivals.latest.get(name))
+            result[name] = derived
+        return result
 
     def views(self, weights: Mapping[str, int | None]) -> dict[str, ClusterView]:
         """Every cluster as this tick left it, with its share in the only target."""

@@ -103,6 +103,7 @@ class Reconciler:
             found = await self._discover()
             self._judge(await self._read())
             inputs = self._fleet.signals()
+            self._observe(found.targets)
             plans = [self._weigh(target, inputs) for target in found.targets]
             outcomes = [await self._publish(plan, inputs) for plan in plans]
             report = self._record(found, outcomes, began)
@@ -163,6 +164,15 @@ class Reconciler:
                 self._conditions.clear(("fetch", metrics.cluster))
 
     # ---- weigh -------------------------------------------------------------------------------
+    def _observe(self, targets: Sequence[Target]) -> None:
+        """This tick's arrivals per cluster, to each target's actuation: has its last change
+        started to act?"""
+        now, arrived = self._clock(), self._fleet.arrivals.latest
+        for target in targets:
+            memory = self._memory.setdefault(target.key, TargetMemory())
+            clusters = {c for c in target.clusters.values() if c is not None}
+            memory.actuation.observe(now, {c: arrived.get(c) for c in clusters})
+
     def _weigh(
         self, found: Target, inputs: Mapping[str, Signals | None], fresh: bool = False
     ) -> Plan:
@@ -170,7 +180,7 @@ class Reconciler:
         (the object's weights, or a dry run's shadow; ``fresh``: the object as just re-read)."""
         memory = self._memory.get(found.key)
         target = found if fresh else in_force(found, memory)
-        wait = settling(memory, self._clock(), self._settle)
+        wait = settling(memory, self._clock(), self._settle, self._settings.interval)
         desired, decision = weights.weigh(target, inputs, self._settings.weights, wait)
         return Plan(found, target, desired, decision)
 
@@ -240,8 +250,15 @@ class Reconciler:
                 continue
             memory = self._memory.setdefault(outcome.key, TargetMemory())
             realised, intended = memory.realised.add(now, window, outcome, arrived)
+            act = memory.actuation
             views[outcome.key] = TargetView(
-                outcome, memory.last_write, memory.last_change, realised, intended
+                outcome,
+                memory.last_write,
+                memory.last_change,
+                realised,
+                intended,
+                act.estimate,
+                act.pending is not None,
             )
         for key in self._memory.keys() - views.keys():
             del self._memory[key]

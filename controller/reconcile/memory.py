@@ -9,9 +9,11 @@ would); once someone changes the object, from the object.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from controller.model import Target, Write, WriteResult
+from controller.reconcile.actuation import Actuation
 from controller.reconcile.realised import Window
 
 
@@ -23,6 +25,7 @@ class TargetMemory:
     last_write: float | None = None  # the last write that landed
     last_change: float | None = None  # the last time applied changed (written or would be)
     realised: Window = field(default_factory=Window)
+    actuation: Actuation = field(default_factory=Actuation)
 
 
 def in_force(target: Target, memory: TargetMemory | None) -> Target:
@@ -32,11 +35,23 @@ def in_force(target: Target, memory: TargetMemory | None) -> Target:
     return target.holding(memory.shadow)
 
 
-def settling(memory: TargetMemory | None, now: float, settle: float) -> bool:
-    """The target changed less than ``settle`` ago: its last step may not have acted yet."""
-    return (
-        memory is not None and memory.last_change is not None and now - memory.last_change < settle
-    )
+def settling(memory: TargetMemory | None, now: float, settle: float, interval: float) -> bool:
+    """The target's last step may not have acted yet: it changed less than ``settle`` ago, or
+    has not been seen acting (``actuation.Actuation.settling``)."""
+    if memory is None:
+        return False
+    return memory.actuation.settling(now, memory.last_change, settle, interval)
+
+
+def cluster_shares(target: Target, weights: Mapping[str, int]) -> dict[str, float]:
+    """Each mapped cluster's share (0..100) of ``weights`` over the target's mapped refs."""
+    mapped = {ref: c for ref, c in target.clusters.items() if c is not None}
+    total = sum(weights.get(ref, 0) for ref in mapped)
+    shares: dict[str, float] = {}
+    for ref, cluster in mapped.items():
+        share = 100.0 * weights.get(ref, 0) / total if total > 0 else 0.0
+        shares[cluster] = shares.get(cluster, 0.0) + share
+    return shares
 
 
 def after_write(
@@ -58,4 +73,6 @@ def after_write(
         memory.last_write = now
     if result.write in (Write.WOULD, Write.DONE):
         memory.last_change = now
+        before, after = cluster_shares(found, in_effect.weights), cluster_shares(found, applied)
+        memory.actuation.changed(now, before, after)
     return applied

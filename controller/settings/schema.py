@@ -489,9 +489,11 @@ class WeightSettings(_Group):
     )
     settle: Duration | Literal[0] | None = Field(
         default=None,
-        description="After a change, no further step for this long (except to take traffic "
-        "off an unhealthy cluster): the actuation delay plus a scrape, so a step is seen "
-        "working before the next. Unset: two intervals (20 s at the default interval).",
+        description="After a change, no further step for at least this long (except to take "
+        "traffic off an unhealthy cluster); past it, none until the change is seen acting "
+        "(the target's realised share moving: its measured actuation delay, in /debug/state) "
+        "and a scrape more. Unset: two intervals (20 s at the default interval); 0: never "
+        "wait, not even for the change to act.",
     )
 
     realised_window: Duration = Field(

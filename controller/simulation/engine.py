@@ -164,12 +164,18 @@ class _Router:
         self._world = world
         self._policy = policy
         self._rng = random.Random(f"{scenario.name}/{seed}/route")
+        # Its own stream per moment, so every policy meets the same gateway: a publication at
+        # time t takes effect after the same delay whoever made it (common random numbers),
+        # and routing draws stay in step across policies.
+        self._delays = f"{scenario.name}/{seed}/delay"
         self._arrivals = Arrivals(scenario.load, random.Random(f"{scenario.name}/{seed}/arrivals"))
         self._interval = settings.interval
         self._delay, self._jitter, self._honour = delay, jitter, honour
         self._next_tick = 0.0
         self._pending: list[tuple[float, dict[str, int]]] = []
-        self.effective = dict.fromkeys(world.names, 100.0 / len(world.names))
+        start = scenario.start or dict.fromkeys(world.names, 1.0)
+        total = sum(start.values())
+        self.effective = {n: 100.0 * start.get(n, 0.0) / total for n in world.names}
 
     async def ask(self, t: float) -> None:
         """On the interval: the policy reads the pages and may publish; a publication takes
@@ -180,7 +186,8 @@ class _Router:
         await _tick(t, world.clusters, world.scraper, world.readers, self._policy, world.trace)
         published = world.trace.published
         if published and published[-1][0] == t:
-            spread = 1.0 + self._rng.uniform(-self._jitter, self._jitter)
+            draw = random.Random(f"{self._delays}/{t:.1f}").uniform(-self._jitter, self._jitter)
+            spread = 1.0 + draw
             bisect.insort(self._pending, (t + self._delay * spread, published[-1][1]))
         self._next_tick += self._interval
 

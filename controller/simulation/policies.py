@@ -8,17 +8,22 @@
 - ``Proportional``: a textbook P controller with the same health judgement: each cluster's
   share is the even split plus ``gain`` × (fleet mean KV − its KV).
 - ``Static``: equal weights, written once.
+- ``Oracle``: a floor, not a controller (it reads the scenario's truth); ``PodsOnly``: the
+  daemon with capacity in pods (before it read the KV pools).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Protocol
 
 from controller import health, signals, weights
 from controller.model import IMPLICIT_TARGET, ClusterHealth, ClusterMetrics, Signals, Write
 from controller.settings import Settings
+from controller.simulation.scenarios import Scenario, capacity
 from controller.testing import build_loop
+from controller.weights.steps import within
 
 
 class Policy(Protocol):
@@ -78,10 +83,29 @@ class Ours:
         view = self._snapshot.report.targets.get(IMPLICIT_TARGET)
         return dict(view.realised) if view is not None else {}
 
+    def actuation_delay(self) -> float | None:
+        """The implicit target's measured actuation delay, as /debug/state shows it."""
+        view = self._snapshot.report.targets.get(IMPLICIT_TARGET)
+        return view.actuation_delay if view is not None else None
+
     def intended(self) -> dict[str, float]:
         """... and the share its weights intended over the same window."""
         view = self._snapshot.report.targets.get(IMPLICIT_TARGET)
         return dict(view.intended) if view is not None else {}
+
+
+class PodsOnly(Ours):
+    """The daemon as it was before it read each pod's KV pool: capacity in pods answering.
+    Not in the default table; ``--policies pods`` shows what reading the pools buys."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings, "pods")
+
+    async def tick(
+        self, now: float, metrics: Mapping[str, ClusterMetrics]
+    ) -> dict[str, int] | None:
+        blind = {n: replace(m, kv_tokens=None, kv_tokens_from=None) for n, m in metrics.items()}
+        return await super().tick(now, blind)
 
 
 class _Judged:
@@ -139,6 +163,39 @@ class Proportional(_Judged):
         mean = sum(s.kv for s in healthy.values()) / len(healthy)
         even = 1.0 / len(healthy)
         return {n: max(0.02, even + self.gain * (mean - s.kv)) for n, s in healthy.items()}
+
+
+class Oracle:
+    """A floor, not a controller: it reads the scenario itself (every cluster's true capacity
+    and the local traffic it gets now, which no controller can see) and publishes, at the
+    first tick after either changes, the weights that give every cluster the same load. What
+    it scores is what the actuation delay and the world's own dynamics leave to any policy."""
+
+    name = "oracle"
+
+    def __init__(self, scenario: Scenario) -> None:
+        self._scenario = scenario
+        self._published: dict[str, int] | None = None
+
+    async def tick(
+        self, now: float, metrics: Mapping[str, ClusterMetrics]
+    ) -> dict[str, int] | None:
+        sc = self._scenario
+        served = {c.name: c.replicas * capacity(c.replica, sc.lengths) for c in sc.clusters}
+        local = {c.name: c.local(now) for c in sc.clusters}
+        routed = sc.load(now)
+        level = (routed + sum(local.values())) / sum(served.values())  # the even load
+        want = {n: max(0.0, level * served[n] - local[n]) for n in served}
+        if sum(want.values()) <= 0:
+            want = dict(served)
+        new = weights.proportional(want, weights.TOTAL)
+        if self._published is not None and within(self._published, new, 2):
+            return None
+        self._published = new
+        return new
+
+    def healthy(self, name: str) -> bool | None:
+        return None
 
 
 class Static:

@@ -16,12 +16,20 @@ from typing import Any, TextIO
 
 from controller.settings import Settings, build_settings
 from controller.simulation.engine import Trace, run
-from controller.simulation.policies import Naive, Ours, Policy, Proportional, Static
+from controller.simulation.policies import (
+    Naive,
+    Oracle,
+    Ours,
+    PodsOnly,
+    Policy,
+    Proportional,
+    Static,
+)
 from controller.simulation.scenarios import SCENARIOS, Scenario
 from controller.simulation.scores import Scores, score
 from controller.simulation.world import epp_url, pod_urls
 
-POLICIES = ("ours", "integral", "proportional", "naive", "static")
+POLICIES = ("ours", "integral", "proportional", "naive", "static", "oracle")
 SEEDS = (1, 2, 3, 4, 5)
 # Where a lower value is better the worst case is the highest; these are reported as max.
 COLUMNS = (
@@ -75,7 +83,7 @@ def sim_settings(scenario: Scenario, interval: float, overrides: Mapping[str, ob
     )
 
 
-def make_policy(name: str, settings: Settings) -> Policy:
+def make_policy(name: str, settings: Settings, scenario: Scenario) -> Policy:
     if name == "ours":
         return Ours(settings)
     if name == "integral":
@@ -87,7 +95,12 @@ def make_policy(name: str, settings: Settings) -> Policy:
         return Naive(settings)
     if name == "static":
         return Static()
-    raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")
+    if name == "oracle":
+        return Oracle(scenario)
+    if name == "pods":
+        return PodsOnly(settings)
+    known = ", ".join((*POLICIES, "pods"))
+    raise ValueError(f"unknown policy {name!r}; known: {known}")
 
 
 def scenario_of(job: Job) -> Scenario:
@@ -101,7 +114,7 @@ async def run_job(job: Job, keep_trace: bool = False) -> Outcome:
     scenario = scenario_of(job)
     delay = scenario.delay if scenario.delay is not None else job.delay
     settings = sim_settings(scenario, job.interval, dict(job.overrides))
-    policy = make_policy(job.policy, settings)
+    policy = make_policy(job.policy, settings, scenario)
     trace = await run(scenario, policy, settings, job.seed, delay)
     detect = settings.health.failures_to_unhealthy
     scores = score(job.policy, scenario, trace, job.interval, detect, delay)

@@ -50,6 +50,7 @@ class Scenario:
     lengths: Lengths = field(default_factory=Lengths)
     scrape_age: float = 1.0
     delay: float | None = None  # a fixed actuation delay (the delay variants)
+    start: dict[str, float] | None = None  # the split the router starts with (default even)
 
 
 DEFAULT_REPLICA = ReplicaSpec()
@@ -295,13 +296,17 @@ def gpus() -> list[ClusterSpec]:
 
 
 def unequal_gpus() -> Scenario:
+    """Starts settled, at the split by KV pool (what the first write asks for): whether it
+    stays settled is the question; starting from an even split is heterogeneous's."""
     clusters = gpus()
     return Scenario(
         "unequal-gpus",
-        "2 pods each on 80, 48 and 24 GB GPUs (4×, 2× and 1× the KV, faster decode) at 60%",
+        "2 pods each on 80, 48 and 24 GB GPUs (4×, 2× and 1× the KV, faster decode) at 60%,"
+        " from the split by KV pool",
         clusters,
         constant(rate_for(0.6, *clusters)),
         hot="a10",
+        start={c.name: c.replicas * c.replica.num_gpu_blocks for c in clusters},
     )
 
 

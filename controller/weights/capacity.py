@@ -1,20 +1,25 @@
 """Pure: the capacity law (``weights.law: capacity``, the default).
 
-Each healthy cluster has a *capacity* (what it can hold) and a *utilization* (its KV use,
-scaled up by the queue; read now and filtered over recent scrapes: ``controller.signals``).
+Each healthy cluster has a *capacity* (what it holds: KV-cache tokens where every cluster of
+the target says, else pods) and a *utilization* (its KV use, scaled up by the queue; read now
+and filtered over recent scrapes: ``controller.signals``). Compute speed enters through
+utilization: a faster GPU finishes requests sooner, so the same traffic holds less of its KV.
 
-- Under pressure (a cluster's filtered utilization at ``pressure``, or its newest reading at
-  ``kv_saturation`` or past ``pressure`` while requests queue there, while another is below
-  ``pressure``): step towards ``capacity_goal``, which sheds the hot cluster by how much more
-  than its size it carries.
-- At rest: hold; step towards capacity shares (``rest_goal``) only when a ref is
-  ``rebalance`` points or more away from it — a returning cluster, a share set by hand.
-- Every hot cluster and none cool (saturated): the same, never evening out: shares stay by
-  capacity, so queues grow where there is most room to drain them.
+- Under pressure (a cluster's filtered utilization at ``pressure``; or its newest two readings
+  within ``RISING`` of it, the fast path; or its newest at ``kv_saturation`` with requests
+  waiting) while another has room (below ``pressure`` now, filtered and before): step towards
+  ``capacity_goal``, which sheds the hot cluster by how much more than its size it carries,
+  and by more where its arrivals show traffic the weights do not move (``follows``).
+- At rest: hold; step towards capacity shares (``rest_goal``, whose cap on gainers holds) only
+  when a ref is ``rebalance`` points or more below its share and its cluster is clearly less
+  used than the others (``APART``): a returning cluster, a share set by hand.
+- Every hot cluster and none with room (saturated): the same, never evening out: shares stay
+  by capacity, so queues grow where there is most room to drain them. A single dip is not room.
 
-Steps move at most ``max_step`` per ref; after one, the law waits ``settle`` to see it act.
-Taking traffic off an unhealthy cluster never waits. How the defaults were chosen, and what was
-tried and dropped, is in ``controller/simulation/README.md``.
+Steps move at most ``max_step`` per ref; after one the law waits (``settling``) until it is
+seen acting, with ``settle`` as the floor (``controller.reconcile.actuation``). Taking traffic
+off an unhealthy cluster never waits. How the defaults were chosen, and what was tried and
+dropped, is in ``controller/simulation/README.md``.
 """
 
 from __future__ import annotations
@@ -32,6 +37,17 @@ REST_LIMIT = 0.85
 # Where no request queues and nothing is saturated, a step takes this share of the way: a full
 # step on a swing of utilization comes back as a reversal.
 GAIN = 0.5
+# At rest a cluster below its capacity share is handed more only while its utilization is at
+# most this share of the rest of the fleet's.
+APART = 0.7
+# ``follows``: at most this much more shedding than the weights alone suggest, and only from
+# this many requests in the tick.
+MIN_FOLLOW = 1 / 3
+MIN_ARRIVALS = 30.0
+# The most load a queue is read as: 1.5× what the cluster can serve (see ``load_of``).
+MAX_LOAD = 1.5
+# The fast path: two readings in a row within this much of ``pressure`` are under pressure.
+RISING = 0.05
 
 
 def load(signals: Signals) -> tuple[float, float, float]:
@@ -69,10 +85,30 @@ def load_of(utilization: float) -> float:
     than load — decode slows as the batch grows, so each request holds its blocks longer, and
     near the top preemption recomputes. In the token-level simulator KV grows close to load²;
     the square root undoes it, so a step sized on it moves load, not KV. Utilization above 1
-    (a queue) passes through unchanged."""
+    (a queue) passes through, up to ``MAX_LOAD``: a queue is a backlog, the sum of past excess,
+    not the rate that overflows now, and shedding by its length sends everything away until
+    it drains and then everything back."""
     if utilization <= 0:
         return 0.0
-    return utilization**0.5 if utilization < 1 else utilization
+    return utilization**0.5 if utilization < 1 else min(utilization, MAX_LOAD)
+
+
+def follows(healthy: Mapping[str, Signals], base: Mapping[str, float]) -> dict[str, float]:
+    """The share of each cluster's requests that its weight explains (``base``, 0..100, the
+    split in force), from this tick's arrivals: 1 where all of them follow the weights, less
+    where a cluster also serves traffic they do not move (local requests, another target's).
+    With one such cluster it is exact: its arrivals are ``w·R + L`` of a total ``R + L``.
+    Between ``MIN_FOLLOW`` and 1; nothing where the arrivals are not all counted."""
+    arrived = {n: s.arrived for n, s in healthy.items()}
+    known = {n: a for n, a in arrived.items() if a is not None}
+    total = sum(known.values())
+    if len(known) < len(arrived) or total < MIN_ARRIVALS:
+        return {}
+    return {
+        n: min(1.0, max(MIN_FOLLOW, base.get(n, 0.0) / TOTAL * total / a))
+        for n, a in known.items()
+        if a > 0
+    }
 
 
 def capacity_goal(
@@ -87,15 +123,20 @@ def capacity_goal(
     share, and one step lands on shares proportional to capacity, which even out utilization
     (a Newton step on a linear plant; feed-forward from the capacity estimate). Demand that
     does not follow the weights (local traffic) leaves a residue that later steps trim, as an
-    integral term would."""
+    integral term would. A hot cluster whose arrivals show such demand (``follows`` below 1)
+    is shed by that much more at once: only the part that follows the weights can move."""
     loads = {n: load(s) for n, s in healthy.items()}
     demand = {n: c * load_of(max(u, now) if n in hot else u) for n, (c, u, now) in loads.items()}
     capacity = sum(c for c, _, _ in loads.values())
     total = sum(demand.values())
+    follow = follows(healthy, base)
     result = dict.fromkeys(base, 0.0)
     for name, (c, _, _) in loads.items():
         share = demand[name] / total if total > 0 else c / capacity
-        result[name] = max(0.0, base.get(name, 0.0) + TOTAL * (c / capacity - share))
+        move = TOTAL * (c / capacity - share)
+        if name in hot and move < 0:
+            move /= follow.get(name, 1.0)
+        result[name] = max(0.0, base.get(name, 0.0) + move)
     mass = sum(result.values())
     if mass <= 0:
         return {n: (TOTAL * loads[n][0] / capacity if n in loads else 0.0) for n in base}
@@ -106,33 +147,69 @@ def rest_goal(
     healthy: Mapping[str, Signals], base: Mapping[str, float], params: WeightSettings
 ) -> dict[str, float]:
     """With no cluster under pressure: shares proportional to capacity, except that a cluster
-    gains only as far as its utilization, scaled with its share, stays below ``REST_LIMIT`` of
-    ``pressure`` (demand that does not follow the weights, such as local traffic, is not moved
-    back onto a cluster that would then be hot). Noise in utilization does not move it."""
+    gains only as far as its utilization, scaled with the part of its share that follows the
+    weights (``follows``), stays below ``REST_LIMIT`` of ``pressure``: demand that does not
+    follow the weights, such as local traffic, is not moved back onto a cluster that would
+    then be hot. Noise in utilization does not move it.
+
+    A gainer held by that cap keeps exactly its cap: only the others are scaled to make the
+    goals sum to 100 (scaling every goal would hand the capped ones more than the cap)."""
     why = factors(healthy)
+    follow = follows(healthy, base)
     goal = dict.fromkeys(base, 0.0)
+    capped: set[str] = set()
     for name, f in why.items():
         share = TOTAL * f["capacity_share"]
         current = base.get(name, 0.0)
         if share > current and f["utilization"] > 0 and current > 0:
-            share = min(share, current * REST_LIMIT * params.pressure / f["utilization"])
-        goal[name] = max(share, min(current, TOTAL * f["capacity_share"]))
-    mass = sum(goal.values())
-    return {n: v * TOTAL / mass for n, v in goal.items()} if mass > 0 else dict(base)
+            # only the part that follows the weights grows with them
+            rho = follow.get(name, 1.0)
+            room = REST_LIMIT * params.pressure / f["utilization"] - (1.0 - rho)
+            cap = current * max(0.0, room) / rho
+            if cap < share:
+                share = max(cap, current)
+                capped.add(name)
+        goal[name] = share
+    held = sum(goal[n] for n in capped)
+    rest = sum(v for n, v in goal.items() if n not in capped)
+    if rest <= 0 or held >= TOTAL:
+        mass = sum(goal.values())
+        return {n: v * TOTAL / mass for n, v in goal.items()} if mass > 0 else dict(base)
+    scale = (TOTAL - held) / rest
+    return {n: v if n in capped else v * scale for n, v in goal.items()}
 
 
 def hot_clusters(healthy: Mapping[str, Signals], params: WeightSettings) -> list[str]:
-    """The clusters under pressure: filtered utilization at ``pressure``, the newest reading at
-    ``kv_saturation``, or past ``pressure`` (by a margin) while requests queue there."""
-    quick = min(params.kv_saturation, params.pressure + 0.05)
-    loads = {n: load(s) for n, s in healthy.items()}
+    """The clusters under pressure: filtered utilization at ``pressure``, or the newest two
+    readings both near it (``rising``: the fast path, which does not wait for the filter to
+    catch up). A single high reading is a transient, not yet a trend."""
     return [
         n
-        for n, (_, u, now) in loads.items()
-        if u >= params.pressure
-        or now >= params.kv_saturation
-        or (now >= quick and (healthy[n].queue_per_pod or 0) > 0)
+        for n, s in healthy.items()
+        if load(s)[1] >= params.pressure
+        or rising(s, params.pressure)
+        or (load(s)[2] >= params.kv_saturation and (s.queue_per_pod or 0) > 0)
     ]
+
+
+def rising(signals: Signals, pressure: float) -> bool:
+    """The newest reading and the one before it are both within ``RISING`` of ``pressure``."""
+    now = load(signals)[2]
+    return signals.previous is not None and min(now, signals.previous) >= pressure - RISING
+
+
+def cool_clusters(
+    healthy: Mapping[str, Signals], hot: Sequence[str], params: WeightSettings
+) -> list[str]:
+    """The clusters that can take more: not hot, and below ``pressure`` filtered, now and at
+    the reading before (a single dip in a hot fleet is not room)."""
+    result = []
+    for name, s in healthy.items():
+        _, u, now = load(s)
+        before = s.previous if s.previous is not None else now
+        if name not in hot and max(u, now, before) < params.pressure:
+            result.append(name)
+    return result
 
 
 def decide(
@@ -147,7 +224,7 @@ def decide(
     healthy = {n: s for n, s in clusters.items() if s is not None}
     names = list(healthy)
     hot = hot_clusters(healthy, params)
-    cool = [n for n in healthy if n not in hot]
+    cool = cool_clusters(healthy, hot, params)
     if previous is None or base is None:
         return _first(clusters, healthy, hot, cool, params.floor)
     saturated = bool(hot) and not cool
@@ -194,15 +271,28 @@ def _apart(
     goal: Mapping[str, float],
     params: WeightSettings,
 ) -> bool:
-    """A ref far below its capacity share (before the cap on gainers): a returning cluster is
-    brought back in capped steps (of at least half of ``rebalance``), each sized on what its
-    utilization did after the last. One above its share is left alone at rest."""
+    """A ref far below its capacity share (before the cap on gainers) whose cluster is also
+    clearly less used than the rest of the fleet (``APART`` of their utilization): a returning
+    cluster is brought back in capped steps (of at least half of ``rebalance``), each sized
+    on what its utilization did after the last. One above its share is left alone at rest, and
+    so is one below it that is as busy as the others (it carries traffic the weights do not
+    move, or its GPUs are slower than its size says): handing it more would only come back."""
     why = factors(healthy)
     return any(
         TOTAL * why[n]["capacity_share"] - base[n] >= params.rebalance
         and goal[n] - base[n] >= max(params.deadband, params.rebalance / 2)
+        and why[n]["utilization"] <= APART * _others(why, n)
         for n in healthy
     )
+
+
+def _others(why: Mapping[str, Mapping[str, float]], name: str) -> float:
+    """The capacity-weighted utilization of every cluster but ``name``."""
+    others = [f for n, f in why.items() if n != name]
+    capacity = sum(f["capacity"] for f in others)
+    if capacity <= 0:
+        return 0.0
+    return sum(f["capacity"] * f["utilization"] for f in others) / capacity
 
 
 def _step(
@@ -214,10 +304,14 @@ def _step(
     params: WeightSettings,
 ) -> dict[str, int]:
     """A step towards ``goal``: full where requests queue at a hot cluster, its filtered
-    utilization is saturated, or the change is forced (traffic must go now); otherwise
-    ``GAIN`` of the way. At most ``max_step`` per ref, none below ``floor``."""
+    utilization is saturated, its last two readings are at ``pressure``, or the change is
+    forced (traffic must go now); otherwise ``GAIN`` of the way. At most ``max_step`` per
+    ref, none below ``floor``."""
     queueing = any((healthy[n].queue_per_pod or 0) > 0 for n in hot)
-    full = any(load(healthy[n])[1] >= params.kv_saturation for n in hot)
+    full = any(
+        load(healthy[n])[1] >= params.kv_saturation or rising(healthy[n], params.pressure)
+        for n in hot
+    )
     gain = 1.0 if queueing or full or must else GAIN
     delta = {n: gain * (goal[n] - base[n]) for n in base}
     names = list(healthy)

@@ -87,6 +87,9 @@ async def test_state_and_status_table_show_clusters_targets_and_leader() -> None
     assert "DEMAND SHARE" in explained and "score = capacity share" in explained
     assert "law: capacity" in explained
     assert "REALISED" in explained
+    # where its capacity came from: its pods' KV pools
+    assert any("west" in line and "kv_blocks" in line for line in explained.splitlines())
+    assert "actuation delay not measured yet" in explained
     assert "ExternalModel/maas-system/llama" in table
     assert done.returncode == 0, stderr.decode()
     assert json.loads(printed_json)["ticks"] == 3

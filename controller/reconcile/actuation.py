@@ -1,0 +1,153 @@
+"""When does a change of weights start to act? Measured per target, from its realised share.
+
+A gateway takes a while to route by new weights (an ExternalModel is reconciled into routes,
+a route is propagated to every gateway replica): the *actuation delay*. A step taken before the
+last one has acted stacks on it. So each change whose largest move is at least ``MIN_MOVE``
+points is followed until the share of requests its cluster receives (this tick's arrivals,
+``realised.Arrivals``) has moved, from what it received before the change, by at least half of
+the weights' move and by more than the counting noise, over ``CONFIRM`` ticks in a row pooled.
+Traffic the weights do not move (local requests) dilutes the move: a cluster whose own traffic
+outweighs the routed is not seen acting, and waits ``wait_limit``. The moment it started to act
+is interpolated within the first of those ticks; the delay is that moment less the change's.
+
+``settling`` is what the law is told. The configured ``settle`` is the floor. Past it, a change
+not yet seen acting keeps the target settling up to ``wait_limit`` (a router that ignores the
+weights must not freeze them), and one that acted still waits one interval of readings after
+it did. A change too small to see, or one of a target whose arrivals are not counted, waits for
+the measured delay instead (``wait_limit`` before any was measured). A change made while the
+last one had not acted is not measured: the last one's effect would be taken for its own.
+``estimate``, the median of the last ``KEEP`` delays, is shown in ``/debug/state``,
+``status --explain`` and ``weight_controller_target_actuation_delay_seconds``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+MIN_MOVE = 8.0  # points of share: a smaller move drowns in the counting noise
+MIN_REQUESTS = 20.0  # in one tick, for its shares to say anything
+KEEP = 5  # delays the estimate is the median of
+BASELINE_TICKS = 3  # ticks of shares before a change that say where it started from
+# A move smaller than this many binomial σ is not a move (arrivals counted from completions
+# and the growth of what is in the system are noisier than a request counter's).
+NOISE_SIGMAS = 2.5
+CONFIRM = 2  # ticks in a row that must show the move, pooled (one can be noise)
+UNKNOWN = 6  # intervals a change may take to act before any delay was measured
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    at: float
+    cluster: str  # the one whose share moves most
+    before: float  # the share it received before (0..100), measured
+    wanted: float  # how far the new weights move its share (points, signed)
+    # the last ticks since: (time, span it counts, the cluster's share, requests)
+    ticks: tuple[tuple[float, float, float, float], ...] = ()
+
+
+@dataclass(slots=True)
+class Actuation:
+    """One target's actuation: the change being followed and the delays measured so far."""
+
+    pending: Change | None = None
+    acted_at: float | None = None  # when the last followed change started to act
+    delays: deque[float] = field(default_factory=lambda: deque(maxlen=KEEP))
+    recent: deque[dict[str, float]] = field(default_factory=lambda: deque(maxlen=BASELINE_TICKS))
+    observed: float | None = None  # the tick last observed (a retried weighing sees it once)
+    last_observed: float | None = None  # the tick before it: the span this tick's counts cover
+
+    @property
+    def estimate(self) -> float | None:
+        """The measured actuation delay (median of the last few), or ``None`` before any."""
+        return statistics.median(self.delays) if self.delays else None
+
+    def observe(self, now: float, arrived: Mapping[str, float | None]) -> None:
+        """This tick's arrivals per cluster of the target (``None``: not counted)."""
+        if self.observed == now:
+            return
+        self.last_observed, self.observed = self.observed, now
+        shares = _shares(arrived)
+        if shares is None:
+            return
+        shares_now, requests = shares
+        self.recent.append(shares_now)
+        change = self.pending
+        if change is None or change.cluster not in shares_now:
+            return
+        span = now - self.last_observed if self.last_observed is not None else 0.0
+        tick = (now, span, shares_now[change.cluster], requests)
+        ticks = (*change.ticks, tick)[-CONFIRM:]
+        self.pending = Change(change.at, change.cluster, change.before, change.wanted, ticks)
+        if len(ticks) < CONFIRM or not all(_towards(change, t[2]) for t in ticks):
+            return
+        # the ticks pooled: their counts together are less noisy than either
+        n = sum(t[3] for t in ticks)
+        seen = sum(t[2] * t[3] for t in ticks) / n
+        p = min(max(seen / 100.0, 0.01), 0.99)
+        noise = NOISE_SIGMAS * 100.0 * math.sqrt(p * (1 - p) / n)
+        moved = abs(seen - change.before)
+        if moved < max(abs(change.wanted) / 2, noise):
+            return
+        first_at, first_span, first_seen, _ = ticks[0]
+        share_of_tick = min(1.0, abs(first_seen - change.before) / abs(change.wanted))
+        started = max(change.at, first_at - share_of_tick * first_span)
+        self.delays.append(started - change.at)
+        self.acted_at, self.pending = started, None
+
+    def changed(self, now: float, before: Mapping[str, float], after: Mapping[str, float]) -> None:
+        """The weights in force changed at ``now`` (shares 0..100 per cluster)."""
+        confounded = self.pending is not None  # the last one may act meanwhile: not measured
+        self.acted_at = None
+        counted = {c for r in self.recent for c in r}  # a dead cluster has no count
+        moves = {c: after.get(c, 0.0) - before.get(c, 0.0) for c in {*before, *after} & counted}
+        cluster = max(moves, key=lambda c: (abs(moves[c]), c), default=None)
+        base = [r[cluster] for r in self.recent if cluster is not None and cluster in r]
+        self.recent.clear()
+        if confounded or cluster is None or abs(moves[cluster]) < MIN_MOVE or not base:
+            self.pending = None  # too small to see, or nothing to measure from
+            return
+        self.pending = Change(now, cluster, sum(base) / len(base), moves[cluster])
+
+    def wait_limit(self, settle: float, interval: float) -> float:
+        """How long a change not yet seen acting keeps the target settling at most: twice
+        the measured delay and a tick, or before any was measured ``UNKNOWN`` intervals."""
+        if self.estimate is None:
+            return max(settle, UNKNOWN * interval)
+        return max(settle, 2 * self.estimate + interval)
+
+    def settling(
+        self, now: float, last_change: float | None, settle: float, interval: float
+    ) -> bool:
+        """Whether the law should wait for the last change (see the module docstring);
+        ``settle`` 0 never waits, not even for the measured delay."""
+        if last_change is None or settle <= 0:
+            return False
+        elapsed = now - last_change
+        if elapsed < settle:
+            return True
+        if self.pending is not None and self.pending.at == last_change:
+            return elapsed < self.wait_limit(settle, interval)
+        if self.acted_at is not None and self.acted_at >= last_change:
+            return now - self.acted_at < interval
+        estimate = self.estimate  # a change too small to see: as long as they take
+        if estimate is None:
+            return elapsed < self.wait_limit(settle, interval)
+        return elapsed < estimate + interval
+
+
+def _towards(change: Change, seen: float) -> bool:
+    """The share moved the way the change moves it."""
+    return (seen - change.before) * change.wanted > 0
+
+
+def _shares(arrived: Mapping[str, float | None]) -> tuple[dict[str, float], float] | None:
+    """Each counted cluster's share (0..100) of this tick's arrivals, and how many there were."""
+    counts = {c: float(v) for c, v in arrived.items() if v is not None}
+    total = sum(counts.values())
+    if total < MIN_REQUESTS:
+        return None
+    return {c: 100.0 * v / total for c, v in counts.items()}, total
