@@ -44,6 +44,10 @@ _UNESCAPE = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
 # use survive (a hit in the old generation moves back), and a page of a million distinct
 # series cannot evict the fleet's working set all at once.
 _CACHE_LIMIT = 16384
+# ... and in bytes: a generation holds at most this much label text (real ones are a few
+# hundred characters; 16,384 of them fit), and a text longer than _CACHED_CHARS is not kept.
+_CACHE_BYTES = 4 * 1024 * 1024
+_CACHED_CHARS = 4096
 # Real label texts are a few hundred characters at most; a longer one (hostile, or broken) is
 # parsed whole, never through the bucket shortcut, which would parse its series once more.
 _SHORTCUT_CHARS = 4096
@@ -136,6 +140,8 @@ class Extractor:
         # Keyed by the label text as the line writes it, braces included ("" for none).
         self._labels: dict[str, Labels] = {"": Labels()}
         self._old_labels: dict[str, Labels] = {}
+        self._bytes = 0  # label text in the current generation
+        self.rotations = 0  # generations dropped: churn, for tests and benchmarks
         # le text → bound, shared by every series of a histogram; capped (past the cap a
         # bound is parsed each time, so a flood of odd bounds costs speed, never memory).
         self._bounds: dict[str, float | None] = {}
@@ -242,9 +248,22 @@ class Extractor:
         return labels
 
     def _remember(self, text: str, labels: Labels) -> None:
-        if len(self._labels) >= _CACHE_LIMIT:
+        """Keep a parsed label set for the next page: two generations, each bounded in
+        entries and in bytes of label text (the parsed values hold about as much again), so
+        label values that are huge and change every scrape cost parsing, never memory."""
+        if len(text) > _CACHED_CHARS:
+            return  # a label set this large is parsed each time it is seen
+        if len(self._labels) >= _CACHE_LIMIT or self._bytes + len(text) > _CACHE_BYTES:
             self._old_labels, self._labels = self._labels, {}
+            self.rotations += 1
+            self._bytes = 0
         self._labels[text] = labels
+        self._bytes += len(text)
+
+    @property
+    def cached_bytes(self) -> int:
+        """Label text held by the cache (both generations' keys; the values hold about as much)."""
+        return self._bytes + sum(len(t) for t in self._old_labels)
 
     def _bucket_labels(self, text: str) -> Labels | None:
         """A bucket's label set (``{…,le="0.5"}``) from its series' (``{…}``): the series is
