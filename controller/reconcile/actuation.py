@@ -14,8 +14,9 @@ is interpolated within the first of those ticks; the delay is that moment less t
 not yet seen acting keeps the target settling up to ``wait_limit`` (a router that ignores the
 weights must not freeze them), and one that acted still waits one interval of readings after
 it did. A change too small to see, or one of a target whose arrivals are not counted, waits for
-the measured delay instead (``wait_limit`` before any was measured). A change made while the
-last one had not acted is not measured: the last one's effect would be taken for its own.
+the longest recent delay and a scrape instead (``wait_limit`` before any was measured). A
+change made while the last one may still be on its way is not measured: the last one's effect
+would be taken for its own.
 ``estimate``, the median of the last ``KEEP`` delays, is shown in ``/debug/state``,
 ``status --explain`` and ``weight_controller_target_actuation_delay_seconds``.
 """
@@ -58,12 +59,18 @@ class Actuation:
     delays: deque[float] = field(default_factory=lambda: deque(maxlen=KEEP))
     recent: deque[dict[str, float]] = field(default_factory=lambda: deque(maxlen=BASELINE_TICKS))
     observed: float | None = None  # the tick last observed (a retried weighing sees it once)
+    last_change: float | None = None
     last_observed: float | None = None  # the tick before it: the span this tick's counts cover
 
     @property
     def estimate(self) -> float | None:
         """The measured actuation delay (median of the last few), or ``None`` before any."""
         return statistics.median(self.delays) if self.delays else None
+
+    @property
+    def longest(self) -> float:
+        """The longest of the last few delays (a gateway's delay varies), or ``inf``."""
+        return max(self.delays) if self.delays else math.inf
 
     def observe(self, now: float, arrived: Mapping[str, float | None]) -> None:
         """This tick's arrivals per cluster of the target (``None``: not counted)."""
@@ -98,9 +105,18 @@ class Actuation:
         self.delays.append(started - change.at)
         self.acted_at, self.pending = started, None
 
-    def changed(self, now: float, before: Mapping[str, float], after: Mapping[str, float]) -> None:
+    def changed(
+        self,
+        now: float,
+        before: Mapping[str, float],
+        after: Mapping[str, float],
+        interval: float,
+    ) -> None:
         """The weights in force changed at ``now`` (shares 0..100 per cluster)."""
-        confounded = self.pending is not None  # the last one may act meanwhile: not measured
+        # the last change may act meanwhile (followed or not): this one is not measured
+        last, self.last_change = self.last_change, now
+        on_its_way = self.longest if self.delays else UNKNOWN * interval
+        confounded = last is not None and self.acted_at is None and now - last < on_its_way
         self.acted_at = None
         counted = {c for r in self.recent for c in r}  # a dead cluster has no count
         moves = {c: after.get(c, 0.0) - before.get(c, 0.0) for c in {*before, *after} & counted}
@@ -133,10 +149,9 @@ class Actuation:
             return elapsed < self.wait_limit(settle, interval)
         if self.acted_at is not None and self.acted_at >= last_change:
             return now - self.acted_at < interval
-        estimate = self.estimate  # a change too small to see: as long as they take
-        if estimate is None:
+        if not self.delays:  # a change too small to see: as long as they take, at most
             return elapsed < self.wait_limit(settle, interval)
-        return elapsed < estimate + interval
+        return elapsed < self.longest + interval
 
 
 def _towards(change: Change, seen: float) -> bool:

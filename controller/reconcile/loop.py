@@ -205,7 +205,8 @@ class Reconciler:
             self._metrics.target_writes.labels(key, result.write.value).inc()
         memory = self._memory.setdefault(key, TargetMemory())
         now = self._clock()
-        applied = after_write(memory, plan.found, plan.target, plan.desired, result, now)
+        interval = self._settings.interval
+        applied = after_write(memory, plan.found, plan.target, plan.desired, result, now, interval)
         return TargetDecision(
             target=result.target or plan.target,
             held=plan.target.weights,

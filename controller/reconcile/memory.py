@@ -61,6 +61,7 @@ def after_write(
     desired: dict[str, int],
     result: WriteResult,
     now: float,
+    interval: float,
 ) -> dict[str, int]:
     """Remember what ``result`` did and return what the target holds now (in a dry run what
     it would hold). ``found`` is the target as read, ``in_effect`` as it was weighed."""
@@ -74,5 +75,5 @@ def after_write(
     if result.write in (Write.WOULD, Write.DONE):
         memory.last_change = now
         before, after = cluster_shares(found, in_effect.weights), cluster_shares(found, applied)
-        memory.actuation.changed(now, before, after)
+        memory.actuation.changed(now, before, after, interval)
     return applied

@@ -35,7 +35,7 @@ def drive(delay: float, seed: int, n: int = 300) -> tuple[Actuation, list[tuple[
         act.observe(now, arrivals(split, n, rng))
         settling.append((now, act.settling(now, changed, SETTLE, INTERVAL)))
         if now == 100.0:
-            act.changed(now, before, after)
+            act.changed(now, before, after, INTERVAL)
             changed = now
     return act, settling
 
@@ -68,10 +68,11 @@ def test_small_moves_and_uncounted_clusters_are_not_measured() -> None:
     rng = random.Random(3)
     for tick in range(1, 4):
         act.observe(tick * INTERVAL, arrivals({"a": 50.0, "b": 50.0}, 300, rng))
-    act.changed(30.0, {"a": 50.0, "b": 50.0}, {"a": 47.0, "b": 53.0})
+    act.changed(30.0, {"a": 50.0, "b": 50.0}, {"a": 47.0, "b": 53.0}, INTERVAL)
     assert act.pending is None  # 3 points drown in the counting noise
-    act.observe(40.0, {"a": None, "b": 120.0})  # a dead cluster has no count
-    act.changed(40.0, {"a": 47.0, "b": 53.0}, {"a": 0.0, "b": 100.0})
+    later = 30.0 + UNKNOWN * INTERVAL  # the small one has surely acted by then
+    act.observe(later, {"a": None, "b": 120.0})  # a dead cluster has no count
+    act.changed(later, {"a": 47.0, "b": 53.0}, {"a": 0.0, "b": 100.0}, INTERVAL)
     assert act.pending is not None and act.pending.cluster == "b"
 
 
@@ -80,7 +81,18 @@ def test_a_change_made_before_the_last_one_acted_is_not_measured() -> None:
     rng = random.Random(4)
     for tick in range(1, 4):
         act.observe(tick * INTERVAL, arrivals({"a": 50.0, "b": 50.0}, 300, rng))
-    act.changed(30.0, {"a": 50.0, "b": 50.0}, {"a": 25.0, "b": 75.0})
+    act.changed(30.0, {"a": 50.0, "b": 50.0}, {"a": 25.0, "b": 75.0}, INTERVAL)
     act.observe(40.0, arrivals({"a": 50.0, "b": 50.0}, 300, rng))
-    act.changed(50.0, {"a": 25.0, "b": 75.0}, {"a": 10.0, "b": 90.0})
+    act.changed(50.0, {"a": 25.0, "b": 75.0}, {"a": 10.0, "b": 90.0}, INTERVAL)
     assert act.pending is None  # the first one acting would be taken for the second
+
+
+def test_a_change_soon_after_one_too_small_to_see_is_not_measured_either() -> None:
+    act = Actuation()
+    rng = random.Random(5)
+    for tick in range(1, 4):
+        act.observe(tick * INTERVAL, arrivals({"a": 50.0, "b": 50.0}, 300, rng))
+    act.changed(30.0, {"a": 50.0, "b": 50.0}, {"a": 47.0, "b": 53.0}, INTERVAL)
+    act.observe(40.0, arrivals({"a": 47.0, "b": 53.0}, 300, rng))
+    act.changed(40.0, {"a": 47.0, "b": 53.0}, {"a": 20.0, "b": 80.0}, INTERVAL)
+    assert act.pending is None
