@@ -190,8 +190,8 @@ class TargetDiscovery:
             mapping = self._mappings[namespace]
             defined += mapping.defined
             for obj in models:
-                model = self._cache.get(obj, mapping, minimum)
-                if len(model.refs) >= 2 and self._usable(model):
+                model = self._parsed(obj, mapping, minimum)
+                if model is not None and len(model.refs) >= 2 and self._usable(model):
                     targets.append(model)
         for route in self.routes.values():
             for rule in await self._read_httproute(route):
@@ -288,6 +288,22 @@ class TargetDiscovery:
             )
             return []
         return objects.httproute(obj, config)
+
+    def _parsed(
+        self, obj: Mapping[str, Any], mapping: ProviderMapping, minimum: int
+    ) -> Target | None:
+        """One ExternalModel as a target; one that cannot be read is refused, by name, and
+        the others are read on (a bad object never leaves its own entry)."""
+        try:
+            return self._cache.get(obj, mapping, minimum)
+        except Exception as exc:  # anything in an object anyone can write
+            found = obj.get("metadata")
+            meta: Mapping[str, Any] = found if isinstance(found, dict) else {}
+            key = f"ExternalModel/{meta.get('namespace', '?')}/{meta.get('name', '?')}"
+            why = f"unreadable: {type(exc).__name__}"
+            self._refused[key] = why
+            self._problem("object refused: unreadable", ("unreadable", key), target=key, why=why)
+            return None
 
     def _usable(self, target: Target) -> bool:
         names = [ref.name for ref in target.refs]

@@ -75,9 +75,42 @@ def last_applied_key(rule: int | None) -> str:
     return LAST_APPLIED if rule is None else f"{LAST_APPLIED}.rule-{rule}"
 
 
+NOTE_MAX_CHARS = 256  # of a pause note shown
+# What our own annotations may hold: a weight map of at most 64 refs is far below both.
+JSON_MAX_CHARS = 16 * 1024
+JSON_MAX_DEPTH = 4
+
+
+def bounded_json(text: str) -> Any:
+    """``json.loads`` for annotation values anyone can write: refused (ValueError) when longer
+    than ``JSON_MAX_CHARS`` or nested deeper than ``JSON_MAX_DEPTH``, before it is parsed (a
+    deeply nested value would raise RecursionError, which no caller expects)."""
+    if len(text) > JSON_MAX_CHARS:
+        raise ValueError(f"longer than {JSON_MAX_CHARS} characters")
+    depth, deepest, quoted, escaped = 0, 0, False, False
+    for char in text:
+        if quoted:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                quoted = False
+        elif char == '"':
+            quoted = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > JSON_MAX_DEPTH:
+                raise ValueError(f"nested deeper than {JSON_MAX_DEPTH}")
+        elif char in "]}":
+            depth -= 1
+    return json.loads(text)
+
+
 def _last_applied(annotations: Mapping[str, str], key: str) -> dict[str, int] | None:
     try:
-        recorded = json.loads(annotations[key])["weights"]
+        recorded = bounded_json(annotations[key])["weights"]
         return {str(k): int(v) for k, v in recorded.items()}
     except (KeyError, ValueError, TypeError, AttributeError):
         return None
@@ -138,7 +171,10 @@ def _paused(annotations: Mapping[str, str]) -> str | None:
     value = annotations.get(PAUSE_ANNOTATION)
     if value is None or value.strip().lower() in ("", "false", "no", "0"):
         return None
-    return "paused by annotation" if value.strip().lower() in ("true", "yes", "1") else value
+    if value.strip().lower() in ("true", "yes", "1"):
+        return "paused by annotation"
+    # the note goes into logs, /debug/state and status: an operator's sentence, not a file
+    return value if len(value) <= NOTE_MAX_CHARS else value[:NOTE_MAX_CHARS] + "…"
 
 
 def _pinned(annotations: Mapping[str, str]) -> dict[str, int] | None:
@@ -148,7 +184,7 @@ def _pinned(annotations: Mapping[str, str]) -> dict[str, int] | None:
     if value is None:
         return None
     try:
-        pinned = json.loads(value)
+        pinned = bounded_json(value)
     except ValueError:
         return {}
     if not isinstance(pinned, dict) or not all(
@@ -237,13 +273,18 @@ def map_providers(
     defined: list[ClusterSettings] = []
     problems: list[str] = []
     for provider in providers:
-        name = str(provider.get("metadata", {}).get("name", ""))
+        meta = provider.get("metadata", {})
+        name = str(meta.get("name", ""))
         annotations = _annotations(provider)
         if CLUSTER_ANNOTATION in annotations:
             clusters[name] = annotations[CLUSTER_ANNOTATION]
         elif VLLM_URLS_ANNOTATION in annotations or EPP_URL_ANNOTATION in annotations:
+            # An object's cluster is its own: named namespace/name, so two teams' providers
+            # of the same name are two clusters, never one read from either's pages.
+            namespace = str(meta.get("namespace", ""))
+            own = f"{namespace}/{name}" if namespace else name
             try:
-                cluster = cluster_from_annotations(name, annotations, tokens or {})
+                cluster = cluster_from_annotations(own, annotations, tokens or {})
             except UnknownTokenError as exc:
                 problems.append(f"ExternalProvider {name}: {exc}")
                 continue
@@ -259,7 +300,7 @@ def map_providers(
                 )
                 continue
             defined.append(cluster)
-            clusters[name] = name
+            clusters[name] = own
         elif name in configured:
             clusters[name] = name
     return ProviderMapping(clusters, tuple(defined), tuple(problems))

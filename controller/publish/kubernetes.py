@@ -38,6 +38,7 @@ from controller.model import Target, Write, WriteResult
 from controller.settings import Settings
 
 log = structlog.get_logger("controller.publish")
+REFUSAL_EVENTS = 10  # Warning Events for newly refused objects, at most, per tick
 T = TypeVar("T")
 
 
@@ -57,9 +58,22 @@ class KubernetesPublisher:
         self._metrics = metrics
         self._is_leader = is_leader
         self.discovery = discovery or TargetDiscovery(settings, api, metrics)
+        self._warned: set[tuple[str, str]] = set()  # refused objects told by an Event
 
     async def discover(self) -> Discovery:
-        return await self.discovery.discover()
+        """The targets; an object newly refused (unreadable, owned by another controller) is
+        told by a Warning Event on it, once while it stays refused, by the leader only."""
+        found = await self.discovery.discover()
+        refused = {(key, why) for key, why in found.refused.items()}
+        if self._is_leader(self._kube.api_timeout):
+            for key, why in sorted(refused - self._warned)[:REFUSAL_EVENTS]:
+                kind, _, rest = key.partition("/")
+                namespace, _, name = rest.partition("/")
+                if namespace and name:
+                    await self._event_on(kind, namespace, name, "", "Refused", why, "Warning")
+                self._warned.add((key, why))
+        self._warned &= refused
+        return found
 
     async def write(self, target: Target, desired: Mapping[str, int], why: str) -> WriteResult:
         """Patch ``target`` to hold ``desired``. Leadership is checked before every attempt."""
@@ -147,22 +161,36 @@ class KubernetesPublisher:
             )
 
     async def _event(self, target: Target, message: str) -> None:
+        await self._event_on(
+            target.kind, target.namespace, target.name, target.uid, "WeightsChanged", message
+        )
+
+    async def _event_on(
+        self,
+        kind: str,
+        namespace: str,
+        name: str,
+        uid: str,
+        reason: str,
+        message: str,
+        kind_of_event: str = "Normal",
+    ) -> None:
         now = datetime.now(UTC)
-        group, version, _ = _gvp(target)
+        group, version = (
+            objects.HTTPROUTE[:2] if kind == "HTTPRoute" else objects.EXTERNAL_MODEL[:2]
+        )
         body = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(
-                generate_name=f"{target.name}.", namespace=target.namespace
-            ),
+            metadata=client.V1ObjectMeta(generate_name=f"{name[:200]}.", namespace=namespace),
             involved_object=client.V1ObjectReference(
                 api_version=f"{group}/{version}",
-                kind=target.kind,
-                name=target.name,
-                namespace=target.namespace,
-                uid=target.uid,
+                kind=kind,
+                name=name,
+                namespace=namespace,
+                uid=uid or None,
             ),
-            reason="WeightsChanged",
-            message=message,
-            type="Normal",
+            reason=reason,
+            message=message[:1024],
+            type=kind_of_event,
             source=client.V1EventSource(component="weight-controller"),
             reporting_component="weight-controller",
             reporting_instance=self._settings.leader_election.identity or "weight-controller",
@@ -172,12 +200,13 @@ class KubernetesPublisher:
         )
         try:
             await self._call(
-                f"create event in {target.namespace}",
-                lambda: self._core.create_namespaced_event(target.namespace, body),
+                f"create event in {namespace}",
+                lambda: self._core.create_namespaced_event(namespace, body),
             )
         except APIError as exc:  # an Event is a courtesy; the weights are already written
             self.discovery.count(exc)
-            log.warning("could not emit event", target=target.key, error=str(exc))
+            key = f"{kind}/{namespace}/{name}"
+            log.warning("could not emit event", target=key, error=str(exc))
 
     async def _call(self, doing: str, request: Callable[[], Awaitable[T]]) -> T:
         return await call(doing, request, self._kube.api_timeout)

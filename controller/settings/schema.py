@@ -207,13 +207,19 @@ class PodDiscovery(_Group):
         return self
 
 
+# A DNS label, or namespace/name (a Kubernetes object's own: a namespace is a DNS label, a
+# name a DNS subdomain).
+_CLUSTER_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[a-z0-9]([-.a-z0-9]*[a-z0-9])?)?$"
+
+
 class ClusterSettings(_Group):
     """One cluster serving the model: where its signals are read."""
 
     name: str = Field(
-        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
-        max_length=63,
-        description="Names the cluster in logs, metric labels and weights (a DNS label).",
+        pattern=_CLUSTER_NAME,
+        max_length=63 + 1 + 253,
+        description="Names the cluster in logs, metric labels and weights: a DNS label (a "
+        "cluster an ExternalProvider's annotations define is named namespace/name).",
     )
     vllm_urls: list[HttpUrl] = Field(
         default_factory=list,

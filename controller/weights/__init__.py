@@ -17,15 +17,18 @@ laws share about stepping from the weights in force is ``steps``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from typing import TypeVar
 
-from controller.model import Decision, Mode, Signals, Target
+from controller.model import Decision, Mode, Ref, Signals, Target
 from controller.settings import WeightSettings
 from controller.signals import on_one_basis
 from controller.weights import capacity, integral
 from controller.weights.rounding import TOTAL, at_least, proportional, round_to_total
 from controller.weights.steps import survivors
+
+_V = TypeVar("_V")
 
 __all__ = [
     "TOTAL",
@@ -74,27 +77,75 @@ def weigh(
         return _pinned(target, held, law)
     mapped = [ref for ref in target.refs if ref.cluster is not None]
     share = budget(target)
-    if not mapped or share < len(mapped) * max(1, target.minimum):
-        note = "no ref maps to a known cluster" if not mapped else "unmapped refs hold it all"
-        return held, Decision(None, {}, Mode.NO_DATA, False, (note,), law=law)
-    inputs = {ref.name: signals.get(ref.cluster or "") for ref in mapped}
-    current = {ref.name: ref.weight for ref in mapped}
+    problem = _no_room(target, mapped, share)
+    if problem is not None:
+        return held, Decision(None, {}, Mode.NO_DATA, False, (problem,), law=law)
+    # Refs that name one cluster share its share: the cluster is decided once, then split.
+    refs_of: dict[str, list[str]] = {}
+    for ref in mapped:
+        refs_of.setdefault(ref.cluster or "", []).append(ref.name)
+    inputs = {cluster: signals.get(cluster) for cluster in refs_of}
+    current = {c: sum(held.get(r, 0) for r in refs) for c, refs in refs_of.items()}
     in_force = proportional(current, TOTAL) if sum(current.values()) > 0 else None
     healthy, basis = on_one_basis({name: s for name, s in inputs.items() if s is not None})
     inputs = {name: healthy.get(name) for name in inputs}
     why = factors(healthy, params)
     decided = decide(inputs, in_force, params, settling)
-    decision = replace(
-        decided,
-        scores={n: f["score"] for n, f in why.items()},
-        factors=why,
-        capacity_from={n: s.capacity_from for n, s in healthy.items() if s.capacity_from},
-        notes=decided.notes if basis is None else (*decided.notes, basis),
+    decision = _per_ref(
+        replace(
+            decided,
+            scores={n: f["score"] for n, f in why.items()},
+            factors=why,
+            capacity_from={n: s.capacity_from for n, s in healthy.items() if s.capacity_from},
+            notes=decided.notes if basis is None else (*decided.notes, basis),
+        ),
+        refs_of,
     )
     if not decision.changed or decision.weights is None:
         return held, decision
     scaled = at_least(proportional(decision.weights, share), target.minimum)
     return {**held, **scaled}, decision
+
+
+def _no_room(target: Target, mapped: Sequence[Ref], share: int) -> str | None:
+    """Why the mapped refs cannot be weighed at all, or ``None``. More refs than points is
+    not one of them where a weight may be 0: some then get 0 (``decide`` says so)."""
+    if not mapped:
+        return "no ref maps to a known cluster"
+    if share <= 0:
+        return "unmapped refs hold it all"
+    if share < len(mapped) * target.minimum:
+        return (
+            f"{len(mapped)} refs at the schema's minimum of {target.minimum} need more than "
+            f"the {share} points they share"
+        )
+    return None
+
+
+def _per_ref(decision: Decision, refs_of: Mapping[str, Sequence[str]]) -> Decision:
+    """A decision over clusters as one over refs: each cluster's weight and goal split evenly
+    among the refs that name it, its score and factors shown on each."""
+
+    def split(values: Mapping[str, float]) -> dict[str, float]:
+        return {
+            ref: values[cluster] / len(refs)
+            for cluster, refs in refs_of.items()
+            if cluster in values
+            for ref in refs
+        }
+
+    def each(values: Mapping[str, _V]) -> dict[str, _V]:
+        return {r: values[c] for c, refs in refs_of.items() if c in values for r in refs}
+
+    weights = None if decision.weights is None else proportional(split(decision.weights), TOTAL)
+    return replace(
+        decision,
+        weights=weights,
+        goal=split(decision.goal),
+        scores=each(decision.scores),
+        factors=each(decision.factors),
+        capacity_from=each(decision.capacity_from),
+    )
 
 
 def pin_problem(target: Target) -> str | None:

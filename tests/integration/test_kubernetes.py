@@ -337,7 +337,7 @@ async def test_providers_can_define_clusters_by_annotation(
         settings = settings_for(sims, kubernetes=loopback_ok)
         async with Controller(settings, serve=False, api=api) as controller:
             await ticks(controller, 4)
-            assert "remote-llm" in controller.snapshot.report.clusters
+            assert f"{NS}/remote-llm" in controller.snapshot.report.clusters
     final = weights_of(apiserver)
     assert final["east"] > final["remote-llm"]
 
@@ -886,7 +886,7 @@ async def test_a_hostile_annotation_is_refused_and_never_fetched(
     async with Controller(settings, serve=False, api=api) as controller:
         with capture_logs() as logs:
             await ticks(controller, 3)
-        redirector = controller.snapshot.report.clusters["redirector"]
+        redirector = controller.snapshot.report.clusters[f"{NS}/redirector"]
     problems = [e["problem"] for e in logs if e["event"] == "ignoring provider annotations"]
     assert any("metadata-ip" in p and "link-local address 169.254.169.254" in p for p in problems)
     assert any("api-server" in p and "it is the Kubernetes API server" in p for p in problems)

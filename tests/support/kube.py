@@ -21,8 +21,10 @@ CRD = "inference.opendatahub.io/v1alpha1"
 NS = "maas-system"
 
 
-def provider(name: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, "namespace": NS}
+def provider(
+    name: str, annotations: dict[str, str] | None = None, namespace: str = NS
+) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": namespace}
     if annotations:
         meta["annotations"] = annotations
     spec = {
@@ -33,10 +35,19 @@ def provider(name: str, annotations: dict[str, str] | None = None) -> dict[str, 
     return {"metadata": meta, "spec": spec}
 
 
-def model(name: str, refs: list[tuple[str, int]], managed: bool = True) -> dict[str, Any]:
+def model(
+    name: str,
+    refs: list[tuple[str, int]],
+    managed: bool = True,
+    namespace: str = NS,
+    annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
     labels = {MANAGED_LABEL: "true"} if managed else {}
+    meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": labels}
+    if annotations:
+        meta["annotations"] = annotations
     return {
-        "metadata": {"name": name, "namespace": NS, "labels": labels},
+        "metadata": meta,
         "spec": {
             "externalProviderRefs": [
                 {
@@ -59,8 +70,8 @@ def seed(apiserver: FakeAPIServer, refs: list[tuple[str, int]], name: str = "lla
     apiserver.put_object(CRD, "externalmodels", model(name, refs))
 
 
-def weights_of(apiserver: FakeAPIServer, name: str = "llama") -> dict[str, int]:
-    obj = apiserver.get(CRD, "externalmodels", NS, name)
+def weights_of(apiserver: FakeAPIServer, name: str = "llama", namespace: str = NS) -> dict[str, int]:
+    obj = apiserver.get(CRD, "externalmodels", namespace, name)
     assert obj is not None
     return {r["ref"]["name"]: r["weight"] for r in obj["spec"]["externalProviderRefs"]}
 

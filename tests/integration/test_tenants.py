@@ -1,0 +1,94 @@
+"""Many teams, one controller, through the real kubernetes-asyncio client and the API double
+that enforces the upstream CRDs: one team's objects never reach another's routing."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from kubernetes_asyncio import client
+
+from controller.app import Controller
+from controller.fakes.clusters import Fleet, SimCluster
+from controller.kube.objects import PAUSE_ANNOTATION, PIN_ANNOTATION, VLLM_URLS_ANNOTATION
+from tests.support.apiserver import FakeAPIServer
+from tests.support.kube import CRD, model, provider, settings_for, ticks, weights_of
+
+TEAM_A, TEAM_B = "team-a", "team-b"
+LOOPBACK_OK = {"annotation_urls": {"allow_loopback": True}}  # the test's pods are local
+
+
+@pytest.fixture
+async def api(apiserver: FakeAPIServer) -> AsyncIterator[client.ApiClient]:
+    async with client.ApiClient(client.Configuration(host=apiserver.url)) as api_client:
+        yield api_client
+
+
+async def test_same_name_providers_in_two_namespaces_are_two_clusters(
+    apiserver: FakeAPIServer, api: client.ApiClient
+) -> None:
+    """Both teams call their provider "gpu": team A's model is weighed from team A's pages
+    (hot), never from team B's (cool)."""
+    async with Fleet(
+        [
+            SimCluster("a-gpu", kv=0.97, noise=0.0),
+            SimCluster("b-gpu", kv=0.10, noise=0.0),
+            SimCluster("spare", kv=0.10, noise=0.0),
+        ]
+    ) as sims:
+        for team, sim in ((TEAM_A, "a-gpu"), (TEAM_B, "b-gpu")):
+            urls = {VLLM_URLS_ANNOTATION: ",".join(sims[sim].vllm_urls())}
+            apiserver.put_object(CRD, "externalproviders", provider("gpu", urls, team))
+            spare = {VLLM_URLS_ANNOTATION: ",".join(sims["spare"].vllm_urls())}
+            apiserver.put_object(CRD, "externalproviders", provider("spare", spare, team))
+            apiserver.put_object(
+                CRD, "externalmodels", model("llama", [("gpu", 50), ("spare", 50)], namespace=team)
+            )
+        settings = settings_for(sims, kubernetes=LOOPBACK_OK)
+        async with Controller(settings, serve=False, api=api) as controller:
+            await ticks(controller, 3)
+            clusters = controller.snapshot.report.clusters
+            assert clusters[f"{TEAM_A}/gpu"].metrics is not None
+            kv_a = clusters[f"{TEAM_A}/gpu"].metrics.kv_mean  # type: ignore[union-attr]
+            kv_b = clusters[f"{TEAM_B}/gpu"].metrics.kv_mean  # type: ignore[union-attr]
+    assert kv_a is not None and kv_a > 0.9 and kv_b is not None and kv_b < 0.2
+    assert weights_of(apiserver, namespace=TEAM_A)["gpu"] < 50  # shed: its own page is hot
+    assert weights_of(apiserver, namespace=TEAM_B)["gpu"] >= 50  # cool: not shed
+
+
+async def test_a_hostile_annotation_in_one_namespace_leaves_the_others_as_they_were(
+    apiserver: FakeAPIServer, api: client.ApiClient
+) -> None:
+    """Team B's pin is JSON nested 100,000 deep (it raised RecursionError and stopped discovery
+    everywhere, so team A's new models went unfound and a write went over a pause)."""
+    async with Fleet(
+        [SimCluster("hot", kv=0.97, noise=0.0), SimCluster("cool", kv=0.1, noise=0.0)]
+    ) as sims:
+        for team in (TEAM_A, TEAM_B):
+            for name, sim in (("hot", "hot"), ("cool", "cool")):
+                urls = {VLLM_URLS_ANNOTATION: ",".join(sims[sim].vllm_urls())}
+                apiserver.put_object(CRD, "externalproviders", provider(name, urls, team))
+        refs = [("hot", 50), ("cool", 50)]
+        deep = {PIN_ANNOTATION: "[" * 100_000 + "]" * 100_000}
+        apiserver.put_object(
+            CRD, "externalmodels", model("evil", refs, namespace=TEAM_B, annotations=deep)
+        )
+        paused = {PAUSE_ANNOTATION: "INC-7: hold"}
+        apiserver.put_object(
+            CRD, "externalmodels", model("held", refs, namespace=TEAM_A, annotations=paused)
+        )
+        apiserver.put_object(CRD, "externalmodels", model("llama", refs, namespace=TEAM_A))
+        settings = settings_for(sims, kubernetes=LOOPBACK_OK)
+        async with Controller(settings, serve=False, api=api) as controller:
+            await ticks(controller, 2)
+            apiserver.put_object(CRD, "externalmodels", model("late", refs, namespace=TEAM_A))
+            await ticks(controller, 2)
+            report = controller.snapshot.report
+    assert report.kubernetes == (True, None)  # discovery went on
+    targets = report.targets
+    assert f"ExternalModel/{TEAM_A}/late" in targets  # found after the hostile object
+    evil = targets[f"ExternalModel/{TEAM_B}/evil"].outcome.decision
+    assert any("pin ignored" in note for note in evil.notes)
+    assert weights_of(apiserver, "evil", TEAM_B) == {"hot": 50, "cool": 50}  # held, not moved
+    assert weights_of(apiserver, "held", TEAM_A) == {"hot": 50, "cool": 50}  # still paused
+    assert weights_of(apiserver, "llama", TEAM_A)["hot"] < 50  # weighed as ever

@@ -1,0 +1,59 @@
+"""``weights.weigh`` at the edges of a target: refs that share a cluster, more clusters than
+points, the schema's minimum."""
+
+from __future__ import annotations
+
+from controller.model import IMPLICIT_TARGET, Mode, Ref, Target
+from controller.settings import WeightSettings
+from controller.weights import weigh
+from tests.support.signals import read
+
+P = WeightSettings()
+
+
+def target(refs: list[tuple[str, str, int]], minimum: int = 0, total: int | None = 100) -> Target:
+    return Target(
+        "ExternalModel",
+        "llm",
+        "m",
+        "uid",
+        "1",
+        tuple(
+            Ref(f"/spec/externalProviderRefs/{i}", "/ref/name", n, w, c)
+            for i, (n, c, w) in enumerate(refs)
+        ),
+        minimum=minimum,
+        total=total,
+    )
+
+
+def test_two_refs_on_one_cluster_share_its_share() -> None:
+    # a and a-again both name cluster east; beside an equal west, east still gets half
+    t = target([("a", "east", 0), ("a-again", "east", 0), ("b", "west", 0)])
+    desired, decision = weigh(t, {"east": read(0.3), "west": read(0.3)}, P)
+    assert decision.mode is Mode.INITIAL
+    assert desired["a"] + desired["a-again"] == desired["b"] == 50
+    assert decision.factors["a"] == decision.factors["a-again"]  # the cluster's, on each
+
+
+def test_more_clusters_than_points_is_never_all_zero() -> None:
+    names = [f"c{i:03d}" for i in range(101)]
+    t = Target(
+        IMPLICIT_TARGET,
+        "",
+        IMPLICIT_TARGET,
+        "",
+        "",
+        tuple(Ref(n, n, n, 0, n) for n in names),
+        total=100,
+    )
+    desired, decision = weigh(t, {n: read(0.3) for n in names}, P)
+    assert sum(desired.values()) == 100 and max(desired.values()) == 1
+    assert any("some get 0" in note for note in decision.notes)
+
+
+def test_refs_the_schema_minimum_cannot_fit_are_held_and_said_so() -> None:
+    refs = [(f"r{i}", f"c{i}", 1) for i in range(101)]
+    desired, decision = weigh(target(refs, minimum=1), {f"c{i}": read(0.3) for i in range(101)}, P)
+    assert decision.mode is Mode.NO_DATA and desired == {r: 1 for r, _, _ in refs}
+    assert "minimum of 1" in decision.notes[0]
