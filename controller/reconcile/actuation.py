@@ -12,11 +12,12 @@ is interpolated within the first of those ticks; the delay is that moment less t
 
 ``settling`` is what the law is told. The configured ``settle`` is the floor. Past it, a change
 not yet seen acting keeps the target settling up to ``wait_limit`` (a router that ignores the
-weights must not freeze them), and one that acted still waits one interval of readings after
-it did. A change too small to see, or one of a target whose arrivals are not counted, waits for
-the longest recent delay and a scrape instead (``wait_limit`` before any was measured). A
-change made while the last one may still be on its way is not measured: the last one's effect
-would be taken for its own.
+weights must not freeze them), and one that acted waits ``settle`` from the moment it did:
+``settle`` is the time a step needs to show in the readings once traffic has moved. A change
+too small to see, or one of a target whose arrivals are not counted, waits for the longest
+recent delay and ``settle`` (``wait_limit`` before any was measured). A change made while the
+last one may still be on its way is not measured: the last one's effect would be taken for its
+own.
 ``estimate``, the median of the last ``KEEP`` delays, is shown in ``/debug/state``,
 ``status --explain`` and ``weight_controller_target_actuation_delay_seconds``.
 """
@@ -148,10 +149,10 @@ class Actuation:
         if self.pending is not None and self.pending.at == last_change:
             return elapsed < self.wait_limit(settle, interval)
         if self.acted_at is not None and self.acted_at >= last_change:
-            return now - self.acted_at < interval
+            return now - self.acted_at < settle
         if not self.delays:  # a change too small to see: as long as they take, at most
             return elapsed < self.wait_limit(settle, interval)
-        return elapsed < self.longest + interval
+        return elapsed < self.longest + settle
 
 
 def _towards(change: Change, seen: float) -> bool:

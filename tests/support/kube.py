@@ -70,7 +70,9 @@ def seed(apiserver: FakeAPIServer, refs: list[tuple[str, int]], name: str = "lla
     apiserver.put_object(CRD, "externalmodels", model(name, refs))
 
 
-def weights_of(apiserver: FakeAPIServer, name: str = "llama", namespace: str = NS) -> dict[str, int]:
+def weights_of(
+    apiserver: FakeAPIServer, name: str = "llama", namespace: str = NS
+) -> dict[str, int]:
     obj = apiserver.get(CRD, "externalmodels", namespace, name)
     assert obj is not None
     return {r["ref"]["name"]: r["weight"] for r in obj["spec"]["externalProviderRefs"]}
