@@ -242,8 +242,10 @@ class TargetDiscovery:
         return self._mapping(await self._list(objects.EXTERNAL_PROVIDER, namespace, False))
 
     def _mapping(self, providers: list[dict[str, Any]]) -> ProviderMapping:
-        tokens = self._kube.annotation_urls.tokens
-        mapping = objects.map_providers(providers, self._configured, self._refuse, tokens)
+        urls = self._kube.annotation_urls
+        mapping = objects.map_providers(
+            providers, self._configured, self._refuse, urls.tokens, urls.max_urls
+        )
         for problem in mapping.problems:
             self._problem("ignoring provider annotations", ("provider", problem), problem=problem)
         return mapping

@@ -265,6 +265,7 @@ def map_providers(
     configured: set[str],
     refuse: Callable[[str], str | None] = lambda url: None,
     tokens: Mapping[str, Path] | None = None,
+    max_urls: int = 64,
 ) -> ProviderMapping:
     """Provider name → cluster. ``refuse`` says why a metrics URL from an annotation may not
     be fetched (see ``controller.addresses``); such a provider defines no cluster, is a
@@ -291,6 +292,12 @@ def map_providers(
             except ValidationError as exc:
                 reason = "; ".join(e["msg"] for e in exc.errors(include_url=False))
                 problems.append(f"ExternalProvider {name}: bad metrics annotations: {reason}")
+                continue
+            if len(cluster.vllm_urls) > max_urls:
+                problems.append(
+                    f"ExternalProvider {own}: {len(cluster.vllm_urls)} vLLM URLs, more than "
+                    f"kubernetes.annotation_urls.max_urls ({max_urls})"
+                )
                 continue
             urls = [str(u) for u in (*cluster.vllm_urls, cluster.epp_url) if u is not None]
             refused = [f"{url} ({why})" for url in urls if (why := refuse(url)) is not None]

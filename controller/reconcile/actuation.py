@@ -143,13 +143,16 @@ class Actuation:
         ``settle`` 0 never waits, not even for the measured delay."""
         if last_change is None or settle <= 0:
             return False
-        elapsed = now - last_change
+        # Ticks land on the interval grid give or take how long a fetch took: a wait is over
+        # within a quarter interval of its end, so the same story never turns on that jitter.
+        slack = interval / 4
+        elapsed = now - last_change + slack
         if elapsed < settle:
             return True
         if self.pending is not None and self.pending.at == last_change:
             return elapsed < self.wait_limit(settle, interval)
         if self.acted_at is not None and self.acted_at >= last_change:
-            return now - self.acted_at < settle
+            return now - self.acted_at + slack < settle
         if not self.delays:  # a change too small to see: as long as they take, at most
             return elapsed < self.wait_limit(settle, interval)
         return elapsed < self.longest + settle

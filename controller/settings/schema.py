@@ -223,7 +223,8 @@ class ClusterSettings(_Group):
     )
     vllm_urls: list[HttpUrl] = Field(
         default_factory=list,
-        description="vLLM /metrics pages, one per pod; KV cache, queue and e2e latency.",
+        description="vLLM /metrics pages, one per pod; KV cache, queue and e2e latency. A URL "
+        "listed twice counts once.",
     )
     epp_url: HttpUrl | None = Field(
         default=None, description="The EPP /metrics page: request latency and pool averages."
@@ -286,6 +287,15 @@ class ClusterSettings(_Group):
         default=None,
         description="Read this cluster's signals with PromQL instead of scraping its pods.",
     )
+
+    @field_validator("vllm_urls")
+    @classmethod
+    def _once_each(cls, value: list[HttpUrl]) -> list[HttpUrl]:
+        """A URL listed twice is one pod: counted once, or it would weigh as two."""
+        seen: dict[str, HttpUrl] = {}
+        for url in value:
+            seen.setdefault(str(url), url)
+        return list(seen.values())
 
     @model_validator(mode="after")
     def _no_secret_in_the_open(self) -> Self:
@@ -355,6 +365,13 @@ class ScrapeSettings(_Group):
         "connection per slot is kept alive where the server allows it. Each slot holds up "
         "to twice aiohttp's read buffer of body in flight, so more slots cost memory, and "
         "past a few dozen the CPU, not the slots, sets the pace (benchmarks/README.md).",
+    )
+    max_concurrency_per_cluster: int = Field(
+        default=8,
+        ge=1,
+        le=10000,
+        description="Of those, how many one cluster may hold: a cluster with thousands of "
+        "pods that never answer waits for its own slots, never for the other clusters'.",
     )
     min_pod_fraction: float = Field(
         default=0.5,
@@ -592,6 +609,14 @@ class AnnotationURLSettings(_Group):
         default=False,
         description="Allow loopback URLs (127.0.0.0/8, ::1, localhost): for local runs and "
         "tests only, never in a cluster.",
+    )
+    max_urls: int = Field(
+        default=64,
+        ge=1,
+        le=4096,
+        description="vLLM URLs one ExternalProvider's annotation may list; more refuses the "
+        "provider (a team's list must not take the tick from the others; for a large "
+        "deployment list its EPP, or configure the cluster with pods discovery).",
     )
     tokens: dict[str, Path] = Field(
         default_factory=dict,

@@ -65,6 +65,8 @@ class ScrapeSource:
         self._session = session
         self._clock = clock
         self._reader = PageReader(cluster, scrape.min_latency_requests)
+        # this cluster's share of the process's slots (see fetch)
+        self._slots = asyncio.Semaphore(scrape.max_concurrency_per_cluster)
 
     def _endpoint(self, url: object, credential: TokenFile | None) -> Endpoint:
         return Endpoint(
@@ -78,9 +80,9 @@ class ScrapeSource:
     async def fetch(self) -> ClusterMetrics:
         started, began = self._clock(), time.perf_counter()
         pods, found = await self._pods()
-        jobs = [fetch_page(self._session, e, VLLM_EXTRACTOR) for e in pods]
+        jobs = [self._fetch(e, VLLM_EXTRACTOR) for e in pods]
         if self._epp is not None:
-            jobs.append(fetch_page(self._session, self._epp, EPP_EXTRACTOR))
+            jobs.append(self._fetch(self._epp, EPP_EXTRACTOR))
         results = await asyncio.gather(*jobs)
         epp = results.pop() if self._epp is not None else None
         took = time.perf_counter() - began
@@ -88,6 +90,13 @@ class ScrapeSource:
         if self._finder is None:
             return metrics
         return replace(metrics, discovered=tuple(e.url for e in pods))
+
+    async def _fetch(self, endpoint: Endpoint, extractor: Extractor) -> Page | PodError:
+        """One page, once this cluster has a slot of its own free: a cluster queues its pages
+        behind each other, not in front of the other clusters' (the process-wide limiter then
+        serves them first come, first served)."""
+        async with self._slots:
+            return await fetch_page(self._session, endpoint, extractor)
 
     async def _pods(self) -> tuple[list[Endpoint], PodError | None]:
         """The pods to read this tick: the listed ones, or the ones discovery finds now

@@ -3,16 +3,24 @@ that enforces the upstream CRDs: one team's objects never reach another's routin
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
+from aiohttp import web
 from kubernetes_asyncio import client
 
 from controller.app import Controller
 from controller.fakes.clusters import Fleet, SimCluster
+from controller.fakes.pages import CumulativeHistogram, vllm_v1_page
+from controller.kube import objects
 from controller.kube.objects import PAUSE_ANNOTATION, PIN_ANNOTATION, VLLM_URLS_ANNOTATION
+from controller.render import report_json
+from controller.settings import build_settings
+from tests.conftest import Serve
 from tests.support.apiserver import FakeAPIServer
 from tests.support.kube import CRD, model, provider, settings_for, ticks, weights_of
+from tests.support.servers import text_handler
 
 TEAM_A, TEAM_B = "team-a", "team-b"
 LOOPBACK_OK = {"annotation_urls": {"allow_loopback": True}}  # the test's pods are local
@@ -92,3 +100,52 @@ async def test_a_hostile_annotation_in_one_namespace_leaves_the_others_as_they_w
     assert weights_of(apiserver, "evil", TEAM_B) == {"hot": 50, "cool": 50}  # held, not moved
     assert weights_of(apiserver, "held", TEAM_A) == {"hot": 50, "cool": 50}  # still paused
     assert weights_of(apiserver, "llama", TEAM_A)["hot"] < 50  # weighed as ever
+
+
+async def test_a_cluster_of_pods_that_never_answer_cannot_take_the_tick_from_another(
+    serve: Serve,
+) -> None:
+    """200 hanging URLs in one cluster held every slot of the process: the healthy cluster
+    beside it timed out and its weight went from 50 to 1. Each cluster now waits for its own
+    slots (scrape.max_concurrency_per_cluster)."""
+
+    async def hang(_: web.Request) -> web.Response:
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+    fine = vllm_v1_page("m", [0.3], [0], [2], [CumulativeHistogram()])
+    server = await serve({"/hang": hang, "/fine": text_handler(fine)})
+    settings = build_settings(
+        {
+            "interval": 1,
+            "clusters": [
+                {
+                    "name": "wide",
+                    "vllm_urls": [f"{server.url('/hang')}?pod={i}" for i in range(200)],
+                },
+                {"name": "fine", "vllm_urls": [server.url("/fine")]},
+            ],
+            "scrape": {"timeout": 0.4},
+        }
+    )
+    async with Controller(settings, serve=False) as controller:
+        report = report_json(await controller.once())
+    assert report["clusters"]["fine"]["healthy"] is True
+    assert report["clusters"]["wide"]["healthy"] is False
+    assert report["targets"]["configured"]["applied"]["fine"] == 100
+
+
+def test_a_url_listed_twice_is_one_pod() -> None:
+    settings = build_settings(
+        {"clusters": [{"name": "a", "vllm_urls": ["http://p:8000/metrics"] * 200}]}
+    )
+    assert len(settings.clusters[0].vllm_urls) == 1
+
+
+def test_a_provider_listing_too_many_urls_is_refused_and_named() -> None:
+    many = ",".join(f"http://10.0.0.{i % 250}:{8000 + i}/metrics" for i in range(65))
+    found = objects.map_providers(
+        [provider("wide", {VLLM_URLS_ANNOTATION: many}, TEAM_A)], set(), max_urls=64
+    )
+    assert found.defined == () and "wide" not in found.clusters
+    assert "team-a/wide: 65 vLLM URLs, more than" in found.problems[0]
