@@ -188,6 +188,7 @@ class Ref:
     name: str
     weight: int
     cluster: str | None  # None: unmapped, its weight is kept
+    stated: bool = True  # the object holds this weight as an integer (not a default)
 
 
 @dataclass(frozen=True, slots=True)

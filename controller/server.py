@@ -20,7 +20,8 @@ from prometheus_client.aiohttp import make_aiohttp_handler
 from controller.render import state_json
 from controller.state import Snapshot
 
-# The loop is alive if it ticked within this many intervals.
+# The loop is alive if it finished a stage within this many intervals (each stage ends by its
+# deadline, so a hung API server does not make a live loop look dead).
 LIVENESS_INTERVALS = 3
 
 
@@ -78,10 +79,10 @@ def make_app(
     started = time.monotonic()
 
     async def healthz(_: web.Request) -> web.Response:
-        last = snapshot.report.finished_monotonic or started
+        last = max(snapshot.report.finished_monotonic or started, snapshot.beat or started)
         age = time.monotonic() - last
         if age > LIVENESS_INTERVALS * interval:
-            return web.Response(status=503, text=f"no tick for {age:.1f}s\n")
+            return web.Response(status=503, text=f"the loop has not turned for {age:.1f}s\n")
         return web.Response(text="ok\n")
 
     async def readyz(_: web.Request) -> web.Response:

@@ -68,3 +68,6 @@ class Snapshot:
     def __init__(self, clusters: Iterable[str] = (), dry_run: bool = False) -> None:
         self.report = TickReport(clusters={name: ClusterView() for name in clusters})
         self.dry_run = dry_run
+        # time.monotonic() when the loop last finished a stage: liveness is the loop turning,
+        # whatever the API server does (each stage has its own deadline)
+        self.beat: float | None = None

@@ -22,8 +22,10 @@ from controller import addresses
 from controller.kube import objects
 from controller.kube.errors import (
     APIError,
+    APIGate,
     APINotFoundError,
     APIServerError,
+    APIThrottledError,
     APIUnavailableError,
     call,
 )
@@ -77,6 +79,7 @@ class TargetDiscovery:
         self._targets: dict[str, Target] = {}
         self._defined: list[ClusterSettings] = []
         self._cache = _Cache()
+        self.gate = APIGate()  # one API server's throttle, shared with the publisher
         self._configured = {c.name for c in settings.clusters}
         self.routes = {(r.namespace, r.name): r for r in self._kube.httproutes}
         # Provider mappings from the last discovery, reused when a written or re-read object
@@ -166,7 +169,7 @@ class TargetDiscovery:
                 ),
             )
             self._minimum = objects.weight_minimum(crd)
-        except (APIUnavailableError, APIServerError) as exc:
+        except (APIUnavailableError, APIServerError, APIThrottledError) as exc:
             self.count(exc)
             return 1  # for now; the CRD is read again on the next discovery
         except (APIError, KeyError, ValueError, TypeError, AttributeError) as exc:
@@ -326,7 +329,7 @@ class TargetDiscovery:
         return True
 
     async def _call(self, doing: str, request: Callable[[], Awaitable[T]]) -> T:
-        return await call(doing, request, self._kube.api_timeout)
+        return await call(doing, request, self._kube.api_timeout, self.gate)
 
 
 def _by_namespace(items: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:

@@ -8,14 +8,18 @@ APIError
 │                         CRD's schema (``NewInvalid``) — never retried with the same body
 ├── APIForbiddenError     403: RBAC is missing a verb — an operator must fix it
 ├── APIServerError        5xx
-└── APIUnavailableError   no answer at all (connection refused, timeout)
+├── APIThrottledError     429 (or 503 with Retry-After): wait as told — ``APIGate`` sends
+│                         nothing until then
+└── APIUnavailableError   no answer at all (connection refused)
+    └── APITimeoutError   no answer within ``kubernetes.api_timeout``: a slow or hung API
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
 
 import aiohttp
@@ -69,6 +73,50 @@ class APIUnavailableError(APIError):
     reason = "unavailable"
 
 
+class APITimeoutError(APIUnavailableError):
+    reason = "api_timeout"
+
+
+class APIThrottledError(APIError):
+    reason = "throttled"
+
+    def __init__(self, message: str, status: int | None, retry_after: float | None) -> None:
+        super().__init__(message, status)
+        self.retry_after = retry_after
+
+
+# A throttled API is left alone for what Retry-After says, within these bounds; without one,
+# for BACKOFF_FIRST seconds, doubled on every throttle in a row up to BACKOFF_MAX.
+BACKOFF_FIRST = 1.0
+BACKOFF_MAX = 60.0
+
+
+class APIGate:
+    """One API server's throttle: after a 429 nothing is sent until its ``Retry-After`` has
+    passed (client-go's ``WithRetryAfter`` semantics, but failing fast instead of sleeping
+    inside a tick). Shared by every caller of one API server."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self.until = 0.0
+        self._streak = 0
+
+    def closed_for(self) -> float:
+        """Seconds left to wait; 0 when requests may go."""
+        return max(0.0, self.until - self._clock())
+
+    def throttled(self, retry_after: float | None) -> float:
+        """Told to wait: close for ``retry_after`` (bounded), or back off; the wait."""
+        self._streak += 1
+        backoff = min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** (self._streak - 1))
+        wait = backoff if retry_after is None else min(BACKOFF_MAX, max(0.0, retry_after))
+        self.until = max(self.until, self._clock() + wait)
+        return wait
+
+    def answered(self) -> None:
+        self._streak = 0
+
+
 # What a kubernetes-asyncio call can raise when the API server says no or does not answer.
 API_EXCEPTIONS = (ApiException, aiohttp.ClientError, OSError)
 
@@ -104,6 +152,17 @@ def _causes(exc: ApiException) -> list[dict[str, str]]:
     ]
 
 
+def _retry_after(exc: ApiException) -> float | None:
+    """``Retry-After`` in seconds (RFC 9110 also allows a date; the API server sends seconds)."""
+    headers: Mapping[str, str] = exc.headers or {}
+    value = next((v for k, v in headers.items() if str(k).lower() == "retry-after"), None)
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and seconds == seconds else None  # NaN: none
+
+
 def translate(exc: BaseException, doing: str) -> APIError:
     """``doing`` says what we tried (``patch externalmodels maas-system/m``) for the message."""
     if isinstance(exc, ApiException):
@@ -111,18 +170,39 @@ def translate(exc: BaseException, doing: str) -> APIError:
         message = f"{doing}: HTTP {status}: {_message(exc)}"
         if status == 422 and (causes := _causes(exc)):
             return APISchemaError(message, status, causes)
+        retry_after = _retry_after(exc)
+        if status == 429 or (status == 503 and retry_after is not None):
+            return APIThrottledError(message, status, retry_after)
         kind = _BY_STATUS.get(status, APIServerError if status >= 500 else APIError)
         return kind(message, status)
-    if isinstance(exc, aiohttp.ClientError | TimeoutError | OSError):
+    if isinstance(exc, TimeoutError | aiohttp.ServerTimeoutError):
+        return APITimeoutError(f"{doing}: no answer (timed out)")
+    if isinstance(exc, aiohttp.ClientError | OSError):
         return APIUnavailableError(f"{doing}: {type(exc).__name__}: {exc}")
     raise exc
 
 
-async def call(doing: str, request: Callable[[], Awaitable[T]], seconds: float) -> T:
+async def call(
+    doing: str,
+    request: Callable[[], Awaitable[T]],
+    seconds: float,
+    gate: APIGate | None = None,
+) -> T:
     """``request()`` within ``seconds``; a failure as our own error, saying what we were
-    ``doing`` (``patch externalmodels llm/granite``)."""
+    ``doing`` (``patch externalmodels llm/granite``). While ``gate`` is closed by a throttle
+    nothing is sent: the call fails at once as throttled."""
+    if gate is not None and (left := gate.closed_for()) > 0:
+        raise APIThrottledError(
+            f"{doing}: not sent, the API server asked to wait {left:.1f}s more", None, left
+        )
     try:
         async with asyncio.timeout(seconds):
-            return await request()
+            answer = await request()
     except API_EXCEPTIONS as exc:
-        raise translate(exc, doing) from exc
+        error = translate(exc, doing)
+        if gate is not None and isinstance(error, APIThrottledError):
+            error.retry_after = gate.throttled(error.retry_after)
+        raise error from exc
+    if gate is not None:
+        gate.answered()
+    return answer

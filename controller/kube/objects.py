@@ -65,6 +65,12 @@ def _weight(entry: Mapping[str, Any]) -> int:
     return int(value) if isinstance(value, int | float) else DEFAULT_WEIGHT
 
 
+def _stated(entry: Mapping[str, Any]) -> bool:
+    """The entry holds its weight as an integer, so a patch can ``test`` that it still does."""
+    value = entry.get("weight")
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _annotations(obj: Mapping[str, Any]) -> dict[str, str]:
     return dict(obj.get("metadata", {}).get("annotations") or {})
 
@@ -207,6 +213,7 @@ def external_model(obj: Mapping[str, Any], providers: ProviderMapping, minimum: 
                 name=name,
                 weight=_weight(entry),
                 cluster=providers.clusters.get(name),
+                stated=_stated(entry),
             )
         )
     return _target("ExternalModel", obj, refs, minimum=minimum)
@@ -244,6 +251,7 @@ def httproute(obj: Mapping[str, Any], config: HTTPRouteTarget) -> list[Target]:
                 name=str(backend.get("name", "")),
                 weight=_weight(backend),
                 cluster=config.backends.get(str(backend.get("name", ""))),
+                stated=_stated(backend),
             )
             for b, backend in enumerate(rule.get("backendRefs") or [])
         ]
@@ -357,13 +365,19 @@ def _escape(key: str) -> str:
 
 
 def weight_patch(target: Target, desired: Mapping[str, int], stamp: str) -> list[Json]:
-    """A JSON Patch that ``test``s each changed ref's name at its index before setting its
-    weight — if the list was reordered meanwhile the API server rejects the whole patch (422)
-    instead of giving a weight to the wrong provider — and records what we applied."""
+    """A JSON Patch that ``test``s each ref's name at its index, and the weight it was read
+    with, before setting the new weights — if the list was reordered, or someone changed a
+    weight since it was read, the API server rejects the whole patch (422) and the loop
+    re-reads and weighs again, instead of giving a weight to the wrong provider or overwriting
+    a hand edit blind — and records what we applied."""
     ops: list[Json] = []
     for ref in target.refs:
-        if ref.name in desired and desired[ref.name] != ref.weight:
-            ops.append({"op": "test", "path": ref.path + ref.name_path, "value": ref.name})
+        if ref.name not in desired:
+            continue
+        ops.append({"op": "test", "path": ref.path + ref.name_path, "value": ref.name})
+        if ref.stated:
+            ops.append({"op": "test", "path": ref.path + "/weight", "value": ref.weight})
+        if desired[ref.name] != ref.weight:
             ops.append({"op": "add", "path": ref.path + "/weight", "value": desired[ref.name]})
     record = json.dumps({"weights": dict(sorted(desired.items())), "time": stamp})
     key = last_applied_key(target.rule)

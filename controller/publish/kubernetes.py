@@ -2,9 +2,11 @@
 
 The targets come from ``controller.kube.discovery`` (``discover`` hands them on). ``write``:
 
-- a JSON Patch whose ``test`` ops pin each ref's name at its index (a reordered list gets a 422,
-  never wrong weights); on 409/422 the object is read afresh and handed back as a conflict, so
-  the loop decides again from what it holds now;
+- a JSON Patch whose ``test`` ops pin each ref's name at its index and the weight it was read
+  with (a reordered list or a hand edit gets a 422, never wrong weights or a blind overwrite);
+  on 409/422 the object is read afresh (a changed weight is logged with who changed it) and
+  handed back as a conflict, so the loop decides again from what it holds now;
+- a 429 closes the API for its ``Retry-After`` (``kubernetes.errors.APIGate``);
 - 404: the target is gone, forget it; 403: refused, with a detail naming the verb to grant;
 - the applied weights and time go into the ``last-applied`` annotation, and an Event is emitted;
 - a weight someone else changed is logged with who changed it (from managedFields).
@@ -122,6 +124,14 @@ class KubernetesPublisher:
         if fresh is None:
             self.discovery.forget(target)
             return WriteResult(Write.GONE)
+        if fresh.weights != target.weights:  # a hand edit since the read: told, not lost
+            log.warning(
+                "weights changed since they were read",
+                target=target.key,
+                changed_by=objects.last_writer(fresh.writers, self._kube.field_manager),
+                read=_fmt(target.weights),
+                now=_fmt(fresh.weights),
+            )
         self.discovery.remember(fresh)
         return WriteResult(Write.CONFLICT, fresh)
 
@@ -209,7 +219,7 @@ class KubernetesPublisher:
             log.warning("could not emit event", target=key, error=str(exc))
 
     async def _call(self, doing: str, request: Callable[[], Awaitable[T]]) -> T:
-        return await call(doing, request, self._kube.api_timeout)
+        return await call(doing, request, self._kube.api_timeout, self.discovery.gate)
 
 
 def _gvp(target: Target) -> tuple[str, str, str]:

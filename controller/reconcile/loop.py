@@ -1,15 +1,18 @@
 """The reconcile loop. One tick is a list of stages, read top to bottom in ``tick()``:
 
     discover  the routing targets the publisher knows, and the clusters objects define
-    read      every cluster's signals, each under the tick deadline
+    read      every cluster's signals, each under the stage deadline
     judge     each cluster's health from its fetch (``fleet``)
     weigh     every target, once, with ``weights.weigh`` from what it holds now (``memory``)
-    publish   what changed, through the publisher (a conflict is weighed again from a fresh read)
+    publish   what changed, through the publisher, several targets at once under one deadline
+              (a conflict is weighed again from a fresh read)
     record    the tick's report, built whole (with realised share) and swapped in at once
     journal   the log lines, from the previous report and this one
 
 Ticks never overlap and do not drift: each starts on the interval grid, and a tick that overran
-skips the slots it missed instead of bunching up. One cluster's failure stays that cluster's,
+skips the slots it missed instead of bunching up. Discover, read and publish each end by their
+deadline (``DEADLINE_SHARE`` of the interval) and beat the snapshot's heartbeat, so a hung API
+server costs ticks their writes, never liveness. One cluster's failure stays that cluster's,
 and one target's failure stays that target's.
 """
 
@@ -101,11 +104,14 @@ class Reconciler:
         began = time.perf_counter()
         with structlog.contextvars.bound_contextvars(tick=self._tick):
             found = await self._discover()
+            self._beat()
             self._judge(await self._read())
+            self._beat()
             inputs = self._fleet.signals()
             self._observe(found.targets)
             plans = [self._weigh(target, inputs) for target in found.targets]
-            outcomes = [await self._publish(plan, inputs) for plan in plans]
+            outcomes = await self._publish_all(plans, inputs)
+            self._beat()
             report = self._record(found, outcomes, began)
             self._journal.write(self._snapshot.report, report)
             self._snapshot.report = report
@@ -113,17 +119,33 @@ class Reconciler:
             self._on_tick(report)
         return report
 
+    def _beat(self) -> None:
+        self._snapshot.beat = time.monotonic()
+
     # ---- discover ----------------------------------------------------------------------------
     async def _discover(self) -> Discovery:
         """The publisher's targets; clusters it names beyond the configured ones are read too.
-        If discovery fails, the targets as the last tick left them are weighed again."""
+        If discovery fails or runs out of time, the targets as the last tick left them are
+        weighed again."""
+        deadline = self._settings.interval * DEADLINE_SHARE
+        known = tuple(view.outcome.target for view in self.targets.values())
         try:
-            async with asyncio.timeout(self._settings.interval * DEADLINE_SHARE):
+            async with asyncio.timeout(deadline):
                 found = await self._publisher.discover()
+        except TimeoutError:  # a slow or hung API server: a condition, not a bug
+            self._metrics.reconcile_errors.labels("discover").inc()
+            error = f"discovery: no answer within the stage deadline {deadline:g}s"
+            self._conditions.observe(
+                "cannot read targets",
+                ("discover",),
+                reason="api_timeout",
+                error=error,
+                kept_targets=len(known),
+            )
+            return replace(self._found, targets=known, reachable=False, error=error)
         except Exception:  # discovery failing must not stop scraping what we know
             self._metrics.reconcile_errors.labels("discover").inc()
             self._conditions.observe("discovery failed", ("discover",), "error", exc_info=True)
-            known = tuple(view.outcome.target for view in self.targets.values())
             return replace(self._found, targets=known)
         self._conditions.clear(("discover",))
         self._found = found
@@ -185,7 +207,50 @@ class Reconciler:
         return Plan(found, target, desired, decision)
 
     # ---- publish -----------------------------------------------------------------------------
-    async def _publish(self, plan: Plan, inputs: Mapping[str, Signals | None]) -> TargetDecision:
+    async def _publish_all(
+        self, plans: Sequence[Plan], inputs: Mapping[str, Signals | None]
+    ) -> list[TargetDecision]:
+        """Every plan's writes, ``kubernetes.max_parallel_writes`` at once, all under one
+        deadline; a write still out when it passes is cut off and counts as failed
+        (``api_timeout``; it is weighed and tried again next tick). Outcomes in plan order."""
+        slots = asyncio.Semaphore(self._settings.kubernetes.max_parallel_writes)
+        deadline = self._settings.interval * DEADLINE_SHARE
+
+        async def attempt(plan: Plan) -> tuple[Plan, WriteResult]:
+            async with slots:
+                return await self._attempt(plan, inputs)
+
+        tasks = [asyncio.create_task(attempt(plan)) for plan in plans if self._changes(plan)]
+        try:
+            if tasks:
+                await asyncio.wait(tasks, timeout=deadline)
+        finally:  # cut off what is still out, also when the tick itself is cancelled
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        done = iter(tasks)
+        outcomes = []
+        for plan in plans:
+            result = WriteResult(Write.NONE, plan.target)
+            if self._changes(plan):
+                task = next(done)
+                if task.cancelled():
+                    detail = f"publish deadline {deadline:g}s passed before the write was answered"
+                    result = WriteResult(Write.FAILED, plan.target, detail, "api_timeout")
+                elif (exc := task.exception()) is not None:  # a bug: this target's only
+                    result = self._raised("publish", plan.found.key, plan.target, exc)
+                else:
+                    plan, result = task.result()
+            outcomes.append(self._outcome(plan, result))
+        return outcomes
+
+    @staticmethod
+    def _changes(plan: Plan) -> bool:
+        return plan.desired != plan.target.weights
+
+    async def _attempt(
+        self, plan: Plan, inputs: Mapping[str, Signals | None]
+    ) -> tuple[Plan, WriteResult]:
         """Write what changed; after a conflict, weigh again from the fresh read and retry."""
         result = WriteResult(Write.NONE, plan.target)
         for _ in range(self._settings.kubernetes.write_retries):
@@ -199,6 +264,10 @@ class Reconciler:
         else:
             detail = "the object changed under every attempt"
             result = replace(result, detail=detail, reason="conflict")
+        return plan, result
+
+    def _outcome(self, plan: Plan, result: WriteResult) -> TargetDecision:
+        """What one target's publishing came to, and its memory after it."""
         key = plan.found.key
         if result.write not in (Write.NONE, Write.FOLLOWER):
             self._metrics.add_target(key)
@@ -226,15 +295,17 @@ class Reconciler:
         try:
             result = await self._publisher.write(plan.target, plan.desired, why)
         except Exception as exc:  # one target's failure must not stop the others
-            self._metrics.reconcile_errors.labels("publish").inc()
-            key = plan.found.key
-            self._conditions.observe(
-                "publish raised", ("publish", key), "error", target=key, exc_info=True
-            )
-            result = WriteResult(Write.FAILED, plan.target, type(exc).__name__, "internal")
+            result = self._raised("publish", plan.found.key, plan.target, exc)
         schema = result.write is Write.REFUSED and result.reason == "schema"
         memory.refused = (dict(plan.desired), result) if schema else None
         return result
+
+    def _raised(self, stage: str, key: str, target: Target, exc: BaseException) -> WriteResult:
+        self._metrics.reconcile_errors.labels(stage).inc()
+        self._conditions.observe(
+            "publish raised", ("publish", key), "error", target=key, exc_info=exc
+        )
+        return WriteResult(Write.FAILED, target, type(exc).__name__, "internal")
 
     # ---- record ------------------------------------------------------------------------------
     def _record(

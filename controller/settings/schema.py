@@ -671,6 +671,14 @@ class KubernetesSettings(_Group):
         le=10,
         description="Re-read and retry a guarded write this often on conflict (409/422).",
     )
+    max_parallel_writes: int = Field(
+        default=8,
+        ge=1,
+        le=64,
+        description="Targets written at once. All of a tick's writes share one deadline "
+        "(80% of the interval): a slow API costs a tick that long, not a call's timeout per "
+        "target, and a write it cuts off is retried next tick (reason api_timeout).",
+    )
     annotation_urls: AnnotationURLSettings = Field(default_factory=AnnotationURLSettings)
     min_weight: Literal["auto"] | Annotated[int, Field(ge=0, le=100)] = Field(
         default="auto",

@@ -223,6 +223,9 @@ async def test_readyz_waits_for_the_first_reconcile_and_healthz_for_a_live_loop(
             report = controller.snapshot.report
             controller.snapshot.report = replace(report, finished_monotonic=stalled)
             async with session.get(base + "/healthz") as response:
+                assert response.status == 200  # a stage finished since: the loop turns
+            controller.snapshot.beat = stalled
+            async with session.get(base + "/healthz") as response:
                 assert response.status == 503
 
 

@@ -101,6 +101,7 @@ class Fault:
     code: int
     times: int
     seconds: float = 0.0
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -126,6 +127,8 @@ class FakeAPIServer:
     users: dict[str, str] = field(default_factory=dict)
     grants: set[tuple[str, str]] = field(default_factory=set)
     rejected: list[Json] = field(default_factory=list)  # every 422 with causes we answered
+    waiting: int = 0  # requests held by ``slow`` right now, and the most at once
+    most_waiting: int = 0
     _version: itertools.count[int] = field(default_factory=lambda: itertools.count(1000))
     _runner: web.AppRunner | None = None
 
@@ -164,8 +167,15 @@ class FakeAPIServer:
             self._runner = None
 
     # ---- test helpers ----------------------------------------------------------------------
-    def fail(self, method: str, plural: str, code: int, times: int = 1) -> None:
-        self.faults.append(Fault(method, plural, code, times))
+    def fail(
+        self,
+        method: str,
+        plural: str,
+        code: int,
+        times: int = 1,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self.faults.append(Fault(method, plural, code, times, headers=headers or {}))
 
     def slow(self, method: str, plural: str, seconds: float, times: int = 1) -> None:
         """Answer the next ``times`` matching requests ``seconds`` late (a loaded server)."""
@@ -225,7 +235,9 @@ class FakeAPIServer:
         for fault in self.faults:
             if fault.method == request.method and fault.plural == plural and fault.times > 0:
                 fault.times -= 1
-                return status(fault.code, "Injected", f"injected {fault.code}")
+                answer = status(fault.code, "Injected", f"injected {fault.code}")
+                answer.headers.update(fault.headers)
+                return answer
         return None
 
     async def _collection(self, request: web.Request) -> web.Response:
@@ -381,7 +393,12 @@ class FakeAPIServer:
             plural = request.match_info.get("plural")
             if (delay.method, delay.plural) == (request.method, plural) and delay.times > 0:
                 delay.times -= 1
-                await asyncio.sleep(delay.seconds)
+                self.waiting += 1
+                self.most_waiting = max(self.most_waiting, self.waiting)
+                try:
+                    await asyncio.sleep(delay.seconds)
+                finally:
+                    self.waiting -= 1
                 break
         raw = await request.read()
         body = json.loads(raw) if raw else None
