@@ -274,10 +274,25 @@ class Controller:
             task.result()  # surface a crash of the loop itself (it catches per tick)
 
 
+# SIGHUP stops the daemon as SIGTERM does (the tick in flight finishes, the Lease is released,
+# exit 0) instead of killing it: the settings are read once, so a "reload" is a restart, which
+# Kubernetes does when the process exits.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
 def install_signal_handlers(stop: asyncio.Event) -> None:
     loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
+
+    def stopping(signum: signal.Signals) -> None:
+        if signum is signal.SIGHUP:
+            note = "settings are read at start-up: SIGHUP stops, a restart reads them again"
+            log.info("signal received", signal=signum.name, note=note)
+        else:
+            log.info("signal received", signal=signum.name)
+        stop.set()
+
+    for signum in STOP_SIGNALS:
+        loop.add_signal_handler(signum, stopping, signum)
 
 
 def _always(margin: float = 0.0) -> bool:

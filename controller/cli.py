@@ -193,6 +193,7 @@ def _simulate(args: argparse.Namespace) -> int:
     from controller import logs
     from controller.simulation.plot import plot
     from controller.simulation.report import (
+        EXTRA_POLICIES,
         POLICIES,
         Job,
         as_json,
@@ -211,8 +212,9 @@ def _simulate(args: argparse.Namespace) -> int:
         print(f"unknown scenario {unknown[0]!r}; known: {', '.join(SCENARIOS)}", file=sys.stderr)
         return EXIT_CONFIG
     policies = args.policies.split(",") if args.policies else list(POLICIES)
-    if any(p not in POLICIES for p in policies):
-        print(f"unknown policy in {args.policies!r}; known: {', '.join(POLICIES)}", file=sys.stderr)
+    known = (*POLICIES, *EXTRA_POLICIES)
+    if any(p not in known for p in policies):
+        print(f"unknown policy in {args.policies!r}; known: {', '.join(known)}", file=sys.stderr)
         return EXIT_CONFIG
     bad = [item for item in args.set if "=" not in item or not item.split("=", 1)[0]]
     if bad:

@@ -15,7 +15,7 @@ from pydantic_settings import SettingsError
 from controller import CONFIG_ENV
 from controller.errors import ConfigError
 from controller.settings.checks import cross_field_problems
-from controller.settings.schema import Settings
+from controller.settings.schema import ENV_PREFIX, Settings
 
 
 def _format_loc(loc: tuple[int | str, ...]) -> str:
@@ -40,6 +40,34 @@ def _error_lines(exc: ValidationError) -> list[str]:
     return lines
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping: YAML 1.2 says keys
+    are unique, and PyYAML would silently keep the last (a second ``clusters:`` would drop
+    the first list)."""
+
+
+class _DuplicateKeyError(yaml.YAMLError):
+    pass
+
+
+def _unique_keys(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    seen: dict[object, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        line = key_node.start_mark.line + 1
+        try:
+            first = seen.get(key)
+        except TypeError:  # an unhashable key: the constructor below says what is wrong
+            continue
+        if first is not None:
+            raise _DuplicateKeyError(f"line {line}: duplicate key {key!r} (first on line {first})")
+        seen[key] = line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_keys)
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
@@ -48,7 +76,11 @@ def read_yaml(path: Path) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise ConfigError([f"{path}: not a YAML file (not UTF-8 text)"]) from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_StrictLoader)  # a SafeLoader: no arbitrary objects
+    except _DuplicateKeyError as exc:
+        raise ConfigError(
+            [f"{path}: {exc}: YAML keys are unique, and the first would be lost"]
+        ) from None
     except yaml.YAMLError as exc:
         raise ConfigError([f"{path}: not valid YAML: {exc}".replace("\n", " ")]) from exc
     if data is None:
@@ -58,9 +90,29 @@ def read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
+def unknown_environment(environ: Mapping[str, str] | None = None) -> list[str]:
+    """``WEIGHT_CONTROLLER_*`` variables that name no setting: pydantic-settings ignores them,
+    so a misspelt one would silently change nothing. Names are matched as pydantic-settings
+    matches them (case-insensitive; ``__`` into a group, whose own fields the model checks)."""
+    environ = os.environ if environ is None else environ
+    known = {ENV_PREFIX + name.upper() for name in Settings.model_fields} | {CONFIG_ENV}
+    problems = []
+    for name in sorted(environ):
+        upper = name.upper()
+        if not upper.startswith(ENV_PREFIX) or upper in known:
+            continue
+        if upper.split("__", 1)[0] in known:
+            continue  # WEIGHT_CONTROLLER_SCRAPE__TIMEOUT: the group validates its own fields
+        fields = ", ".join(sorted(Settings.model_fields))
+        problems.append(f"environment: {name} names no setting (top level: {fields})")
+    return problems
+
+
 def build_settings(data: Mapping[str, Any]) -> Settings:
     """Validate a mapping (plus the environment) into Settings, or raise ConfigError with
     every problem: field errors and cross-field ones together, one line each."""
+    if unknown := unknown_environment():
+        raise ConfigError(unknown)
     try:
         return Settings(**data)
     except ValidationError as exc:

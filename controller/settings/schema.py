@@ -37,6 +37,7 @@ from controller.settings.durations import (
 from controller.settings.queries import PrometheusQueries
 
 ENV_PREFIX = "WEIGHT_CONTROLLER_"
+MIN_INTERVAL, MAX_INTERVAL = 0.1, 3600.0
 
 
 def _in_cluster_name(host: str) -> bool:
@@ -757,8 +758,20 @@ class Settings(BaseSettings):
     interval: Duration = Field(
         default=INTERVAL,
         description="Reconcile period: fast enough to follow KV pressure, slow enough that a "
-        "weight change shows in the next scrape.",
+        "weight change shows in the next scrape. 100ms to 1h (under 1s only for tests and "
+        "the demo).",
     )
+
+    @field_validator("interval")
+    @classmethod
+    def _sane_interval(cls, value: float) -> float:
+        if not MIN_INTERVAL <= value <= MAX_INTERVAL:
+            raise ValueError(
+                f"{value:g}s is outside 100ms..1h: a tick must have time to read and write, "
+                "and a loop that ticks once a day does not follow load"
+            )
+        return value
+
     clusters: list[ClusterSettings] = Field(min_length=1)
     queriers: list[Querier] = Field(
         default_factory=list,

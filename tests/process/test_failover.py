@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 from pathlib import Path
 
 import aiohttp
@@ -103,3 +104,50 @@ async def _wait(check: object, seconds: float) -> None:
     while not check():
         assert loop.time() - began < seconds, "condition not met in time"
         await asyncio.sleep(0.1)
+
+
+async def test_sighup_stops_cleanly_and_releases_the_lease(
+    apiserver: FakeAPIServer, tmp_path: Path, daemon: StartDaemon
+) -> None:
+    """SIGHUP killed the daemon (Python's default) with the Lease still held, so the next
+    leader waited out a whole lease. It now stops as SIGTERM does; settings are not reloaded
+    (a restart reads them), and the log says so."""
+    seed(apiserver, [("east", 50), ("west", 50)])
+    config = str(kubeconfig(tmp_path / "kubeconfig", apiserver.url))
+    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("KUBERNETES_")}
+    async with Fleet([SimCluster("east", kv=0.2), SimCluster("west", kv=0.2)]) as sims:
+        port = free_port()
+        child = await daemon(
+            {
+                "interval": "300ms",
+                "clusters": sims.settings_clusters(),
+                "scrape": {"timeout": "150ms"},
+                "server": {"bind": f"127.0.0.1:{port}"},
+                "kubernetes": {"enabled": True, "api_timeout": "1s"},
+                "leader_election": {
+                    "identity": "replica-0",
+                    "lease_duration": f"{LEASE_DURATION}s",
+                    "renew_deadline": "1500ms",
+                    "retry_period": f"{int(RETRY * 1000)}ms",
+                },
+            },
+            "run",
+            "--leader-elect",
+            "--kubeconfig",
+            config,
+            env=env,
+        )
+        async with aiohttp.ClientSession() as session:
+            for _ in range(200):  # bounded: 10 s
+                if await leader_gauge(session, port) == 1:
+                    break
+                await asyncio.sleep(0.05)
+            assert await leader_gauge(session, port) == 1
+        await child.stop(10, signal.SIGHUP)
+    assert child.returncode == 0, child.err.decode()
+    lease = apiserver.get("coordination.k8s.io/v1", "leases", NS, "weight-controller")
+    assert lease is not None and lease["spec"]["holderIdentity"] == ""
+    events = child.events()
+    hup = [e for e in events if e["event"] == "signal received"]
+    assert hup and hup[0]["signal"] == "SIGHUP" and "restart" in hup[0]["note"]
+    assert events[-1]["event"] == "stopped"

@@ -71,12 +71,12 @@ class Daemon:
         assert self.process.returncode is not None
         return self.process.returncode
 
-    async def stop(self, seconds: float = 20) -> float:
-        """SIGTERM, then wait for the exit; how long it took (loop time)."""
+    async def stop(self, seconds: float = 20, signum: int = signal.SIGTERM) -> float:
+        """SIGTERM (or ``signum``), then wait for the exit; how long it took (loop time)."""
         assert self.process is not None
         loop = asyncio.get_running_loop()
         began = loop.time()
-        self.process.send_signal(signal.SIGTERM)
+        self.process.send_signal(signum)
         await self.finish(seconds)
         return loop.time() - began
 

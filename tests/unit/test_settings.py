@@ -107,12 +107,38 @@ def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.Monk
         (MINIMAL.replace("cluster-c", "cluster-b"), "clusters: names must be unique: cluster-b"),
         ("- just\n- a list\n", "the top level must be a mapping"),
         ("clusters: [\n", "not valid YAML"),
+        # a second clusters: list silently dropped the first
+        (
+            MINIMAL + "clusters:\n  - {name: z, vllm_urls: ['http://z:1/']}\n",
+            "duplicate key 'clusters' (first on line 2)",
+        ),
+        (MINIMAL + "scrape: {timeout: 1s, timeout: 2s}\n", "duplicate key 'timeout'"),
+        ("interval: 1ms\n" + MINIMAL.split("\n", 1)[1], "interval: 0.001s is outside 100ms..1h"),
+        ("interval: 99999999h\n" + MINIMAL.split("\n", 1)[1], "is outside 100ms..1h"),
     ],
 )
 def test_bad_config_names_field_and_reason(tmp_path: Path, text: str, expected: str) -> None:
     with pytest.raises(ConfigError) as raised:
         load_settings(write(tmp_path, text))
     assert any(expected in line for line in raised.value.lines), raised.value.lines
+
+
+def test_a_misspelt_environment_name_is_refused_not_ignored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WEIGHT_CONTROLLER_INTERVALL", "20s")
+    monkeypatch.setenv("WEIGHT_CONTROLLER_SCRAPE__TIMEOUT", "500ms")  # a real one is fine
+    with pytest.raises(ConfigError) as raised:
+        load_settings(write(tmp_path, MINIMAL))
+    assert len(raised.value.lines) == 1
+    assert raised.value.lines[0].startswith(
+        "environment: WEIGHT_CONTROLLER_INTERVALL names no setting"
+    )
+    monkeypatch.delenv("WEIGHT_CONTROLLER_INTERVALL")
+    monkeypatch.setenv("WEIGHT_CONTROLLER_SCRAPE__TIMOUT", "1s")  # inside a group: the model
+    with pytest.raises(ConfigError) as raised:
+        load_settings(write(tmp_path, MINIMAL))
+    assert "scrape.timout: Extra inputs are not permitted" in raised.value.lines
 
 
 def test_cli_exits_2_with_one_line_per_error_and_no_traceback(tmp_path: Path) -> None:
