@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import resource
 import signal
 import ssl
 import time
@@ -14,10 +15,9 @@ from types import TracebackType
 
 import aiohttp
 import structlog
-from aiohttp import web
 
 from controller import server
-from controller.exporter import make_registry
+from controller.exporter import CacheCollector, make_registry
 from controller.kube import client as kube_client
 from controller.kube.access import AccessReviewer
 from controller.kube.endpoints import slice_lister
@@ -29,6 +29,7 @@ from controller.publish.kubernetes import KubernetesPublisher
 from controller.reconcile.loop import Reconciler
 from controller.settings import ClusterSettings, Settings
 from controller.sources import ClusterMetricsSource
+from controller.sources.pages import EPP_EXTRACTOR, VLLM_EXTRACTOR
 from controller.sources.prometheus import prometheus_source, shared_queriers
 from controller.sources.scrape import ScrapeSource
 from controller.state import Snapshot, TickReport
@@ -103,11 +104,21 @@ class Controller:
         self.publisher: Publisher = publisher or implicit(c.name for c in settings.clusters)
         self.snapshot = Snapshot(dry_run=dry_run)
         self.registry, self.metrics = make_registry(self.snapshot)
+        self.caches = CacheCollector(
+            {
+                "labels_vllm": lambda: (
+                    VLLM_EXTRACTOR.cached_entries,
+                    VLLM_EXTRACTOR.cached_bytes,
+                ),
+                "labels_epp": lambda: (EPP_EXTRACTOR.cached_entries, EPP_EXTRACTOR.cached_bytes),
+            }
+        )
+        self.registry.register(self.caches)
         self.metrics.interval.set(settings.interval)
         self._clock = clock
         self._serve = serve
         self._session: aiohttp.ClientSession | None = None
-        self._runner: web.AppRunner | None = None
+        self._runner: server.Serving | None = None
         self.port: int | None = None
         self.reconciler: Reconciler | None = None
         self._certificate: server.ServingCertificate | None = None
@@ -165,13 +176,22 @@ class Controller:
         if bind.authenticate:
             if self._api is None:
                 self._api = await kube_client.api_client(self.settings.kubernetes)
-            authorize = AccessReviewer(self._api, self.settings.kubernetes.api_timeout).status
+            reviewer = AccessReviewer(self._api, self.settings.kubernetes.api_timeout)
+            authorize = reviewer.status
+            self.caches.caches["access_accepted"] = lambda: (len(reviewer.accepted), None)
+            self.caches.caches["access_unknown"] = lambda: (len(reviewer.unknown), None)
         tls = None
         if bind.tls_cert_file is not None and bind.tls_key_file is not None:
             self._certificate = server.ServingCertificate(bind.tls_cert_file, bind.tls_key_file)
             tls = self._certificate.context
             self._cert_watch = asyncio.create_task(self._watch_certificate(), name="cert-watch")
-        app = server.make_app(self.registry, self.snapshot, self.settings.interval, authorize)
+        connections = server.Connections(
+            on_change=self.metrics.server_connections.set,
+            on_close=lambda reason: self.metrics.server_closed.labels(reason).inc(),
+        )
+        app = server.make_app(
+            self.registry, self.snapshot, self.settings.interval, authorize, connections
+        )
         self._runner, self.port = await server.start(app, bind.host, bind.port, tls)
         scheme = "https" if tls is not None else "http"
         log.info(
@@ -274,6 +294,8 @@ class Controller:
             task.result()  # surface a crash of the loop itself (it catches per tick)
 
 
+OPEN_FILES = 65536
+
 # SIGHUP stops the daemon as SIGTERM does (the tick in flight finishes, the Lease is released,
 # exit 0) instead of killing it: the settings are read once, so a "reload" is a restart, which
 # Kubernetes does when the process exits.
@@ -299,6 +321,17 @@ def _always(margin: float = 0.0) -> bool:
     return True
 
 
+def raise_open_file_limit() -> None:
+    """The soft limit on open files up to the hard one (at most 65,536), as Go's runtime does
+    since 1.19: the default soft 1,024 is shared by the server's connections (bounded by
+    ``server.MAX_CONNECTIONS``), every page in flight and the API client."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = OPEN_FILES if hard == resource.RLIM_INFINITY else min(hard, OPEN_FILES)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+
+
 def settle_collector() -> None:
     """Once start-up is done: what exists now is kept for good, so the collector stops
     looking at it, and young passes come ``GC_THRESHOLD[0]`` new containers apart."""
@@ -310,6 +343,7 @@ def settle_collector() -> None:
 async def serve_forever(settings: Settings, dry_run: bool = False) -> None:
     stop = asyncio.Event()
     install_signal_handlers(stop)
+    raise_open_file_limit()
     async with Controller(settings, dry_run=dry_run) as controller:
         settle_collector()
         await controller.run(stop)

@@ -8,7 +8,7 @@ per-cluster and per-ref gauges come from ``render``'s tables, where their names 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, MutableMapping
 
 from prometheus_client import (
     CollectorRegistry,
@@ -138,6 +138,32 @@ def _process(report: TickReport, dry_run: bool) -> Iterator[Metric]:
 
 def _family(name: str, doc: str, *labels: str) -> GaugeMetricFamily:
     return GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=list(labels))
+
+
+# A cache's size: entries, and bytes of what it keys on where that is what grows (label text).
+CacheSize = Callable[[], tuple[int, int | None]]
+
+
+class CacheCollector(Collector):
+    """What the process's bounded caches hold now, by cache (read at scrape time)."""
+
+    def __init__(self, caches: MutableMapping[str, CacheSize]) -> None:
+        self.caches = caches
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        entries = _family("cache_entries", "Entries a bounded cache holds, by cache.", "cache")
+        size = _family(
+            "cache_bytes", "Bytes of key text a bounded cache holds (label caches).", "cache"
+        )
+        for name, measure in sorted(self.caches.items()):
+            count, held = measure()
+            entries.add_metric([name], count)
+            if held is not None:
+                size.add_metric([name], held)
+        yield from (entries, size)
 
 
 def make_registry(snapshot: Snapshot) -> tuple[CollectorRegistry, ControllerMetrics]:

@@ -261,6 +261,10 @@ class Extractor:
         self._bytes += len(text)
 
     @property
+    def cached_entries(self) -> int:
+        return len(self._labels) + len(self._old_labels)
+
+    @property
     def cached_bytes(self) -> int:
         """Label text held by the cache (both generations' keys; the values hold about as much)."""
         return self._bytes + sum(len(t) for t in self._old_labels)
@@ -333,6 +337,9 @@ class PageStream:
         self.size = 0
         self.long_line = False
         self.last_char = ""
+        # OpenMetrics ends a page with "# EOF" (its newline optional); nothing may follow it.
+        self.eof = False
+        self.after_eof = False
 
     def feed(self, text: str) -> None:
         for start in range(0, len(text), PIECE):
@@ -340,6 +347,10 @@ class PageStream:
 
     def _piece(self, text: str) -> None:
         if not text:
+            return
+        if self.eof:  # past "# EOF": not read, and the page is not valid OpenMetrics
+            self.size += len(text)
+            self.after_eof = True
             return
         self.size += len(text)
         self.last_char = text[-1]
@@ -366,6 +377,13 @@ class PageStream:
         if self._longest_line(complete) > self._max_line:
             self.long_line = True
             return
+        end = _eof_at(complete)
+        if end is not None:
+            self.eof = True
+            complete, after = complete[:end], complete[end:].split("\n", 1)[1]
+            if after or rest:
+                self.after_eof = True
+            self._parts, self._pending = [], 0
         self._extractor.extract_into(complete, self.result)
 
     def _longest_line(self, text: str) -> int:
@@ -376,6 +394,30 @@ class PageStream:
     @property
     def ended_with_newline(self) -> bool:
         return self.last_char == "\n"
+
+    @property
+    def ended(self) -> bool:
+        """The page ended as a whole page does: with a newline, or with OpenMetrics' final
+        ``# EOF`` (whose newline the format makes optional)."""
+        if self.eof:
+            return True
+        return "".join(self._parts).rstrip("\r") == EOF_LINE or self.ended_with_newline
+
+
+EOF_LINE = "# EOF"
+
+
+def _eof_at(text: str) -> int | None:
+    """Where the ``# EOF`` line starts in ``text`` (whole lines), if it has one."""
+    if text.startswith(EOF_LINE) and text[len(EOF_LINE) : len(EOF_LINE) + 2] in ("\n", "\r\n"):
+        return 0
+    at = 0
+    while (at := text.find("\n" + EOF_LINE, at)) >= 0:
+        tail = text[at + 1 + len(EOF_LINE) : at + 3 + len(EOF_LINE)]
+        if tail[:1] == "\n" or tail == "\r\n":
+            return at + 1
+        at += 1
+    return None
 
 
 def _trie_pattern(words: Iterable[str]) -> str:

@@ -28,7 +28,7 @@ def failure_reason(
         return _dominant(metrics) or Reason.NO_PODS
     if metrics.kv_mean is None:
         return Reason.MISSING_METRIC
-    if _age(metrics, now) > max_staleness:
+    if _age(metrics, now) > max_staleness or _from_the_future(metrics, now):
         return Reason.STALE
     return None
 
@@ -36,6 +36,16 @@ def failure_reason(
 def _dominant(metrics: ClusterMetrics) -> Reason | None:
     counts = Counter(error.reason for error in metrics.errors)
     return counts.most_common(1)[0][0] if counts else None
+
+
+# A sample stamped this far ahead of our clock is not trusted to be fresh: its age cannot be
+# known (a pod's clock is wrong, or a replayed page); small skews between clocks are normal.
+CLOCK_SKEW = 5.0
+
+
+def _from_the_future(metrics: ClusterMetrics, now: float) -> bool:
+    newest = metrics.observed_newest
+    return newest is not None and newest > now + CLOCK_SKEW
 
 
 def _age(metrics: ClusterMetrics, now: float) -> float:

@@ -22,6 +22,8 @@ API_ERROR_REASONS = (
     "forbidden",
     "server_error",
     "unavailable",
+    "api_timeout",
+    "throttled",
     "error",
 )
 
@@ -127,6 +129,17 @@ class ControllerMetrics:
             "risk",
         )
         self.leader = new.gauge("leader", "1 while this replica holds the Lease and may write.")
+        self.server_connections = new.gauge(
+            "server_connections", "Connections open to our own HTTP server (probes, scrapers)."
+        )
+        self.server_closed = new.counter(
+            "server_connections_closed_total",
+            "Connections our server closed itself, by reason: limit (too many open), "
+            "header_timeout (no whole request in time).",
+            "reason",
+        )
+        for reason in ("limit", "header_timeout"):
+            self.server_closed.labels(reason)
 
     def add_cluster(self, cluster: str) -> None:
         """Create every labelled series at 0, so rate() and alerts see them from the start."""

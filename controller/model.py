@@ -76,7 +76,8 @@ class ClusterMetrics:
     queue_per_pod: float | None = None
     running: float | None = None
     latency: Latency | None = None
-    observed_at: float | None = None
+    observed_at: float | None = None  # the oldest KV sample's own timestamp, if pages carry one
+    observed_newest: float | None = None  # the newest: one from the future is not fresh
     invalid_samples: int = 0
     errors: tuple[PodError, ...] = ()
     pages: int = 1  # pages (or queries) this fetch asked for: the denominator of error ratios

@@ -1,6 +1,10 @@
 """The aiohttp app: /metrics (our registry), /debug/state, /healthz (the loop is alive),
 /readyz (it has decided at least once). Probes read the snapshot; they never trigger work.
 
+The server bounds what a client can hold (``Connections``): at most ``MAX_CONNECTIONS`` open
+(more are closed at once, so the process never runs out of file descriptors and the probes
+stay reachable), ``HEADER_TIMEOUT`` to send a whole request, ``IDLE_TIMEOUT`` of keep-alive.
+
 Outside a cluster it is plain HTTP on the bind address. In one (the manifests set it) it is
 HTTPS with the service CA's serving certificate, re-read when it rotates, and /metrics and
 /debug/state ask the API server who the caller is and whether it may ``get`` the path
@@ -8,6 +12,7 @@ HTTPS with the service CA's serving certificate, re-read when it rotates, and /m
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 import time
 from collections.abc import Awaitable, Callable
@@ -23,6 +28,120 @@ from controller.state import Snapshot
 # The loop is alive if it finished a stage within this many intervals (each stage ends by its
 # deadline, so a hung API server does not make a live loop look dead).
 LIVENESS_INTERVALS = 3
+
+
+# What one client may hold of the server. Prometheus keeps one connection per target alive
+# between scrapes (every 30 s by default), so idle connections live a little over two scrapes.
+MAX_CONNECTIONS = 256
+HEADER_TIMEOUT = 10.0
+IDLE_TIMEOUT = 65.0
+
+
+class Connections:
+    """The server's connections, counted and bounded. A protocol factory around aiohttp's:
+    past ``limit`` open a new connection is closed as it arrives; one that has not sent a
+    whole request's headers ``header_timeout`` after it opened is closed (a slow client
+    holding a descriptor). ``on_close(reason)`` counts what we closed."""
+
+    def __init__(
+        self,
+        limit: int = MAX_CONNECTIONS,
+        header_timeout: float = HEADER_TIMEOUT,
+        on_change: Callable[[int], None] = lambda open_now: None,
+        on_close: Callable[[str], None] = lambda reason: None,
+    ) -> None:
+        self.limit, self.header_timeout = limit, header_timeout
+        self._on_change, self._on_close = on_change, on_close
+        self._open: dict[object, _Bounded] = {}  # transport -> its protocol
+
+    @property
+    def open(self) -> int:
+        return len(self._open)
+
+    def protocol(self, inner: asyncio.Protocol) -> asyncio.Protocol:
+        if len(self._open) >= self.limit:
+            self._on_close("limit")
+            return _Refused()
+        return _Bounded(inner, self)
+
+    def answered(self, transport: object) -> None:
+        """A whole request arrived on ``transport``: its header deadline no longer applies."""
+        bounded = self._open.get(transport)
+        if bounded is not None:
+            bounded.answered()
+
+    def _opened(self, transport: object, bounded: _Bounded) -> None:
+        self._open[transport] = bounded
+        self._on_change(len(self._open))
+
+    def _closed(self, transport: object) -> None:
+        if self._open.pop(transport, None) is not None:
+            self._on_change(len(self._open))
+
+    def _timed_out(self) -> None:
+        self._on_close("header_timeout")
+
+
+class _Refused(asyncio.Protocol):
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.abort()  # type: ignore[attr-defined]
+
+
+class _Bounded(asyncio.Protocol):
+    """aiohttp's protocol for one connection, with its header deadline and its count."""
+
+    def __init__(self, inner: asyncio.Protocol, owner: Connections) -> None:
+        self._inner, self._owner = inner, owner
+        self._transport: asyncio.Transport | None = None
+        self._deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        self._owner._opened(transport, self)
+        loop = asyncio.get_running_loop()
+        self._deadline = loop.call_later(self._owner.header_timeout, self._expire)
+        self._inner.connection_made(transport)
+
+    def answered(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _expire(self) -> None:
+        self._deadline = None
+        if self._transport is not None and not self._transport.is_closing():
+            self._owner._timed_out()
+            self._transport.abort()
+
+    def data_received(self, data: bytes) -> None:
+        self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self._inner.eof_received()
+
+    def pause_writing(self) -> None:
+        self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.answered()
+        if self._transport is not None:
+            self._owner._closed(self._transport)
+        self._inner.connection_lost(exc)
+
+
+CONNECTIONS = web.AppKey("connections", Connections)
+
+
+@web.middleware
+async def _mark_answered(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    request.app[CONNECTIONS].answered(request.transport)
+    return await handler(request)
 
 
 # Paths that show what the controller sees and decides: behind authentication when it is on.
@@ -75,6 +194,7 @@ def make_app(
     snapshot: Snapshot,
     interval: float,
     authorize: Authorize | None = None,
+    connections: Connections | None = None,
 ) -> web.Application:
     started = time.monotonic()
 
@@ -95,7 +215,9 @@ def make_app(
         known = None if leader is None else leader == 1
         return web.json_response(state_json(snapshot.report, known, snapshot.dry_run))
 
-    app = web.Application(middlewares=[_guard(authorize)] if authorize is not None else [])
+    guard = [_guard(authorize)] if authorize is not None else []
+    app = web.Application(middlewares=[_mark_answered, *guard])
+    app[CONNECTIONS] = connections or Connections()
     app.router.add_get("/debug/state", state)
     app.router.add_get("/metrics", make_aiohttp_handler(registry))
     app.router.add_get("/healthz", healthz)
@@ -105,16 +227,38 @@ def make_app(
 
 async def start(
     app: web.Application, host: str, port: int, tls: ssl.SSLContext | None = None
-) -> tuple[web.AppRunner, int]:
-    """Serve ``app``; returns the runner and the bound port (``port=0`` picks a free one)."""
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+) -> tuple[Serving, int]:
+    """Serve ``app`` within its ``Connections``; returns what to close and the bound port
+    (``port=0`` picks a free one)."""
+    runner = web.AppRunner(
+        app, access_log=None, handle_signals=False, keepalive_timeout=IDLE_TIMEOUT
+    )
     await runner.setup()
-    site = web.TCPSite(runner, host, port, ssl_context=tls)
+    connections, handlers = app[CONNECTIONS], runner.server
+    assert handlers is not None  # set by setup()
+    loop = asyncio.get_running_loop()
     try:
-        await site.start()
+        listening = await loop.create_server(
+            lambda: connections.protocol(handlers()),
+            host,
+            port,
+            ssl=tls,
+            reuse_address=True,
+        )
     except BaseException:
         await runner.cleanup()
         raise
-    sockets = runner.addresses
-    bound = int(sockets[0][1]) if sockets else port
-    return runner, bound
+    sockets = listening.sockets
+    bound = int(sockets[0].getsockname()[1]) if sockets else port
+    return Serving(runner, listening), bound
+
+
+class Serving:
+    """A started server: ``cleanup`` stops accepting, then lets aiohttp close what is open."""
+
+    def __init__(self, runner: web.AppRunner, listening: asyncio.Server) -> None:
+        self._runner, self._listening = runner, listening
+
+    async def cleanup(self) -> None:
+        self._listening.close()
+        await self._runner.cleanup()

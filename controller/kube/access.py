@@ -5,7 +5,10 @@ non-resource URL (the path). Grant it with a ClusterRole rule
 ``nonResourceURLs: ["/metrics"], verbs: ["get"]``.
 
 Answers are cached for ``ttl`` seconds per token and path (a scrape every 30 s must not cost
-two API calls each time); the cache is bounded.
+two API calls each time), in two bounded caches: tokens the API server accepted, and tokens it
+did not (401). Made-up tokens fill only the second, so a flood of them never evicts a real
+scraper's answer; at most ``REVIEWS_AT_ONCE`` reviews are in flight, so a flood costs the API
+server a few calls at a time, not one per request.
 """
 
 from __future__ import annotations
@@ -23,7 +26,29 @@ from controller.kube.sdk import client
 
 log = structlog.get_logger("controller.access")
 
-CACHE_ENTRIES = 1024
+CACHE_ENTRIES = 1024  # per cache: ~150 bytes each (a digest, a path, a time, a code)
+REVIEWS_AT_ONCE = 4
+
+
+class _Answers:
+    """Answers by (token digest, path), each kept ``ttl`` seconds; the oldest goes first."""
+
+    def __init__(self, ttl: float, clock: Callable[[], float]) -> None:
+        self._ttl, self._clock = ttl, clock
+        self._kept: OrderedDict[tuple[str, str], tuple[float, int]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def get(self, key: tuple[str, str]) -> int | None:
+        found = self._kept.get(key)
+        return found[1] if found is not None and self._clock() - found[0] < self._ttl else None
+
+    def put(self, key: tuple[str, str], code: int) -> None:
+        self._kept[key] = (self._clock(), code)
+        self._kept.move_to_end(key)
+        while len(self._kept) > CACHE_ENTRIES:
+            self._kept.popitem(last=False)
 
 
 class AccessReviewer:
@@ -37,9 +62,9 @@ class AccessReviewer:
         self._authn = client.AuthenticationV1Api(api)
         self._authz = client.AuthorizationV1Api(api)
         self._timeout = timeout
-        self._ttl = ttl
-        self._clock = clock
-        self._cache: OrderedDict[tuple[str, str], tuple[float, int]] = OrderedDict()
+        self.accepted = _Answers(ttl, clock)  # 200 or 403: a token the API server knows
+        self.unknown = _Answers(ttl, clock)  # 401
+        self._reviews = asyncio.Semaphore(REVIEWS_AT_ONCE)
 
     async def status(self, token: str | None, path: str) -> int:
         """200 to serve, 401 without a valid token, 403 when not allowed, 503 when the API
@@ -47,20 +72,17 @@ class AccessReviewer:
         if not token:
             return 401
         key = (hashlib.sha256(token.encode()).hexdigest(), path)
-        cached = self._cache.get(key)
-        if cached is not None and self._clock() - cached[0] < self._ttl:
-            return cached[1]
+        for answers in (self.accepted, self.unknown):
+            if (cached := answers.get(key)) is not None:
+                return cached
         try:
-            async with asyncio.timeout(self._timeout):
+            async with self._reviews, asyncio.timeout(self._timeout):
                 code = await self._review(token, path)
         except (TimeoutError, *API_EXCEPTIONS) as exc:
             error = translate(exc, "review a metrics client's token")
             log.warning("access review failed", path=path, reason=error.reason, error=str(error))
             return 503
-        self._cache[key] = (self._clock(), code)
-        self._cache.move_to_end(key)
-        while len(self._cache) > CACHE_ENTRIES:
-            self._cache.popitem(last=False)
+        (self.unknown if code == 401 else self.accepted).put(key, code)
         return code
 
     async def _review(self, token: str, path: str) -> int:

@@ -94,10 +94,13 @@ def page_of(url: str, stream: PageStream) -> Page:
         raise ScrapeParseError(url, "not Prometheus text format")
     if stream.long_line:
         raise ScrapeParseError(url, f"a line longer than {MAX_LINE} bytes: not a metrics page")
-    if not stream.ended_with_newline:
-        # The text format ends every line with a newline: a last line without one was cut,
-        # and its value may be a prefix of the real one (``0.`` of ``0.97``).
+    if not stream.ended:
+        # The text format ends every line with a newline (OpenMetrics: with "# EOF"): a last
+        # line without one was cut, and its value may be a prefix of the real one (``0.`` of
+        # ``0.97``).
         raise ScrapeTruncatedError(url, f"no final newline after {stream.size} bytes: cut short")
+    if stream.after_eof:  # as Prometheus's OpenMetrics parser: "data after # EOF"
+        raise ScrapeParseError(url, "data after '# EOF': not an OpenMetrics page")
     found = stream.result
     if found.invalid_lines:
         raise ScrapeParseError(
@@ -304,6 +307,7 @@ class Summary:
     running: float | None
     observed_at: float | None
     invalid_samples: int
+    observed_newest: float | None = None
     ready: float | None = None
     kv_tokens: float | None = None
     kv_tokens_from: str | None = None
@@ -315,6 +319,7 @@ class _KV:
     invalid: int = 0
     family: str | None = None
     oldest: float | None = None
+    newest: float | None = None
 
     def add(self, family: str, samples: Sequence[Sample]) -> None:
         self.family = self.family or family
@@ -326,6 +331,7 @@ class _KV:
             self.values.append(sample.value)
             if sample.timestamp is not None:
                 self.oldest = min(self.oldest or sample.timestamp, sample.timestamp)
+                self.newest = max(self.newest or sample.timestamp, sample.timestamp)
 
 
 class PageReader:
@@ -383,6 +389,7 @@ class PageReader:
             running=values.running,
             latency=latency,
             observed_at=values.observed_at,
+            observed_newest=values.observed_newest,
             invalid_samples=values.invalid_samples,
             errors=tuple(errors),
             pages=len(results) + (epp is not None),
@@ -547,5 +554,6 @@ def _summary(kv: _KV, waiting: list[float], running: list[float], per_pod: int |
         queue_per_pod=queue / per_pod if queue is not None and per_pod else None,
         running=sum(running) if running else None,
         observed_at=kv.oldest,
+        observed_newest=kv.newest,
         invalid_samples=kv.invalid,
     )

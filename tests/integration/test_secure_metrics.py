@@ -4,6 +4,7 @@ metrics are; the probes stay open. Against the API-server double, over real TLS.
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 import subprocess
 from collections.abc import AsyncIterator
@@ -15,6 +16,7 @@ from kubernetes_asyncio import client
 
 from controller.app import Controller
 from controller.fakes.clusters import Fleet, SimCluster
+from controller.kube.access import CACHE_ENTRIES, AccessReviewer
 from controller.settings import build_settings
 from tests.support.apiserver import FakeAPIServer
 
@@ -118,3 +120,22 @@ async def test_the_answer_is_cached_and_plain_http_is_refused(
     assert len(reviews) == 1  # one review for five scrapes
     with pytest.raises(aiohttp.ClientError):
         await get(base.replace("https://", "http://") + "/metrics", False, "prom-token")
+
+
+async def test_made_up_tokens_never_evict_a_real_scrapers_answer(
+    apiserver: FakeAPIServer,
+) -> None:
+    """1,500 made-up tokens (one TokenReview each) evicted the real scraper's cached answer,
+    so the next real scrape cost the API server a review again. Refused tokens are kept apart
+    from accepted ones, and reviews go a few at a time."""
+    apiserver.users = {"prom-token": "system:serviceaccount:openshift-monitoring:prometheus-k8s"}
+    apiserver.grants = {("system:serviceaccount:openshift-monitoring:prometheus-k8s", "/metrics")}
+    async with client.ApiClient(client.Configuration(host=apiserver.url)) as api:
+        reviewer = AccessReviewer(api, timeout=5)
+        assert await reviewer.status("prom-token", "/metrics") == 200
+        made_up = [reviewer.status(f"forged-{i}", "/metrics") for i in range(CACHE_ENTRIES + 476)]
+        assert set(await asyncio.gather(*made_up)) == {401}
+        before = len(apiserver.requests)
+        assert await reviewer.status("prom-token", "/metrics") == 200
+    assert len(apiserver.requests) == before  # answered from the cache
+    assert len(reviewer.accepted) == 1 and len(reviewer.unknown) == CACHE_ENTRIES

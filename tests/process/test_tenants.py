@@ -6,8 +6,11 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+import aiohttp
 from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
 
+from controller.exposition import _CACHE_BYTES
 from tests.conftest import Serve, StartDaemon
 from tests.support.servers import free_port
 
@@ -56,3 +59,12 @@ async def test_huge_label_values_that_change_every_scrape_cost_parsing_never_mem
     assert wide["healthy"] is True, (wide["reason"], wide["errors"][:1])  # every page used
     assert child.process is not None
     assert rss_mb(child.process.pid) < 150
+    async with aiohttp.ClientSession() as session, session.get(child.url + "/metrics") as got:
+        exposed = await got.text()
+    held = {
+        sample.labels["cache"]: sample.value
+        for family in text_string_to_metric_families(exposed)
+        for sample in family.samples
+        if sample.name == "weight_controller_cache_bytes"
+    }
+    assert 0 <= held["labels_vllm"] <= 2 * _CACHE_BYTES  # counted on /metrics, and bounded

@@ -10,8 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller.exposition import Extractor, Labels, Sample
-from controller.sources.pages import EPP_EXTRACTOR, VLLM_EXTRACTOR, kv_tokens
+from controller.errors import ScrapeError
+from controller.exposition import Extractor, Labels, PageStream, Sample
+from controller.model import PodError, Reason
+from controller.sources.pages import EPP_EXTRACTOR, VLLM_EXTRACTOR, Page, kv_tokens, page_of
 from tests.support.pages import fixture_names, fixture_text
 
 Row = tuple[str, tuple[tuple[str, str], ...], float | str, float | None]
@@ -435,3 +437,40 @@ def test_a_long_label_text_is_read_whole_and_still_right() -> None:
         found = extractor.extract(page)
         assert found.invalid_lines == 0
         assert ours(found.samples) == reference(page, extractor.sample_names)
+
+
+# ---- OpenMetrics' "# EOF" ---------------------------------------------------------------------
+KV_LINE = 'vllm:kv_cache_usage_perc{engine="0"} 0.5\n'
+LATE_LINE = 'vllm:kv_cache_usage_perc{engine="1"} 0.9\n'
+
+
+def _fed(text: str, piece: int) -> Page | PodError:
+    stream = PageStream(VLLM_EXTRACTOR)
+    for start in range(0, len(text), piece):  # the page as the network hands it over
+        stream.feed(text[start : start + piece])
+    try:
+        return page_of("http://pod/metrics", stream)
+    except ScrapeError as exc:
+        return PodError(url="http://pod/metrics", reason=exc.reason, detail=exc.detail)
+
+
+@pytest.mark.parametrize("piece", [1, 3, 7, 4096])
+@pytest.mark.parametrize(
+    ("text", "reason"),
+    [
+        (KV_LINE + "# EOF\n", None),
+        (KV_LINE + "# EOF", None),  # the newline after # EOF is optional (OpenMetrics ABNF)
+        (KV_LINE + "# EOF\r\n", None),
+        (KV_LINE + "# EOF\n" + LATE_LINE, Reason.PARSE),  # a series after # EOF was used
+        (KV_LINE + "# EOF" + "\n" + "# HELP x\n", Reason.PARSE),
+        (KV_LINE + "# EOFX\n", None),  # a comment, not the end
+        (KV_LINE[:-3], Reason.TRUNCATED),  # cut: "0." of "0.5"
+    ],
+)
+def test_eof_ends_the_page_exactly(text: str, reason: Reason | None, piece: int) -> None:
+    read = _fed(text, piece)
+    if reason is None:
+        assert isinstance(read, Page), read
+        assert [s.value for s in read.samples["vllm:kv_cache_usage_perc"]] == [0.5]
+    else:
+        assert isinstance(read, PodError) and read.reason is reason, read

@@ -59,6 +59,9 @@ def run(
             Reason.HTTP_STATUS,
         ),
         (good(observed_at=NOW - 120), Reason.STALE),
+        # a sample stamped an hour ahead never aged, so it never went stale
+        (good(observed_at=NOW - 1, observed_newest=NOW + 3600), Reason.STALE),
+        (good(observed_at=NOW - 1, observed_newest=NOW + 2), None),  # clocks a little apart
     ],
 )
 def test_failure_reasons_are_explicit(metrics: ClusterMetrics, reason: Reason | None) -> None:
@@ -127,3 +130,18 @@ def test_a_cluster_whose_every_pod_refuses_leaves_at_once(
     assert after.healthy is healthy_after_one
     if not healthy_after_one:
         assert after.reason is Reason.REFUSED and after.changed
+
+
+def test_a_page_stamped_in_the_future_reads_as_stale() -> None:
+    """Through the real page reader: the sample's own millisecond timestamp, an hour ahead."""
+    from controller.settings import ClusterSettings
+    from controller.sources.pages import VLLM_EXTRACTOR, Page, PageReader, read_page
+
+    ahead = int((NOW + 3600) * 1000)
+    text = f'vllm:kv_cache_usage_perc{{engine="0"}} 0.4 {ahead}\n'
+    page = read_page("http://pod/metrics", text, VLLM_EXTRACTOR)
+    assert isinstance(page, Page)
+    cluster = ClusterSettings(name="a", vllm_urls=["http://pod/metrics"])
+    metrics = PageReader(cluster, 5).read([page], None, NOW, 0.01)
+    assert metrics.observed_newest == NOW + 3600
+    assert failure_reason(metrics, 0.5, H.max_staleness, NOW) is Reason.STALE

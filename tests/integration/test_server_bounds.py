@@ -1,0 +1,103 @@
+"""Our own HTTP server against clients that hold on: too many connections, a request that
+never finishes. 1,100 such connections took the default 1,024 descriptors, made /healthz
+unreachable and wrote ~60 MB of logs in 34 s."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from prometheus_client import CollectorRegistry
+
+from controller import server
+from controller.state import Snapshot
+
+CLOSED_WITHIN = 5.0  # bound for waiting on the server to close a connection
+
+
+class Counted:
+    def __init__(self) -> None:
+        self.closed: list[str] = []
+        self.open_now = 0
+
+    def change(self, open_now: int) -> None:
+        self.open_now = open_now
+
+    def close(self, reason: str) -> None:
+        self.closed.append(reason)
+
+
+@pytest.fixture
+async def counted() -> Counted:
+    return Counted()
+
+
+async def serving(
+    counted: Counted, limit: int, header_timeout: float
+) -> AsyncIterator[tuple[server.Serving, int]]:
+    connections = server.Connections(limit, header_timeout, counted.change, counted.close)
+    app = server.make_app(CollectorRegistry(), Snapshot(), 10.0, connections=connections)
+    serving, port = await server.start(app, "127.0.0.1", 0)
+    try:
+        yield serving, port
+    finally:
+        await serving.cleanup()
+
+
+async def closed_by_server(reader: asyncio.StreamReader) -> bool:
+    """The server closed (or reset) the connection within the bound."""
+    try:
+        async with asyncio.timeout(CLOSED_WITHIN):
+            return await reader.read() == b""
+    except ConnectionResetError:
+        return True
+
+
+async def get(session: aiohttp.ClientSession, port: int) -> int:
+    async with session.get(f"http://127.0.0.1:{port}/healthz") as response:
+        return response.status
+
+
+async def test_past_the_limit_a_connection_is_closed_at_once_and_the_probes_come_back(
+    counted: Counted,
+) -> None:
+    async for _, port in serving(counted, limit=4, header_timeout=60):
+        held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(4)]
+        for _ in range(100):  # bounded: the server has seen all four
+            if counted.open_now == 4:
+                break
+            await asyncio.sleep(0.01)
+        assert counted.open_now == 4
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        assert await closed_by_server(reader)
+        writer.close()
+        assert counted.closed == ["limit"]
+        held[0][1].close()
+        await held[0][1].wait_closed()
+        for _ in range(100):
+            if counted.open_now == 3:
+                break
+            await asyncio.sleep(0.01)
+        async with aiohttp.ClientSession() as session:
+            assert await get(session, port) == 200  # one slot free again: answered
+        for _, w in held[1:]:
+            w.close()
+
+
+async def test_a_request_that_never_finishes_is_closed_and_a_finished_one_is_kept(
+    counted: Counted,
+) -> None:
+    async for _, port in serving(counted, limit=8, header_timeout=0.2):
+        slow_reader, slow = await asyncio.open_connection("127.0.0.1", port)
+        slow.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # the headers never end
+        await slow.drain()
+        # a client that finished its request keeps its connection past the header deadline
+        async with aiohttp.ClientSession() as session:
+            assert await get(session, port) == 200
+            assert await closed_by_server(slow_reader)
+            await asyncio.sleep(0.3)
+            assert await get(session, port) == 200
+        assert counted.closed == ["header_timeout"]
+        slow.close()
