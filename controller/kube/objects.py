@@ -18,6 +18,7 @@ How a ref finds its cluster (first match wins), via annotations on the ExternalP
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from pydantic import ValidationError
 
 from controller.model import Ref, Target
 from controller.settings import ClusterSettings, HTTPRouteTarget
+from controller.settings.schema import CLUSTER_NAME_MAX, CLUSTER_NAME_PATTERN
 
 DOMAIN = "weight-controller.opendatahub.io"
 MANAGED_LABEL = f"{DOMAIN}/managed"
@@ -286,7 +288,14 @@ def map_providers(
         name = str(meta.get("name", ""))
         annotations = _annotations(provider)
         if CLUSTER_ANNOTATION in annotations:
-            clusters[name] = annotations[CLUSTER_ANNOTATION]
+            named = annotations[CLUSTER_ANNOTATION]
+            if named in configured or _is_cluster_name(named):
+                clusters[name] = named
+            else:  # it would become a label on every series of its refs
+                problems.append(
+                    f"ExternalProvider {name}: {CLUSTER_ANNOTATION} is not a cluster name "
+                    f"({len(named)} characters: {named[:64]!r})"
+                )
         elif VLLM_URLS_ANNOTATION in annotations or EPP_URL_ANNOTATION in annotations:
             # An object's cluster is its own: named namespace/name, so two teams' providers
             # of the same name are two clusters, never one read from either's pages.
@@ -319,6 +328,12 @@ def map_providers(
         elif name in configured:
             clusters[name] = name
     return ProviderMapping(clusters, tuple(defined), tuple(problems))
+
+
+def _is_cluster_name(text: str) -> bool:
+    """A name a cluster may have (``ClusterSettings.name``): short, and a label value that
+    cannot grow /metrics."""
+    return len(text) <= CLUSTER_NAME_MAX and re.fullmatch(CLUSTER_NAME_PATTERN, text) is not None
 
 
 class UnknownTokenError(ValueError):

@@ -210,15 +210,16 @@ class PodDiscovery(_Group):
 
 # A DNS label, or namespace/name (a Kubernetes object's own: a namespace is a DNS label, a
 # name a DNS subdomain).
-_CLUSTER_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[a-z0-9]([-.a-z0-9]*[a-z0-9])?)?$"
+CLUSTER_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[a-z0-9]([-.a-z0-9]*[a-z0-9])?)?$"
+CLUSTER_NAME_MAX = 63 + 1 + 253
 
 
 class ClusterSettings(_Group):
     """One cluster serving the model: where its signals are read."""
 
     name: str = Field(
-        pattern=_CLUSTER_NAME,
-        max_length=63 + 1 + 253,
+        pattern=CLUSTER_NAME_PATTERN,
+        max_length=CLUSTER_NAME_MAX,
         description="Names the cluster in logs, metric labels and weights: a DNS label (a "
         "cluster an ExternalProvider's annotations define is named namespace/name).",
     )

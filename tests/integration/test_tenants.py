@@ -149,3 +149,13 @@ def test_a_provider_listing_too_many_urls_is_refused_and_named() -> None:
     )
     assert found.defined == () and "wide" not in found.clusters
     assert "team-a/wide: 65 vLLM URLs, more than" in found.problems[0]
+
+
+def test_a_cluster_annotation_that_is_no_cluster_name_is_refused_and_named() -> None:
+    """A 100 KB cluster annotation became a label on its refs' series (/metrics 17 → 316 KB)."""
+    huge = provider("gpu", {objects.CLUSTER_ANNOTATION: "x" * 100_000}, TEAM_A)
+    fine = provider("spare", {objects.CLUSTER_ANNOTATION: "east"}, TEAM_A)
+    found = objects.map_providers([huge, fine], {"east"})
+    assert found.clusters == {"spare": "east"}  # the other provider is mapped as ever
+    assert "is not a cluster name (100000 characters" in found.problems[0]
+    assert len(found.problems[0]) < 300

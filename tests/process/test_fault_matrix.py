@@ -25,6 +25,7 @@ KV = 'vllm:kv_cache_usage_perc{engine="0",model_name="m"}'
 GOOD = f"# TYPE vllm:kv_cache_usage_perc gauge\n{KV} 0.3\n"
 MAX_BODY = 64 * 1024
 TOKEN_NOW = ["first-token"]
+FUTURE_MS = 4_102_444_800_000  # 2100-01-01, in the page's milliseconds
 
 
 def page(text: str, status: int = 200, **headers: str) -> Handler:
@@ -127,6 +128,11 @@ ROWS: list[tuple[str, Handler | str, str | None]] = [
     ("non-monotonic-buckets", page(histogram([("1.0", 50), ("2.0", 10), ("+Inf", 40)], 40)), None),
     ("token-rotation", rotating_token, None),
     ("token-missing", page(GOOD), "auth"),  # its token file is deleted while it runs
+    # OpenMetrics: a series after "# EOF" was used; a page ending "# EOF" unterminated refused
+    ("after-eof", page(f"{GOOD}# EOF\n{KV} 0.99\n"), "parse"),
+    ("eof-unterminated", page(f"{GOOD}# EOF"), None),
+    ("future-timestamp", page(f"{KV} 0.3 {FUTURE_MS}\n"), "stale"),  # never aged, never stale
+    ("listed-200-times", page(GOOD), None),  # one pod, not 200 (its URL is listed 200 times)
 ]
 
 
@@ -158,7 +164,10 @@ async def run_matrix(tmp: Path) -> dict[str, Any]:
             if handler == "refused"
             else f"http://127.0.0.1:{port}/{name}"
         )
-        cluster: dict[str, Any] = {"name": name, "vllm_urls": [where]}
+        cluster: dict[str, Any] = {
+            "name": name,
+            "vllm_urls": [where] * (200 if name == "listed-200-times" else 1),
+        }
         if name.startswith("token-"):
             cluster["bearer_token_file"] = str(token if name == "token-rotation" else doomed)
             cluster["allow_token_over_http"] = True  # loopback
@@ -200,7 +209,7 @@ def test_each_fault_has_its_own_reason(
     cluster = matrix["state"]["clusters"][name]
     assert cluster["reason"] == reason, cluster["errors"]
     assert cluster["healthy"] is (reason is None), cluster
-    if reason is not None:
+    if reason not in (None, "stale"):  # stale is health's judgement of good pages: no error
         assert cluster["errors"] and cluster["errors"][0]["detail"]
 
 
@@ -211,6 +220,11 @@ def test_the_weights_always_send_traffic_somewhere(matrix: dict[str, Any]) -> No
     faulty = {n for n, _, r in ROWS if r is not None}
     assert all(target["applied"][n] == 0 for n in faulty)
     assert target["applied"]["honest"] > 0
+
+
+def test_a_url_listed_200_times_is_one_pod(matrix: dict[str, Any]) -> None:
+    cluster = matrix["state"]["clusters"]["listed-200-times"]
+    assert (cluster["pods_scraped"], cluster["pods_answering"]) == (1, 1)
 
 
 def test_the_daemon_survives_all_of_it_and_stops_cleanly(matrix: dict[str, Any]) -> None:
