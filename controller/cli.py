@@ -89,6 +89,14 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument(
         "--explain", action="store_true", help="also each ref's score and its factors"
     )
+    status.add_argument(
+        "--token-file",
+        type=Path,
+        help="send this file's token (a deployed controller asks for one: server.authenticate)",
+    )
+    status.add_argument(
+        "--ca-file", type=Path, help="verify its HTTPS certificate with this CA bundle"
+    )
     status.add_argument("-o", "--output", choices=["table", "json"], default="table")
     status.add_argument(
         "--watch", type=float, metavar="SECONDS", help="redraw every SECONDS until Ctrl-C"
@@ -131,7 +139,8 @@ def _command(args: argparse.Namespace) -> int:
     if args.command == "simulate":
         return _simulate(args)
     if args.command == "status":
-        return asyncio.run(_status(args.url, args.explain, args.output, args.watch))
+        access = (args.token_file, args.ca_file)
+        return asyncio.run(_status(args.url, args.explain, args.output, args.watch, access))
     if args.command == "demo":
         from controller.demo.runner import run_demo
 
@@ -258,15 +267,23 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _status(url: str, explain: bool, output: str, watch: float | None) -> int:
+async def _status(
+    url: str,
+    explain: bool,
+    output: str,
+    watch: float | None,
+    access: tuple[Path | None, Path | None] = (None, None),
+) -> int:
+    import ssl
+
     import aiohttp
 
     from controller.status import STATE_PATH, fetch_state, render
 
     while True:
         try:
-            state = await fetch_state(url)
-        except (aiohttp.ClientError, TimeoutError) as exc:
+            state = await fetch_state(url, token_file=access[0], ca_file=access[1])
+        except (aiohttp.ClientError, TimeoutError, OSError, ssl.SSLError) as exc:
             error = exc or type(exc).__name__
             print(f"error: cannot read {url}{STATE_PATH}: {error}", file=sys.stderr)
             return EXIT_RUNTIME

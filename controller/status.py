@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -16,18 +18,39 @@ STATE_PATH = "/debug/state"
 DISCOVERED_SHOWN = 8
 
 
-async def fetch_state(base_url: str, seconds: float = 5.0) -> dict[str, Any]:
+async def fetch_state(
+    base_url: str,
+    seconds: float = 5.0,
+    token_file: Path | None = None,
+    ca_file: Path | None = None,
+) -> dict[str, Any]:
+    """``/debug/state`` of a running controller. A deployed one serves HTTPS with the service
+    CA's certificate and asks for a token (``server.authenticate``): ``token_file`` is sent as
+    a bearer token (read at each call: projected tokens rotate), ``ca_file`` verifies it."""
     if "://" not in base_url:  # 127.0.0.1:8080 means http://127.0.0.1:8080
         base_url = "http://" + base_url
     url = base_url.rstrip("/") + STATE_PATH
+    headers, tls = _access(token_file, ca_file)
     async with (
         asyncio.timeout(seconds),
         aiohttp.ClientSession() as session,
-        session.get(url) as response,
+        session.get(url, headers=headers, ssl=tls) as response,
     ):
         response.raise_for_status()
         state: dict[str, Any] = await response.json()
         return state
+
+
+def _access(
+    token_file: Path | None, ca_file: Path | None
+) -> tuple[dict[str, str], ssl.SSLContext | bool]:
+    headers = {}
+    if token_file is not None:  # small files, read once per call
+        headers["Authorization"] = f"Bearer {token_file.read_text().strip()}"
+    tls: ssl.SSLContext | bool = True
+    if ca_file is not None:
+        tls = ssl.create_default_context(cafile=str(ca_file))
+    return headers, tls
 
 
 def _num(value: float | None, fmt: str, suffix: str = "") -> str:

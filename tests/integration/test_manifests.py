@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -228,3 +229,43 @@ def test_hadolint_finds_nothing_in_the_dockerfile() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+OVERLAYS = {"manifests": "maas-system", "manifests/overlays/opendatahub": "opendatahub"}
+NAMESPACES = set(OVERLAYS.values())
+
+
+def _strings(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        for value in node.values():
+            yield from _strings(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _strings(value)
+    elif isinstance(node, str):
+        yield node
+
+
+@pytest.mark.parametrize(("overlay", "namespace"), sorted(OVERLAYS.items()))
+def test_every_overlay_names_only_its_own_namespace_and_validates(
+    overlay: str, namespace: str
+) -> None:
+    """With `namespace: opendatahub` the bindings' subjects (4 places) and the ServiceMonitor's
+    TLS serverName stayed in maas-system: 403s and a TLS name mismatch, no render error."""
+    objects = render(overlay)
+    foreign = NAMESPACES - {namespace}
+    for obj in objects:
+        if obj["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
+            assert obj["metadata"].get("namespace") == namespace, obj["metadata"]
+        for text in _strings(obj):
+            # a field that is a namespace, a service's DNS name, or one in the config's text
+            for other in foreign:
+                named = (other, f".{other}.svc", f"namespace: {other}", f"namespace={other}")
+                assert text != other and not any(n in text for n in named[1:]), text[:200]
+        if obj["kind"] not in ("ServiceMonitor", "PrometheusRule"):
+            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    subjects = [s for o in objects for s in o.get("subjects", [])]
+    assert len(subjects) == 4 and {s["namespace"] for s in subjects} == {namespace}
+    (monitor,) = [o for o in objects if o["kind"] == "ServiceMonitor"]
+    name = monitor["spec"]["endpoints"][0]["tlsConfig"]["serverName"]
+    assert name == f"weight-controller-metrics.{namespace}.svc"

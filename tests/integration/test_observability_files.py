@@ -137,5 +137,5 @@ def test_dashboard_config_map_is_labelled_for_the_grafana_sidecar() -> None:
 def test_grafana_dir_holds_the_same_dashboard_file() -> None:
     assert (
         Path(DASHBOARD).resolve()
-        == (ROOT / "manifests/dashboards/weight-controller.json").resolve()
+        == (ROOT / "manifests/base/dashboards/weight-controller.json").resolve()
     )

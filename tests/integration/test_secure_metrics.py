@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import subprocess
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -139,3 +140,29 @@ async def test_made_up_tokens_never_evict_a_real_scrapers_answer(
         assert await reviewer.status("prom-token", "/metrics") == 200
     assert len(apiserver.requests) == before  # answered from the cache
     assert len(reviewer.accepted) == 1 and len(reviewer.unknown) == CACHE_ENTRIES
+
+
+async def test_status_reads_a_deployed_controller_with_a_token_and_its_ca(
+    secured: tuple[str, ssl.SSLContext], apiserver: FakeAPIServer, tmp_path: Path
+) -> None:
+    """`status` had no token or CA option: against the HTTPS, token-protected server the
+    manifests deploy it failed with CERTIFICATE_VERIFY_FAILED, while the runbooks sent
+    operators to it."""
+    base, _ = secured
+    apiserver.users["oncall-token"] = "oncall"
+    apiserver.grants.add(("oncall", "/debug/state"))
+    token = tmp_path / "token"
+    token.write_text("oncall-token\n")
+    command = [sys.executable, "-m", "controller", "status", "--url", base]
+    verified = [*command, "--token-file", str(token), "--ca-file", str(tmp_path / "tls.crt")]
+    done = await asyncio.create_subprocess_exec(
+        *verified, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(done.communicate(), 60)
+    assert done.returncode == 0, err.decode()
+    assert "CLUSTER" in out.decode() and " a " in out.decode()
+    unverified = await asyncio.create_subprocess_exec(
+        *command, "--token-file", str(token), stderr=asyncio.subprocess.PIPE
+    )
+    _, err = await asyncio.wait_for(unverified.communicate(), 60)
+    assert unverified.returncode != 0 and "CERTIFICATE_VERIFY_FAILED" in err.decode()

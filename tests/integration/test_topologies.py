@@ -22,7 +22,7 @@ from controller.settings import load_settings
 from tests.support.manifests import ROOT
 
 TOPOLOGIES = ROOT / "manifests" / "topologies"
-CONFIGS = [ROOT / "manifests" / "config.yaml", *sorted(TOPOLOGIES.glob("*/config.yaml"))]
+CONFIGS = [ROOT / "manifests" / "base" / "config.yaml", *sorted(TOPOLOGIES.glob("*/config.yaml"))]
 COMPONENTS = sorted(p.parent.name for p in TOPOLOGIES.glob("*/kustomization.yaml"))
 NOT_CORE = {"ServiceMonitor", "PrometheusRule", "Route"}  # CRDs kubernetes-validate lacks
 K8S_VERSION = kubernetes_validate.latest_version()
@@ -38,7 +38,7 @@ def test_the_chapter_shows_every_topology_and_its_config() -> None:
 
 
 def test_the_shipped_config_describes_a_fleet() -> None:
-    settings = load_settings(ROOT / "manifests" / "config.yaml")
+    settings = load_settings(ROOT / "manifests" / "base" / "config.yaml")
     assert len(settings.clusters) >= 2
     # the spoke-EPP topology: each cluster through its EPP, none through listed pods
     assert all(c.epp_url is not None and not c.vllm_urls for c in settings.clusters)

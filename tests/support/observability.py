@@ -11,7 +11,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "manifests" / "prometheus" / "weight-controller-rules.yaml"
 DASHBOARD = ROOT / "grafana" / "weight-controller.json"
-PROMETHEUS_RULE = ROOT / "manifests" / "prometheusrule.yaml"
+PROMETHEUS_RULE = ROOT / "manifests" / "base" / "prometheusrule.yaml"
 RULES_TEST = Path(__file__).resolve().parent / "rules_test.yaml"
 
 
