@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 RUNTIME := $(VENV)/.runtime
 
-.PHONY: demo test lint typecheck unit bench clean prometheus
+.PHONY: demo test lint typecheck unit bench clean prometheus lock image
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -50,5 +50,21 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_prometheus.py
 	$(BIN)/python benchmarks/bench_queriers.py
 
+# What the image installs, exactly, with hashes (requirements.lock): re-run after changing
+# pyproject.toml's dependencies; tests/integration/test_lock.py says when it is due.
+LOCKENV := .venv-lock
+lock:
+	test -x $(LOCKENV)/bin/pip-compile || { $(PYTHON) -m venv $(LOCKENV) && $(LOCKENV)/bin/pip install --quiet pip-tools; }
+	$(LOCKENV)/bin/pip-compile --quiet --generate-hashes --strip-extras --allow-unsafe \
+	  --no-emit-index-url --no-emit-find-links --output-file requirements.lock pyproject.toml
+
+# The image, with whichever engine is here (podman, docker or buildah).
+IMAGE ?= quay.io/opendatahub/weight-controller:0.1.0
+image:
+	@engine=$$(command -v podman || command -v docker || command -v buildah) || { \
+	  echo "make image needs podman, docker or buildah; none is installed" >&2; exit 1; }; \
+	case $$engine in *buildah) set -- bud;; *) set -- build;; esac; \
+	$$engine "$$@" -t $(IMAGE) .
+
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) $(LOCKENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

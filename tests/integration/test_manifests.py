@@ -212,11 +212,15 @@ def test_the_upstream_schemas_reject_what_the_crd_rejects() -> None:
 def test_dockerfile_is_multi_stage_and_runs_as_any_non_root_uid() -> None:
     text = (ROOT / "Dockerfile").read_text()
     stages = [line for line in text.splitlines() if line.startswith("FROM ")]
-    assert len(stages) >= 2 and all("slim" in s for s in stages)
+    assert len(stages) >= 2 and all("registry.access.redhat.com/ubi9/" in s for s in stages)
+    assert all(":latest" not in s and ":" in s.split()[1] for s in stages)  # pinned tags
     final = text[text.rindex(stages[-1]) :]
     user = next(line.split()[1] for line in final.splitlines() if line.startswith("USER "))
     assert user.split(":")[0].isdigit() and user.split(":")[0] != "0"  # numeric: runAsNonRoot
     assert "apt-get" not in final and "gcc" not in final and "pip install" not in final
+    labels = final[final.index("LABEL") :]
+    for label in ("org.opencontainers.image.title", "org.opencontainers.image.version", "name"):
+        assert f"{label}=" in labels
 
 
 def test_hadolint_finds_nothing_in_the_dockerfile() -> None:

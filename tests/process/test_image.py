@@ -1,5 +1,6 @@
 """The image's entry point, exercised as the image runs it (no Docker engine here): the built
-wheel installed into a fresh virtualenv, started as another, non-root user that can write
+wheel installed into a fresh virtualenv beside its dependencies from requirements.lock (hashes
+checked, as the Dockerfile installs them), started as another, non-root user that can write
 nothing of its own install — OpenShift's restricted-v2 gives the pod an arbitrary UID and the
 Deployment a read-only root filesystem."""
 
@@ -10,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 from collections.abc import Iterator
@@ -53,9 +53,26 @@ def installed() -> Iterator[Path]:
         subprocess.run(
             [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120
         )
-        site = Path(sysconfig.get_path("purelib", vars={"base": str(venv), "platbase": str(venv)}))
-        # the dependencies come from the test environment; the package itself only from the wheel
-        (site / "deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
+        # the dependencies exactly as the image installs them: from the lock, hashes checked
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "--python",
+                str(venv / "bin" / "python"),
+                "install",
+                "--quiet",
+                "--no-compile",
+                "--require-hashes",
+                "--no-deps",
+                "-r",
+                str(ROOT / "requirements.lock"),
+            ],
+            check=True,
+            timeout=600,
+            capture_output=True,
+        )
         subprocess.run(
             [
                 sys.executable,
