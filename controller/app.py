@@ -20,6 +20,7 @@ from controller import server
 from controller.exporter import CacheCollector, make_registry
 from controller.kube import client as kube_client
 from controller.kube.access import AccessReviewer
+from controller.kube.discovery import TargetDiscovery
 from controller.kube.endpoints import slice_lister
 from controller.kube.leader import LeaderElector
 from controller.publish import Publisher
@@ -119,6 +120,7 @@ class Controller:
         self._serve = serve
         self._session: aiohttp.ClientSession | None = None
         self._runner: server.Serving | None = None
+        self._discovery: TargetDiscovery | None = None
         self.port: int | None = None
         self.reconciler: Reconciler | None = None
         self._certificate: server.ServingCertificate | None = None
@@ -245,9 +247,12 @@ class Controller:
             is_leader = _always
         if kube.enabled:
             writer = KubernetesPublisher(self.settings, self._api, self.metrics, is_leader)
+            self._discovery = writer.discovery
             self.publisher = DryRun(writer) if self._dry_run else writer
 
     async def _close_clients(self) -> None:
+        if self._discovery is not None:  # its watches, before the client they use
+            await self._discovery.close()
         if self._api is not None and self._owns_api:
             await self._api.close()
         if self._session is not None:

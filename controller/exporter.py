@@ -133,7 +133,13 @@ def _process(report: TickReport, dry_run: bool) -> Iterator[Metric]:
     fail_static.add_metric([], float(frozen))
     dry = _family("dry_run", "1 when this process writes nothing (dry run, read-only once).")
     dry.add_metric([], float(dry_run))
-    yield from (fail_static, dry)
+    targets = _family(
+        "targets",
+        "Targets weighed in the last tick; 0 with Kubernetes on means no ExternalModel is "
+        "opted in (the 'no target opted in' condition names the label selector).",
+    )
+    targets.add_metric([], len(report.targets))
+    yield from (fail_static, dry, targets)
 
 
 def _family(name: str, doc: str, *labels: str) -> GaugeMetricFamily:

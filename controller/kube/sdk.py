@@ -98,4 +98,5 @@ install()
 
 from kubernetes_asyncio import client as client  # noqa: E402
 from kubernetes_asyncio import config as config  # noqa: E402
+from kubernetes_asyncio import watch as watch  # noqa: E402
 from kubernetes_asyncio.client.exceptions import ApiException as ApiException  # noqa: E402

@@ -673,6 +673,11 @@ class KubernetesSettings(_Group):
         le=10,
         description="Re-read and retry a guarded write this often on conflict (409/422).",
     )
+    watch: bool = Field(
+        default=True,
+        description="Keep ExternalModels and ExternalProviders by LIST then WATCH (a cache the "
+        "tick reads; a relist only when the watch is gone) instead of listing them every tick.",
+    )
     max_parallel_writes: int = Field(
         default=8,
         ge=1,

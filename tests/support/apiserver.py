@@ -129,6 +129,14 @@ class FakeAPIServer:
     rejected: list[Json] = field(default_factory=list)  # every 422 with causes we answered
     waiting: int = 0  # requests held by ``slow`` right now, and the most at once
     most_waiting: int = 0
+    # LISTs answered (plural, namespace or "" for all), and watches opened; every change since
+    # start as (resourceVersion, key, before, after) for watches to replay from a version
+    listed: list[tuple[str, str]] = field(default_factory=list)
+    watches: int = 0
+    changes: list[tuple[int, Key, Json | None, Json | None]] = field(default_factory=list)
+    compacted: int = 0  # a watch from a version at or below this gets 410 Gone
+    _changed: asyncio.Event | None = None
+    _epoch: int = 0
     _version: itertools.count[int] = field(default_factory=lambda: itertools.count(1000))
     _runner: web.AppRunner | None = None
 
@@ -195,7 +203,10 @@ class FakeAPIServer:
         admitted, causes = self._admit(plural, copy.deepcopy(obj))
         assert not causes, f"test set-up object is invalid for {self.crd_version}: {causes}"
         stored = self._created(prefix, plural, meta["namespace"], admitted, "test-setup")
-        self.objects[(prefix, plural, meta["namespace"], meta["name"])] = stored
+        key = (prefix, plural, meta["namespace"], meta["name"])
+        old = self.objects.get(key)
+        self.objects[key] = stored
+        self._emit(key, old, stored)
         return copy.deepcopy(stored)
 
     def get(self, prefix: str, plural: str, namespace: str, name: str) -> Json | None:
@@ -218,7 +229,7 @@ class FakeAPIServer:
             for r in self.requests
             if (method is None or r[0] == method)
             and (plural is None or f"/{plural}" in r[1])
-            and r[0] != "GET"
+            and r[0] not in ("GET", "WATCH")  # reads
         ]
 
     # ---- handlers --------------------------------------------------------------------------
@@ -240,14 +251,18 @@ class FakeAPIServer:
                 return answer
         return None
 
-    async def _collection(self, request: web.Request) -> web.Response:
+    async def _collection(self, request: web.Request) -> web.StreamResponse:
         body = await self._record(request)
         if (injected := self._fault(request)) is not None:
             return injected
         prefix, info = self._prefix(request), request.match_info
         ns, plural = info["ns"], info["plural"]
+        selector = request.query.get("labelSelector", "")
+        if request.method == "GET" and request.query.get("watch", "").lower() in ("true", "1"):
+            return await self._watch(request, (prefix, plural, ns), selector)
         if request.method == "GET":
-            return self._list(prefix, plural, ns, request.query.get("labelSelector", ""))
+            self.listed.append((plural, ns))
+            return self._list(prefix, plural, ns, selector)
         if request.method == "POST":
             return self._create(
                 prefix, plural, ns, body, request.query.get("fieldManager", "unknown")
@@ -268,6 +283,7 @@ class FakeAPIServer:
             return web.json_response(current)
         if request.method == "DELETE":
             del self.objects[key]
+            self._emit(key, current, None)
             return web.json_response(current)
         if request.method == "PUT":
             return self._replace(key, current, body, manager)
@@ -331,7 +347,7 @@ class FakeAPIServer:
             return status(404, "NotFound", f"{plural} is not served here")
         return web.json_response({**body, "status": answer}, status=201)
 
-    async def _cluster_list(self, request: web.Request) -> web.Response:
+    async def _cluster_list(self, request: web.Request) -> web.StreamResponse:
         """A LIST across every namespace (``/apis/{group}/{version}/{plural}``)."""
         await self._record(request)
         if (injected := self._fault(request)) is not None:
@@ -339,6 +355,9 @@ class FakeAPIServer:
         info = request.match_info
         prefix = f"{info['group']}/{info['version']}"
         selector = request.query.get("labelSelector", "")
+        if request.query.get("watch", "").lower() in ("true", "1"):
+            return await self._watch(request, (prefix, info["plural"], None), selector)
+        self.listed.append((info["plural"], ""))
         namespaces = sorted(
             {n for (p, pl, n, _) in self.objects if (p, pl) == (prefix, info["plural"])}
         )
@@ -351,6 +370,83 @@ class FakeAPIServer:
         return web.json_response(
             {"apiVersion": prefix, "kind": kind, "items": items, "metadata": meta}
         )
+
+    # ---- watch ---------------------------------------------------------------------------
+    def _emit(self, key: Key, before: Json | None, after: Json | None) -> None:
+        version = int((after or before or {}).get("metadata", {}).get("resourceVersion", 0) or 0)
+        if after is None:  # a deletion is a change of its own
+            version = next(self._version)
+        self.changes.append((version, key, copy.deepcopy(before), copy.deepcopy(after)))
+        if self._changed is not None:
+            self._changed.set()
+
+    def compact(self) -> None:
+        """Forget the change history, as etcd compaction does: a watch from any version seen
+        so far is answered 410 Gone, and its client must LIST again."""
+        self.compacted = next(self._version)
+        self.changes = []
+        self._epoch += 1  # open watches end, and come back from a version now too old
+        if self._changed is not None:
+            self._changed.set()
+
+    async def _watch(
+        self, request: web.Request, scope: tuple[str, str, str | None], selector: str
+    ) -> web.StreamResponse:
+        """``?watch=true``: every change after ``resourceVersion`` in ``scope`` as a JSON line
+        (an object entering the label selector is ADDED, leaving it DELETED), a BOOKMARK at the
+        end of ``timeoutSeconds`` when asked, ``410 Gone`` (an ERROR event) from a compacted
+        version."""
+        self.watches += 1
+        terms = [t.split("=", 1) for t in selector.split(",") if t]
+
+        def selected(obj: Json | None) -> bool:
+            labels = ((obj or {}).get("metadata") or {}).get("labels") or {}
+            return obj is not None and all(labels.get(k) == v for k, v in terms)
+
+        since = int(request.query.get("resourceVersion") or 0)
+        seconds = min(float(request.query.get("timeoutSeconds") or 30), 30.0)
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+
+        async def send(kind: str, obj: Json) -> None:
+            await response.write((json.dumps({"type": kind, "object": obj}) + "\n").encode())
+
+        if since and since <= self.compacted:
+            gone = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 410}
+            await send(
+                "ERROR", {**gone, "reason": "Expired", "message": "too old resource version"}
+            )
+            return response
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        ends = loop.time() + seconds
+        sent, epoch = since, self._epoch
+        while self._epoch == epoch:
+            self._changed.clear()  # before the scan: a change during it wakes the wait at once
+            for version, key, before, after in list(self.changes):
+                if version <= sent or key[:2] != scope[:2] or scope[2] not in (None, key[2]):
+                    continue
+                sent = version
+                was, now = selected(before), selected(after)
+                if now:
+                    await send("MODIFIED" if was else "ADDED", copy.deepcopy(after or {}))
+                elif was:
+                    await send("DELETED", copy.deepcopy(after or before or {}))
+            left = ends - loop.time()
+            if left <= 0:
+                break
+            try:
+                async with asyncio.timeout(left):
+                    await self._changed.wait()
+            except TimeoutError:
+                pass
+        if self._epoch != epoch:
+            return response  # compacted under this watch: it ends, no bookmark
+        if request.query.get("allowWatchBookmarks", "").lower() in ("true", "1"):
+            mark = {"metadata": {"resourceVersion": str(next(self._version))}}
+            await send("BOOKMARK", {"kind": KINDS.get(scope[1], "Object"), **mark})
+        return response
 
     def _admit(self, plural: str, obj: Json) -> tuple[Json, list[Json]]:
         if plural in crds.PLURALS:
@@ -402,7 +498,9 @@ class FakeAPIServer:
                 break
         raw = await request.read()
         body = json.loads(raw) if raw else None
-        self.requests.append((request.method, request.path, request.content_type, body))
+        watching = request.query.get("watch", "").lower() in ("true", "1")
+        method = "WATCH" if watching else request.method  # a GET, but its own RBAC verb
+        self.requests.append((method, request.path, request.content_type, body))
         return body
 
     def _list(self, prefix: str, plural: str, ns: str, selector: str) -> web.Response:
@@ -448,6 +546,7 @@ class FakeAPIServer:
         if key in self.objects:
             return status(409, "AlreadyExists", f'{plural} "{key[3]}" already exists')
         self.objects[key] = obj
+        self._emit(key, None, obj)
         return web.json_response(obj, status=201)
 
     def _replace(self, key: Key, current: Json, body: Json, manager: str) -> web.Response:
@@ -512,6 +611,7 @@ class FakeAPIServer:
         entry = self._managed(manager, key[0], operation, subresource)
         meta["managedFields"] = [*fields, entry]
         self.objects[key] = obj
+        self._emit(key, old, obj)
         spec_changed = obj.get("spec") != old.get("spec")
         if self.status_writer and key[1] == "externalmodels" and spec_changed:
             self.payload_processor_status(key)

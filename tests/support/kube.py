@@ -80,14 +80,17 @@ def weights_of(
 
 def settings_for(sims: Fleet, **extra: Any) -> Settings:
     # These tests call once() back to back, faster than the interval: no settling between
-    # steps (weights.settle: 0), so every tick may take its step.
+    # steps (weights.settle: 0), so every tick may take its step. They change objects between
+    # ticks and expect the next tick to read them, so they LIST each tick (kubernetes.watch:
+    # false); the watch has its own tests (test_watch.py), which wait for its events.
+    kube = {"enabled": True, "api_timeout": 1, "watch": False, **extra.pop("kubernetes", {})}
     return build_settings(
         {
             "interval": 1,
             "clusters": sims.settings_clusters(),
             "scrape": {"timeout": 0.5},
             "weights": {"settle": 0, **extra.pop("weights", {})},
-            "kubernetes": {"enabled": True, "api_timeout": 1, **extra.pop("kubernetes", {})},
+            "kubernetes": kube,
             **extra,
         }
     )

@@ -1,0 +1,148 @@
+"""One kind of object in one scope (a namespace, or all of them), kept by LIST then WATCH, as
+client-go's reflector does: the tick reads the cache, not the API server.
+
+- The first LIST fills the cache and gives the resourceVersion to watch from; the watch
+  (``allowWatchBookmarks``: the server says how far it has got even when nothing of ours
+  changed) applies ADDED/MODIFIED/DELETED as they come.
+- A watch ends after ``WATCH_SECONDS`` (server-side ``timeoutSeconds``) and is opened again from
+  the last version seen; ``410 Gone`` (the version was compacted away) means LIST again.
+- Any other failure keeps the cache as it was and LISTs again after a backoff (1 s doubling to
+  30 s); ``error`` says why meanwhile, so discovery can report the API unreadable.
+
+Nothing here decides anything: ``controller.kube.discovery`` reads ``objects()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+
+from controller.kube.errors import API_EXCEPTIONS, APIError, APIGate, call, translate
+from controller.kube.sdk import ApiException, client, watch
+
+log = structlog.get_logger("controller.informer")
+
+WATCH_SECONDS = 300  # a watch is reopened this often, from the last version seen
+BACKOFF_FIRST, BACKOFF_MAX = 1.0, 30.0
+Json = dict[str, Any]
+
+
+class Informer:
+    def __init__(
+        self,
+        custom: client.CustomObjectsApi,
+        gvp: tuple[str, str, str],
+        namespace: str | None,
+        selector: str,
+        api_timeout: float,
+        gate: APIGate | None = None,
+    ) -> None:
+        self._custom, self._gvp = custom, gvp
+        self._namespace, self._selector = namespace, selector
+        self._timeout, self._gate = api_timeout, gate
+        self._items: dict[tuple[str, str], Json] = {}
+        self.synced = asyncio.Event()  # the cache holds a whole LIST (or more)
+        self.error: APIError | None = None  # why the last LIST or watch failed, until one works
+        self.lists = 0
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def scope(self) -> str:
+        return f"{self._gvp[2]} in {self._namespace or 'all namespaces'}"
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"informer {self.scope}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def objects(self) -> list[Json]:
+        """The objects as last seen, by namespace and name."""
+        return [self._items[key] for key in sorted(self._items)]
+
+    async def _run(self) -> None:
+        backoff = BACKOFF_FIRST
+        while True:
+            try:
+                since: str | None = await self._relist()
+                backoff = BACKOFF_FIRST
+                while since is not None:
+                    since = await self._watch(since)
+            except APIError as exc:
+                self.error = exc
+                log.warning("watch failed", scope=self.scope, reason=exc.reason, error=str(exc))
+                await asyncio.sleep(backoff)
+                backoff = min(BACKOFF_MAX, backoff * 2)
+
+    def _lister(self) -> tuple[Callable[..., Awaitable[Any]], tuple[str, ...]]:
+        """The list call for this scope and its positional arguments (a watch is the same
+        call with ``watch=True``)."""
+        group, version, plural = self._gvp
+        if self._namespace is None:
+            return self._custom.list_cluster_custom_object, (group, version, plural)
+        return self._custom.list_namespaced_custom_object, (
+            group,
+            version,
+            self._namespace,
+            plural,
+        )
+
+    async def _relist(self) -> str:
+        func, args = self._lister()
+        found = await call(
+            f"list {self.scope}",
+            lambda: func(*args, label_selector=self._selector),
+            self._timeout,
+            self._gate,
+        )
+        self.lists += 1
+        self._items = {_key(obj): obj for obj in found.get("items", [])}
+        self.error = None
+        self.synced.set()
+        return str((found.get("metadata") or {}).get("resourceVersion", ""))
+
+    async def _watch(self, since: str) -> str | None:
+        """Apply one watch's events; the version to watch from next, or ``None`` to LIST."""
+        func, args = self._lister()
+        stream = watch.Watch()
+        try:
+            async with stream.stream(
+                func,
+                *args,
+                label_selector=self._selector,
+                resource_version=since,
+                allow_watch_bookmarks=True,
+                timeout_seconds=WATCH_SECONDS,
+                _request_timeout=WATCH_SECONDS + self._timeout,
+            ) as events:
+                async for event in events:
+                    self._apply(event["type"], event["raw_object"])
+        except ApiException as exc:
+            if exc.status == 410:  # compacted: what we hold may have missed changes
+                return None
+            raise translate(exc, f"watch {self.scope}") from exc
+        except (*API_EXCEPTIONS, TimeoutError) as exc:
+            raise translate(exc, f"watch {self.scope}") from exc
+        except Exception as exc:  # the library's own: a line that is no watch event
+            raise APIError(f"watch {self.scope}: {type(exc).__name__}: {exc}"[:512]) from exc
+        return str(stream.resource_version or since)
+
+    def _apply(self, kind: str, obj: Json) -> None:
+        if kind in ("ADDED", "MODIFIED"):
+            self._items[_key(obj)] = obj
+        elif kind == "DELETED":
+            self._items.pop(_key(obj), None)
+
+
+def _key(obj: Json) -> tuple[str, str]:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace", "")), str(meta.get("name", ""))

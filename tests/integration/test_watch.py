@@ -1,0 +1,140 @@
+"""ExternalModels and ExternalProviders by LIST then WATCH, through the real kubernetes-asyncio
+client and the API double's ``?watch=true``: every replica listed every object cluster-wide
+every tick (quorum reads from etcd). Now a tick reads the informers' cache."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+from structlog.testing import capture_logs
+
+from controller.app import Controller
+from controller.fakes.clusters import Fleet, SimCluster
+from controller.kube.informer import Informer
+from controller.kube.objects import PAUSE_ANNOTATION
+from controller.publish.kubernetes import KubernetesPublisher
+from tests.support.apiserver import FakeAPIServer
+from tests.support.kube import CRD, NS, model, provider, settings_for, wait_until, weights_of
+
+MODELS = 20
+REFS = [("east", 50), ("west", 50)]
+
+
+@pytest.fixture
+async def api(apiserver: FakeAPIServer) -> AsyncIterator[client.ApiClient]:
+    async with client.ApiClient(client.Configuration(host=apiserver.url)) as api_client:
+        yield api_client
+
+
+@pytest.fixture
+async def sims() -> AsyncIterator[Fleet]:
+    async with Fleet(
+        [SimCluster("east", kv=0.95, noise=0.0), SimCluster("west", kv=0.2, noise=0.0)]
+    ) as fleet:
+        yield fleet
+
+
+def informers(controller: Controller) -> list[Informer]:
+    publisher = controller.publisher
+    assert isinstance(publisher, KubernetesPublisher)
+    return publisher.discovery.informers
+
+
+async def seen(controller: Controller, check: Any) -> None:
+    """Until the informers' cache holds what ``check`` wants (a watch event is asynchronous:
+    bounded, never a sleep)."""
+    await wait_until(lambda: any(check(o) for i in informers(controller) for o in i.objects()), 5)
+
+
+def watching(sims: Fleet) -> Any:
+    return settings_for(sims, kubernetes={"watch": True})
+
+
+async def test_twenty_ticks_of_twenty_models_cost_no_list_after_the_first(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
+) -> None:
+    for ref, _ in REFS:
+        apiserver.put_object(CRD, "externalproviders", provider(ref))
+    for i in range(MODELS):
+        apiserver.put_object(CRD, "externalmodels", model(f"m{i}", REFS))
+    async with Controller(watching(sims), serve=False, api=api) as controller:
+        await controller.once()
+        first = len(apiserver.listed)
+        reports = [await controller.once() for _ in range(20)]
+    assert first == 2  # one LIST of each kind, across the cluster
+    assert len(apiserver.listed) - first <= 3  # the done-when bound; here none at all
+    assert apiserver.watches >= 2
+    assert all(len(r.targets) == MODELS for r in reports)
+    assert weights_of(apiserver, "m0")["east"] < 50  # written as ever
+
+
+async def test_a_new_model_and_a_pause_take_effect_on_the_next_tick(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
+) -> None:
+    for ref, _ in REFS:
+        apiserver.put_object(CRD, "externalproviders", provider(ref))
+    apiserver.put_object(CRD, "externalmodels", model("llama", REFS))
+    async with Controller(watching(sims), serve=False, api=api) as controller:
+        await controller.once()
+        apiserver.put_object(CRD, "externalmodels", model("granite", REFS))
+        await seen(controller, lambda o: o["metadata"]["name"] == "granite")
+        report = await controller.once()
+        assert f"ExternalModel/{NS}/granite" in report.targets
+
+        def pause(obj: dict[str, Any]) -> None:
+            obj["metadata"].setdefault("annotations", {})[PAUSE_ANNOTATION] = "INC-7"
+
+        held = weights_of(apiserver, "granite")
+        apiserver.edit(CRD, "externalmodels", NS, "granite", "oncall", pause)
+        await seen(
+            controller,
+            lambda o: (o["metadata"].get("annotations") or {}).get(PAUSE_ANNOTATION) == "INC-7",
+        )
+        report = await controller.once()
+        lists = len(apiserver.listed)
+    outcome = report.targets[f"ExternalModel/{NS}/granite"].outcome
+    assert outcome.decision.mode.value == "paused"
+    assert weights_of(apiserver, "granite") == held
+    assert lists == 2  # both changes came by the watch
+
+
+async def test_a_compacted_watch_lists_again_and_misses_nothing(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
+) -> None:
+    """410 Gone: the version the watch would resume from is compacted away, so the informer
+    LISTs again (and an object changed meanwhile is read from that LIST)."""
+    for ref, _ in REFS:
+        apiserver.put_object(CRD, "externalproviders", provider(ref))
+    apiserver.put_object(CRD, "externalmodels", model("llama", REFS))
+    async with Controller(watching(sims), serve=False, api=api) as controller:
+        await controller.once()
+        before = len(apiserver.listed)
+        apiserver.compact()
+        apiserver.put_object(CRD, "externalmodels", model("granite", REFS))
+        await wait_until(lambda: len(apiserver.listed) >= before + 2, 10)  # both kinds
+        await seen(controller, lambda o: o["metadata"]["name"] == "granite")
+        report = await controller.once()
+    assert f"ExternalModel/{NS}/granite" in report.targets
+
+
+async def test_nothing_opted_in_is_a_warning_naming_the_selector_and_nothing_is_written(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
+) -> None:
+    """With Kubernetes on and no labelled ExternalModel the loop fell back to the implicit
+    target and logged `would write`: it looked like a dry run."""
+    for ref, _ in REFS:
+        apiserver.put_object(CRD, "externalproviders", provider(ref))
+    apiserver.put_object(CRD, "externalmodels", model("llama", REFS, managed=False))
+    async with Controller(watching(sims), serve=False, api=api) as controller:
+        with capture_logs() as logs:
+            reports = [await controller.once() for _ in range(3)]
+        shown = controller.registry.get_sample_value("weight_controller_targets")
+    warned = [e for e in logs if e["event"] == "no target opted in"]
+    assert warned and warned[0]["log_level"] == "warning"
+    assert warned[0]["label_selector"] == "weight-controller.opendatahub.io/managed=true"
+    assert not [e for e in logs if e["event"] in ("would write", "weights written")]
+    assert all(r.targets == {} for r in reports) and shown == 0
+    assert apiserver.writes("PATCH") == []
