@@ -15,7 +15,7 @@ import pytest
 
 # Before any test imports kubernetes_asyncio: the tests then use the client loaded by the
 # piece, exactly as the daemon does.
-import controller.kube.sdk  # noqa: F401
+from controller.kube.sdk import client
 from tests.support.apiserver import FakeAPIServer
 from tests.support.daemon import Daemon
 from tests.support.servers import Handler, Server
@@ -32,6 +32,13 @@ async def apiserver(request: pytest.FixtureRequest) -> AsyncIterator[FakeAPIServ
     await server.start()
     yield server
     await server.stop()
+
+
+@pytest.fixture
+async def api(apiserver: FakeAPIServer) -> AsyncIterator[client.ApiClient]:
+    """The real kubernetes-asyncio client, pointed at the double."""
+    async with client.ApiClient(client.Configuration(host=apiserver.url)) as api_client:
+        yield api_client
 
 
 @pytest.fixture

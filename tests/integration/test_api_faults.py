@@ -14,26 +14,27 @@ from kubernetes_asyncio import client
 from structlog.testing import capture_logs
 
 from controller.app import Controller
-from controller.fakes.clusters import Fleet, SimCluster
+from controller.fakes.clusters import Fleet
 from controller.kube.errors import APIGate
 from controller.model import Write
 from tests.support.apiserver import FakeAPIServer
-from tests.support.kube import CRD, NS, model, provider, seed, settings_for, weights_of
+from tests.support.kube import (
+    CRD,
+    NS,
+    hot_and_cool,
+    model,
+    provider,
+    seed,
+    settings_for,
+    weights_of,
+)
 
 MODELS = 20
 
 
 @pytest.fixture
-async def api(apiserver: FakeAPIServer) -> AsyncIterator[client.ApiClient]:
-    async with client.ApiClient(client.Configuration(host=apiserver.url)) as api_client:
-        yield api_client
-
-
-@pytest.fixture
 async def sims() -> AsyncIterator[Fleet]:
-    async with Fleet(
-        [SimCluster("east", kv=0.95, noise=0.0), SimCluster("west", kv=0.2, noise=0.0)]
-    ) as fleet:
+    async with hot_and_cool() as fleet:
         yield fleet
 
 

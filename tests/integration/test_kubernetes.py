@@ -40,12 +40,6 @@ from tests.support.kube import (
 
 
 @pytest.fixture
-async def api(apiserver: FakeAPIServer) -> AsyncIterator[client.ApiClient]:
-    async with client.ApiClient(client.Configuration(host=apiserver.url)) as api_client:
-        yield api_client
-
-
-@pytest.fixture
 async def sims() -> AsyncIterator[Fleet]:
     async with Fleet([SimCluster("east", kv=0.2), SimCluster("west", kv=0.2)]) as fleet:
         yield fleet

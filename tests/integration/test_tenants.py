@@ -4,9 +4,7 @@ that enforces the upstream CRDs: one team's objects never reach another's routin
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
-import pytest
 from aiohttp import web
 from kubernetes_asyncio import client
 
@@ -24,12 +22,6 @@ from tests.support.servers import text_handler
 
 TEAM_A, TEAM_B = "team-a", "team-b"
 LOOPBACK_OK = {"annotation_urls": {"allow_loopback": True}}  # the test's pods are local
-
-
-@pytest.fixture
-async def api(apiserver: FakeAPIServer) -> AsyncIterator[client.ApiClient]:
-    async with client.ApiClient(client.Configuration(host=apiserver.url)) as api_client:
-        yield api_client
 
 
 async def test_same_name_providers_in_two_namespaces_are_two_clusters(

@@ -12,28 +12,29 @@ from kubernetes_asyncio import client
 from structlog.testing import capture_logs
 
 from controller.app import Controller
-from controller.fakes.clusters import Fleet, SimCluster
+from controller.fakes.clusters import Fleet
 from controller.kube.informer import Informer
 from controller.kube.objects import PAUSE_ANNOTATION
 from controller.publish.kubernetes import KubernetesPublisher
 from tests.support.apiserver import FakeAPIServer
-from tests.support.kube import CRD, NS, model, provider, settings_for, wait_until, weights_of
+from tests.support.kube import (
+    CRD,
+    NS,
+    hot_and_cool,
+    model,
+    provider,
+    settings_for,
+    wait_until,
+    weights_of,
+)
 
 MODELS = 20
 REFS = [("east", 50), ("west", 50)]
 
 
 @pytest.fixture
-async def api(apiserver: FakeAPIServer) -> AsyncIterator[client.ApiClient]:
-    async with client.ApiClient(client.Configuration(host=apiserver.url)) as api_client:
-        yield api_client
-
-
-@pytest.fixture
 async def sims() -> AsyncIterator[Fleet]:
-    async with Fleet(
-        [SimCluster("east", kv=0.95, noise=0.0), SimCluster("west", kv=0.2, noise=0.0)]
-    ) as fleet:
+    async with hot_and_cool() as fleet:
         yield fleet
 
 

@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from controller.fakes.clusters import Fleet, SimCluster
 from tests.conftest import StartDaemon
 from tests.support.apiserver import FakeAPIServer
+from tests.support.daemon import Daemon
 from tests.support.kube import CRD, NS, kubeconfig, seed, weights_of
 from tests.support.servers import free_port
 
@@ -33,37 +34,41 @@ async def leader_gauge(session: aiohttp.ClientSession, port: int) -> float | Non
     return None
 
 
+async def replica(
+    daemon: StartDaemon, apiserver: FakeAPIServer, tmp_path: Path, sims: Fleet, index: int
+) -> tuple[Daemon, int]:
+    """One leader-electing daemon against the double (no in-cluster environment); its port."""
+    port = free_port()
+    child = await daemon(
+        {
+            "interval": "300ms",
+            "clusters": sims.settings_clusters(),
+            "scrape": {"timeout": "150ms"},
+            "server": {"bind": f"127.0.0.1:{port}"},
+            "kubernetes": {"enabled": True, "api_timeout": "1s"},
+            "leader_election": {
+                "identity": f"replica-{index}",
+                "lease_duration": f"{LEASE_DURATION}s",
+                "renew_deadline": "1500ms",
+                "retry_period": f"{int(RETRY * 1000)}ms",
+            },
+        },
+        "run",
+        "--leader-elect",
+        "--kubeconfig",
+        str(kubeconfig(tmp_path / "kubeconfig", apiserver.url)),
+        env={k: None for k in os.environ if k.startswith("KUBERNETES_")},
+    )
+    return child, port
+
+
 async def test_two_processes_elect_one_leader_and_fail_over(
     apiserver: FakeAPIServer, tmp_path: Path, daemon: StartDaemon
 ) -> None:
     seed(apiserver, [("east", 50), ("west", 50)])
-    config = str(kubeconfig(tmp_path / "kubeconfig", apiserver.url))
-    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("KUBERNETES_")}
     async with Fleet([SimCluster("east", kv=0.2), SimCluster("west", kv=0.2)]) as sims:
-        ports = [free_port(), free_port()]
-        replicas = [
-            await daemon(
-                {
-                    "interval": "300ms",
-                    "clusters": sims.settings_clusters(),
-                    "scrape": {"timeout": "150ms"},
-                    "server": {"bind": f"127.0.0.1:{port}"},
-                    "kubernetes": {"enabled": True, "api_timeout": "1s"},
-                    "leader_election": {
-                        "identity": f"replica-{index}",
-                        "lease_duration": f"{LEASE_DURATION}s",
-                        "renew_deadline": "1500ms",
-                        "retry_period": f"{int(RETRY * 1000)}ms",
-                    },
-                },
-                "run",
-                "--leader-elect",
-                "--kubeconfig",
-                config,
-                env=env,
-            )
-            for index, port in enumerate(ports)
-        ]
+        started = [await replica(daemon, apiserver, tmp_path, sims, i) for i in range(2)]
+        replicas, ports = [c for c, _ in started], [p for _, p in started]
         async with aiohttp.ClientSession() as session:
             leader = await _wait_for_one_leader(session, ports)
             follower = 1 - leader
@@ -113,30 +118,8 @@ async def test_sighup_stops_cleanly_and_releases_the_lease(
     leader waited out a whole lease. It now stops as SIGTERM does; settings are not reloaded
     (a restart reads them), and the log says so."""
     seed(apiserver, [("east", 50), ("west", 50)])
-    config = str(kubeconfig(tmp_path / "kubeconfig", apiserver.url))
-    env: dict[str, str | None] = {k: None for k in os.environ if k.startswith("KUBERNETES_")}
     async with Fleet([SimCluster("east", kv=0.2), SimCluster("west", kv=0.2)]) as sims:
-        port = free_port()
-        child = await daemon(
-            {
-                "interval": "300ms",
-                "clusters": sims.settings_clusters(),
-                "scrape": {"timeout": "150ms"},
-                "server": {"bind": f"127.0.0.1:{port}"},
-                "kubernetes": {"enabled": True, "api_timeout": "1s"},
-                "leader_election": {
-                    "identity": "replica-0",
-                    "lease_duration": f"{LEASE_DURATION}s",
-                    "renew_deadline": "1500ms",
-                    "retry_period": f"{int(RETRY * 1000)}ms",
-                },
-            },
-            "run",
-            "--leader-elect",
-            "--kubeconfig",
-            config,
-            env=env,
-        )
+        child, port = await replica(daemon, apiserver, tmp_path, sims, 0)
         async with aiohttp.ClientSession() as session:
             for _ in range(200):  # bounded: 10 s
                 if await leader_gauge(session, port) == 1:

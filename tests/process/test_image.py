@@ -53,48 +53,36 @@ def installed() -> Iterator[Path]:
         subprocess.run(
             [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120
         )
-        # the dependencies exactly as the image installs them: from the lock, hashes checked
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "--python",
-                str(venv / "bin" / "python"),
-                "install",
-                "--quiet",
-                "--no-compile",
-                "--require-hashes",
-                "--no-deps",
-                "-r",
-                str(ROOT / "requirements.lock"),
-            ],
-            check=True,
-            timeout=600,
-            capture_output=True,
-        )
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "--python",
-                str(venv / "bin" / "python"),
-                "install",
-                "--quiet",
-                "--no-deps",
-                "--no-compile",
-                str(wheel),
-            ],
-            check=True,
-            timeout=300,
-            capture_output=True,
-        )
+        # the dependencies exactly as the image installs them: from the lock, hashes checked;
+        # then the package itself, adding nothing
+        lock = str(ROOT / "requirements.lock")
+        pip_into(venv, "--require-hashes", "--no-deps", "-r", lock)
+        pip_into(venv, "--no-deps", str(wheel))
         for path in [base, *base.rglob("*")]:  # readable by anyone, writable by nobody else
             path.chmod(0o755 if path.is_dir() or os.access(path, os.X_OK) else 0o644)
         yield venv
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+PIP = (sys.executable, "-m", "pip")
+
+
+def pip_into(venv: Path, *args: str) -> None:
+    subprocess.run(
+        [
+            *PIP,
+            "--python",
+            str(venv / "bin" / "python"),
+            "install",
+            "--quiet",
+            "--no-compile",
+            *args,
+        ],
+        check=True,
+        timeout=600,
+        capture_output=True,
+    )
 
 
 def as_other_user(*command: str) -> list[str]:

@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from controller.app import Controller
-from controller.fakes.clusters import Fleet
+from controller.fakes.clusters import Fleet, SimCluster
 from controller.kube.objects import MANAGED_LABEL
 from controller.settings import Settings, build_settings
 from tests.support.apiserver import FakeAPIServer
@@ -76,6 +76,11 @@ def weights_of(
     obj = apiserver.get(CRD, "externalmodels", namespace, name)
     assert obj is not None
     return {r["ref"]["name"]: r["weight"] for r in obj["spec"]["externalProviderRefs"]}
+
+
+def hot_and_cool() -> Fleet:
+    """east hot (KV 0.95), west cool (0.2), no noise: every tick wants weight moved east→west."""
+    return Fleet([SimCluster("east", kv=0.95, noise=0.0), SimCluster("west", kv=0.2, noise=0.0)])
 
 
 def settings_for(sims: Fleet, **extra: Any) -> Settings:
