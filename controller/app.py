@@ -120,6 +120,8 @@ class Controller:
         self._serve = serve
         self._session: aiohttp.ClientSession | None = None
         self._runner: server.Serving | None = None
+        self._probe_runner: server.Serving | None = None
+        self.probe_port: int | None = None
         self._discovery: TargetDiscovery | None = None
         self.port: int | None = None
         self.reconciler: Reconciler | None = None
@@ -195,9 +197,18 @@ class Controller:
             self.registry, self.snapshot, self.settings.interval, authorize, connections
         )
         self._runner, self.port = await server.start(app, bind.host, bind.port, tls)
+        if bind.probe_bind is not None:  # the kubelet's: plain HTTP, never a token
+            host, _, port = bind.probe_bind.rpartition(":")
+            probes = server.make_probe_app(self.snapshot, self.settings.interval)
+            self._probe_runner, self.probe_port = await server.start(
+                probes, host.strip("[]"), int(port)
+            )
         scheme = "https" if tls is not None else "http"
         log.info(
-            "serving", address=f"{scheme}://{bind.host}:{self.port}", authenticate=bind.authenticate
+            "serving",
+            address=f"{scheme}://{bind.host}:{self.port}",
+            authenticate=bind.authenticate,
+            probes=f"http://{bind.probe_bind}" if bind.probe_bind else None,
         )
 
     async def _watch_certificate(self) -> None:
@@ -221,8 +232,9 @@ class Controller:
             self._cert_watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._cert_watch
-        if self._runner is not None:
-            await self._runner.cleanup()
+        for serving in (self._runner, self._probe_runner):
+            if serving is not None:
+                await serving.cleanup()
         await self._close_clients()
 
     async def _connect_kubernetes(self) -> None:

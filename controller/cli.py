@@ -48,6 +48,13 @@ def _parser() -> argparse.ArgumentParser:
         "--leader-elect", action="store_true", help="take a Lease; only the leader writes"
     )
     run.add_argument("--kubeconfig", type=Path, help="outside a pod: this kubeconfig")
+    run.add_argument(
+        "--metrics-bind-address", help="host:port for /metrics and /debug/state (server.bind)"
+    )
+    run.add_argument(
+        "--health-probe-bind-address",
+        help="host:port for /healthz and /readyz, plain HTTP (server.probe_bind)",
+    )
     run.add_argument("--context", help="kubeconfig context")
     once = sub.add_parser(
         "once", parents=[common], help="one reconcile, printed as JSON; writes nothing by default"
@@ -195,7 +202,21 @@ def with_flags(settings: Settings, args: argparse.Namespace) -> Settings:
         )
     if args.leader_elect:
         election = election.model_copy(update={"enabled": True})
-    return settings.model_copy(update={"kubernetes": kube, "leader_election": election})
+    served = settings.server
+    binds = {"bind": args.metrics_bind_address, "probe_bind": args.health_probe_bind_address}
+    if given := {k: v for k, v in binds.items() if v is not None}:
+        from pydantic import ValidationError
+
+        from controller.settings import ServerSettings
+
+        flags = {"bind": "--metrics-bind-address", "probe_bind": "--health-probe-bind-address"}
+        try:  # validated as the file's would be
+            served = ServerSettings(**{**served.model_dump(), **given})
+        except ValidationError as exc:
+            lines = [f"{flags.get(str(e['loc'][0]), 'server')}: {e['msg']}" for e in exc.errors()]
+            raise ConfigError([line.replace("Value error, ", "") for line in lines]) from None
+    update = {"kubernetes": kube, "leader_election": election, "server": served}
+    return settings.model_copy(update=update)
 
 
 def _simulate(args: argparse.Namespace) -> int:

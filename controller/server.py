@@ -189,13 +189,12 @@ class ServingCertificate:
         return True
 
 
-def make_app(
-    registry: CollectorRegistry,
-    snapshot: Snapshot,
-    interval: float,
-    authorize: Authorize | None = None,
-    connections: Connections | None = None,
-) -> web.Application:
+Probe = Callable[[web.Request], Awaitable[web.Response]]
+
+
+def probes(snapshot: Snapshot, interval: float) -> tuple[Probe, Probe]:
+    """/healthz (the loop turns: a stage finished within ``LIVENESS_INTERVALS``) and /readyz
+    (it has decided at least once)."""
     started = time.monotonic()
 
     async def healthz(_: web.Request) -> web.Response:
@@ -209,6 +208,30 @@ def make_app(
         if snapshot.report.tick == 0:
             return web.Response(status=503, text="first reconcile not done\n")
         return web.Response(text="ok\n")
+
+    return healthz, readyz
+
+
+def make_probe_app(
+    snapshot: Snapshot, interval: float, connections: Connections | None = None
+) -> web.Application:
+    """The probes alone (``server.probe_bind``): plain HTTP, no token, nothing else to read."""
+    healthz, readyz = probes(snapshot, interval)
+    app = web.Application(middlewares=[_mark_answered])
+    app[CONNECTIONS] = connections or Connections()
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app
+
+
+def make_app(
+    registry: CollectorRegistry,
+    snapshot: Snapshot,
+    interval: float,
+    authorize: Authorize | None = None,
+    connections: Connections | None = None,
+) -> web.Application:
+    healthz, readyz = probes(snapshot, interval)
 
     async def state(_: web.Request) -> web.Response:
         leader = registry.get_sample_value("weight_controller_leader")

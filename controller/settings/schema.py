@@ -542,6 +542,12 @@ class ServerSettings(_Group):
         "can reach the pod.",
     )
 
+    probe_bind: str | None = Field(
+        default=None,
+        description="host:port for /healthz and /readyz alone, plain HTTP and never behind a "
+        "token, for the kubelet's probes (controller-runtime's --health-probe-bind-address). "
+        "Unset: the probes are served on bind only.",
+    )
     tls_cert_file: Path | None = Field(
         default=None,
         description="Serve HTTPS with this certificate (PEM; on OpenShift the service CA's "
@@ -561,9 +567,11 @@ class ServerSettings(_Group):
             raise ValueError("tls_cert_file and tls_key_file go together")
         return self
 
-    @field_validator("bind")
+    @field_validator("bind", "probe_bind")
     @classmethod
-    def _host_port(cls, value: str) -> str:
+    def _host_port(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
         host, sep, port = value.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
             raise ValueError(f"expected host:port, got {value!r}")

@@ -128,8 +128,13 @@ def test_metrics_are_https_with_authentication_and_authorization(
     (container,) = pod["containers"]
     mount = next(m for m in container["volumeMounts"] if m["name"] == "serving-cert")
     assert str(settings.server.tls_cert_file).startswith(mount["mountPath"])
+    # the kubelet's probes on their own plain port: no TLS and no token to need
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert settings.server.probe_bind is not None
+    assert int(settings.server.probe_bind.rpartition(":")[2]) == ports["probes"] != ports["https"]
     for probe in ("livenessProbe", "readinessProbe"):
-        assert container[probe]["httpGet"]["scheme"] == "HTTPS"
+        assert container[probe]["httpGet"]["scheme"] == "HTTP"
+        assert container[probe]["httpGet"]["port"] == "probes"
     monitor = rendered["ServiceMonitor/weight-controller"]
     assert monitor["metadata"]["labels"]["monitoring.opendatahub.io/scrape"] == "true"
     (endpoint,) = monitor["spec"]["endpoints"]

@@ -101,3 +101,47 @@ async def test_a_request_that_never_finishes_is_closed_and_a_finished_one_is_kep
             assert await get(session, port) == 200
         assert counted.closed == ["header_timeout"]
         slow.close()
+
+
+async def test_the_probe_port_serves_the_probes_alone_without_a_token() -> None:
+    """Probes shared the HTTPS, token-protected metrics port; the kubelet should need neither."""
+    from controller.app import Controller
+    from controller.fakes.clusters import Fleet, SimCluster
+    from controller.settings import build_settings
+
+    async with Fleet([SimCluster("a", kv=0.3)]) as sims:
+        settings = build_settings(
+            {
+                "interval": 1,
+                "clusters": sims.settings_clusters(),
+                "scrape": {"timeout": 0.5},
+                "server": {"bind": "127.0.0.1:0", "probe_bind": "127.0.0.1:0"},
+            }
+        )
+        async with Controller(settings) as controller, aiohttp.ClientSession() as session:
+            await controller.once()
+            assert controller.probe_port and controller.probe_port != controller.port
+            base = f"http://127.0.0.1:{controller.probe_port}"
+            for path, code in (("/healthz", 200), ("/readyz", 200), ("/metrics", 404)):
+                async with session.get(base + path) as response:
+                    assert response.status == code, path
+
+
+def test_the_bind_flags_override_the_file_and_are_checked_as_it_is() -> None:
+    import argparse
+
+    from controller.cli import with_flags
+    from controller.errors import ConfigError
+    from controller.settings import build_settings
+
+    settings = build_settings({"clusters": [{"name": "a", "vllm_urls": ["http://a:1/"]}]})
+    flags = {"kubeconfig": None, "context": None, "leader_elect": False}
+    given = argparse.Namespace(
+        **flags, metrics_bind_address="0.0.0.0:9443", health_probe_bind_address=":8081"
+    )
+    with pytest.raises(ConfigError) as raised:
+        with_flags(settings, given)
+    assert raised.value.lines == ["--health-probe-bind-address: expected host:port, got ':8081'"]
+    given.health_probe_bind_address = "0.0.0.0:8081"
+    served = with_flags(settings, given).server
+    assert (served.bind, served.probe_bind) == ("0.0.0.0:9443", "0.0.0.0:8081")
