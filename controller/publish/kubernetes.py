@@ -8,7 +8,10 @@ The targets come from ``controller.kube.discovery`` (``discover`` hands them on)
   handed back as a conflict, so the loop decides again from what it holds now;
 - a 429 closes the API for its ``Retry-After`` (``kubernetes.errors.APIGate``);
 - 404: the target is gone, forget it; 403: refused, with a detail naming the verb to grant;
-- the applied weights and time go into the ``last-applied`` annotation, and an Event is emitted;
+- the applied weights and time go into the ``last-applied`` annotation; an Event is emitted when
+  the way the weights are decided changes (the mode: ``pressure``, ``unhealthy``, …), or at
+  most every ``EVENT_EVERY`` seconds while it stays, saying how many writes it stands for: a
+  target stepping every tick does not become an Event every tick;
 - a weight someone else changed is logged with who changed it (from managedFields).
 
 Nothing here decides weights: that is ``controller.weights.weigh``, called by the loop. A dry
@@ -17,6 +20,7 @@ run wraps this publisher in ``publish.dryrun.DryRun`` and never reaches ``write`
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import TypeVar
@@ -41,6 +45,7 @@ from controller.settings import Settings
 
 log = structlog.get_logger("controller.publish")
 REFUSAL_EVENTS = 10  # Warning Events for newly refused objects, at most, per tick
+EVENT_EVERY = 600.0  # a WeightsChanged Event for the same mode at most this often
 T = TypeVar("T")
 
 
@@ -61,6 +66,9 @@ class KubernetesPublisher:
         self._is_leader = is_leader
         self.discovery = discovery or TargetDiscovery(settings, api, metrics)
         self._warned: set[tuple[str, str]] = set()  # refused objects told by an Event
+        # per target: the mode of its last Event, when it went out, writes since
+        self._told: dict[str, tuple[str, float, int]] = {}
+        self._clock = time.monotonic
 
     async def discover(self) -> Discovery:
         """The targets; an object newly refused (unreadable, owned by another controller) is
@@ -153,9 +161,23 @@ class KubernetesPublisher:
             ),
         )
         written = await self.discovery.parse(obj, target) or target.holding(desired)
-        await self._event(target, f"Weights changed ({why})")
+        await self._tell(target, why)
         self.discovery.remember(written)
         return written
+
+    async def _tell(self, target: Target, why: str) -> None:
+        """An Event for this write if its mode is new for the target, or the last Event is
+        ``EVENT_EVERY`` old; else it is counted into the next one. ``why`` is the loop's
+        ``"<mode>: <change>"``."""
+        mode = why.partition(":")[0]
+        now = self._clock()
+        told, at, since = self._told.get(target.key, ("", -EVENT_EVERY, 0))
+        if mode == told and now - at < EVENT_EVERY:
+            self._told[target.key] = (told, at, since + 1)
+            return
+        more = f"; {since} more write(s) since the last Event" if since else ""
+        await self._event(target, f"Weights changed ({why}){more}")
+        self._told[target.key] = (mode, now, 0)
 
     def _note_foreign_change(self, target: Target, desired: Mapping[str, int]) -> None:
         current = {ref.name: ref.weight for ref in target.refs if ref.name in desired}

@@ -102,9 +102,13 @@ async def test_moves_weights_away_from_the_hot_cluster_with_guarded_patches(
     assert recorded["weights"] == final and recorded["time"].endswith("Z")
     assert obj["metadata"]["managedFields"][-1]["manager"] == "weight-controller"
     events = apiserver.writes("POST", "events")
-    assert len(events) == len(patches)
     assert events[0][3]["involvedObject"]["name"] == "llama"
     assert events[0][3]["reason"] == "WeightsChanged"
+    # an Event when the mode changes, not one per write: each names a mode the last did not
+    modes = [e[3]["message"].removeprefix("Weights changed (").partition(":")[0] for e in events]
+    assert 1 <= len(events) < len(patches)
+    assert all(a != b for a, b in zip(modes, modes[1:], strict=False))
+    assert "more write(s) since the last Event" not in events[0][3]["message"]
 
 
 async def test_writes_only_on_change(
@@ -968,3 +972,28 @@ async def test_a_global_freeze_holds_every_target(
         view = controller.snapshot.report.targets["ExternalModel/maas-system/llama"].outcome
     assert apiserver.writes("PATCH") == []
     assert view.decision.mode.value == "frozen"
+
+
+async def test_events_say_when_the_mode_changes_and_count_the_writes_between(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
+) -> None:
+    """One Event per write made a target that steps every tick an Event every tick."""
+    from controller.exporter import make_registry
+    from controller.publish.kubernetes import KubernetesPublisher
+    from controller.state import Snapshot
+
+    seed(apiserver, [("east", 50), ("west", 50)])
+    _, metrics = make_registry(Snapshot())
+    publisher = KubernetesPublisher(settings_for(sims), api, metrics)
+    (target,) = (await publisher.discover()).targets
+    steps = [("pressure", 45), ("pressure", 40), ("pressure", 35), ("rest", 40), ("rest", 45)]
+    for mode, east in steps:
+        done = await publisher.write(target, {"east": east, "west": 100 - east}, f"{mode}: ...")
+        assert done.target is not None
+        target = done.target
+    await publisher.discovery.close()
+    messages = [e[3]["message"] for e in apiserver.writes("POST", "events")]
+    assert messages == [
+        "Weights changed (pressure: ...)",
+        "Weights changed (rest: ...); 2 more write(s) since the last Event",
+    ]
