@@ -107,7 +107,7 @@ async def test_moves_weights_away_from_the_hot_cluster_with_guarded_patches(
     # an Event when the mode changes, not one per write: each names a mode the last did not
     modes = [e[3]["message"].removeprefix("Weights changed (").partition(":")[0] for e in events]
     assert 1 <= len(events) < len(patches)
-    assert all(a != b for a, b in zip(modes, modes[1:], strict=False))
+    assert all(a != b for a, b in itertools.pairwise(modes))
     assert "more write(s) since the last Event" not in events[0][3]["message"]
 
 
