@@ -45,7 +45,8 @@ class SimCluster:
     engines: int = 2
     kv: float = 0.2  # KV use from load of its own (scripted by the demo or a test)
     routed_kv: float = 0.0  # KV use the routable traffic adds at an equal share of it
-    share: float = 1.0  # its weight relative to an equal share (1.0 = 100 / clusters)
+    share: float = 1.0  # its weight relative to an equal share (1.0 = 100 / clusters): the
+    # routed KV and the requests it completes both scale with it
     fault: Fault = Fault.NONE
     with_epp: bool = False
     epp_only: bool = False  # read through its EPP alone (its pods are not listed)
@@ -95,7 +96,8 @@ class SimCluster:
         if self.seconds_per_scrape is not None:  # virtual time: the same story every run
             elapsed = 0.0 if pod.last is None else self.seconds_per_scrape
         pod.last = now
-        pod.carry += elapsed * self.requests_per_second / self.pods
+        # the requests follow the weights as the KV does: realised share answers intended
+        pod.carry += elapsed * self.requests_per_second * self.share / self.pods
         done, pod.carry = int(pod.carry), pod.carry - int(pod.carry)
         for _ in range(done):
             seconds = self.latency() * pod.latency.uniform(0.7, 1.3)

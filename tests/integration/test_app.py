@@ -327,3 +327,28 @@ def test_once_started_the_collector_skips_what_start_up_loaded_and_passes_less_o
     before, after, wanted, frozen = json.loads(done.stdout)
     assert before[0] == 700 and after == list(wanted) and wanted[0] > before[0]
     assert frozen > 10_000  # modules, classes, functions: all of start-up
+
+
+async def test_in_the_demo_the_requests_follow_the_weights() -> None:
+    """The demo's clusters completed the same requests whatever their weight, so its realised
+    share said traffic went nowhere near where the weights sent it."""
+    from controller.demo.runner import apply_scenario, demo_fleet
+
+    async with demo_fleet(seed=3, seconds_per_scrape=1.0) as fleet:
+        settings = build_settings(
+            {
+                "interval": 1,
+                "clusters": fleet.settings_clusters(),
+                "scrape": {"timeout": 0.5, "min_latency_requests": 3},
+            }
+        )
+        async with Controller(settings, serve=False) as controller:
+            apply_scenario(fleet, 0)
+            for tick in range(1, 36):  # b heats up and holds at 95%: its weight falls
+                report = await controller.once()
+                only = report.only
+                assert only is not None
+                apply_scenario(fleet, tick, dict(only.outcome.applied))
+    assert only.outcome.applied["cluster-b"] < 100 / 3  # shed below an equal share
+    for cluster, intended in only.intended.items():
+        assert abs(only.realised[cluster] - intended) < 10, (only.realised, only.intended)
