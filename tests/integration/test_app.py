@@ -349,6 +349,7 @@ async def test_in_the_demo_the_requests_follow_the_weights() -> None:
                 only = report.only
                 assert only is not None
                 apply_scenario(fleet, tick, dict(only.outcome.applied))
+    assert only is not None
     assert only.outcome.applied["cluster-b"] < 100 / 3  # shed below an equal share
     for cluster, intended in only.intended.items():
         assert abs(only.realised[cluster] - intended) < 10, (only.realised, only.intended)
