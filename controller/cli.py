@@ -158,7 +158,16 @@ def _command(args: argparse.Namespace) -> int:
     from controller.app import serve_forever
     from controller.settings import file_problems, load_settings
 
-    settings = load_settings(args.config)
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as exc:
+        if args.config is None and not os.environ.get(CONFIG_ENV):
+            hint = (
+                f"no settings file given: --config FILE or ${CONFIG_ENV} (config/example.yaml "
+                "shows every field; `weight-controller demo` runs without one)"
+            )
+            raise ConfigError([*exc.lines, hint]) from None
+        raise
     if problems := file_problems(settings):
         raise ConfigError(problems)  # before anything starts: one line each, exit 2
     if args.command == "once":  # stdout carries the JSON; logs go to stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -162,6 +163,17 @@ def test_cli_exits_2_with_one_line_per_error_and_no_traceback(tmp_path: Path) ->
         check=False,
     )
     assert missing.returncode == 2 and "cannot read" in missing.stderr
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WEIGHT_CONTROLLER_")}
+    bare = subprocess.run(
+        [sys.executable, "-m", "controller", "once"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env=env,
+    )
+    assert bare.returncode == 2  # no file at all: the error says how to give one
+    assert "no settings file given: --config FILE or $WEIGHT_CONTROLLER_CONFIG" in bare.stderr
 
 
 def test_check_config_prints_normalised_settings(tmp_path: Path) -> None:
