@@ -23,8 +23,10 @@ def alert_rules() -> list[dict[str, Any]]:
 
 def dashboard_queries() -> list[tuple[str, str]]:
     dashboard = json.loads(DASHBOARD.read_text())
-    return [
+    panels = [
         (panel["title"], target["expr"])
         for panel in dashboard["panels"]
         for target in panel["targets"]
     ]
+    marks = [(mark["name"], mark["expr"]) for mark in dashboard["annotations"]["list"]]
+    return panels + marks
