@@ -309,3 +309,33 @@ async def leadership_moves(api: client.ApiClient) -> None:
     assert time.monotonic() - began < 5
     stop_b.set()
     await task_b
+
+
+def test_the_cookbooks_logql_asks_openshift_loggings_labels_for_the_jq_columns_events() -> None:
+    """The LogQL used promtail's labels (`namespace`, `container`), which OpenShift Logging's
+    LokiStack does not set; each query must select our container the way it labels streams
+    and filter the same events as its jq twin."""
+    from tests.support.manifests import render
+
+    (deployment,) = [o for o in render("manifests") if o["kind"] == "Deployment"]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]["name"]
+    runbooks = (ROOT / "manifests" / "RUNBOOKS.md").read_text()
+    cookbook = runbooks[runbooks.index("### Cookbook") :]
+    rows = [r for r in cookbook.splitlines() if r.startswith("| ") and "jq -c" in r]
+    assert len(rows) == 4
+    for row in rows:
+        jq, logql = (c.strip().strip("`") for c in row.split(" | ")[-2:])
+        selector = dict(re.findall(r'(\w+)="([^"]*)"', logql[: logql.index("}")]))
+        assert selector == {
+            "kubernetes_namespace_name": "maas-system",
+            "kubernetes_container_name": container,
+            "log_type": "application",
+        }
+        assert 'line_format "{{.message}}"' in logql  # our line, out of the ViaQ record
+        events = "|".join(re.findall(r'event=~?"([^"]+)"', logql)).replace("\\|", "|")
+        conditions = re.findall(r'condition="([^"]+)"', logql)
+        for event in re.findall(r'\.event=="([^"]+)"', jq):
+            if event == "condition ended":  # the jq twin asks which condition
+                assert conditions == re.findall(r'\.condition=="([^"]+)"', jq), row
+            else:
+                assert re.fullmatch(events, event), (event, events)
