@@ -278,3 +278,4 @@ def test_every_overlay_names_only_its_own_namespace_and_validates(
     (monitor,) = [o for o in objects if o["kind"] == "ServiceMonitor"]
     name = monitor["spec"]["endpoints"][0]["tlsConfig"]["serverName"]
     assert name == f"weight-controller-metrics.{namespace}.svc"
+    assert monitor["spec"]["namespaceSelector"]["matchNames"] == [namespace]
