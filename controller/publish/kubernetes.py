@@ -9,7 +9,7 @@ The targets come from ``controller.kube.discovery`` (``discover`` hands them on)
 - a 429 closes the API for its ``Retry-After`` (``kubernetes.errors.APIGate``);
 - 404: the target is gone, forget it; 403: refused, with a detail naming the verb to grant;
 - the applied weights and time go into the ``last-applied`` annotation; an Event is emitted when
-  the way the weights are decided changes (the mode: ``pressure``, ``unhealthy``, …), or at
+  the way the weights are decided changes (the mode: ``normal``, ``saturated``, …), or at
   most every ``EVENT_EVERY`` seconds while it stays, saying how many writes it stands for: a
   target stepping every tick does not become an Event every tick;
 - a weight someone else changed is logged with who changed it (from managedFields).

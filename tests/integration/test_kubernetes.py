@@ -986,7 +986,7 @@ async def test_events_say_when_the_mode_changes_and_count_the_writes_between(
     _, metrics = make_registry(Snapshot())
     publisher = KubernetesPublisher(settings_for(sims), api, metrics)
     (target,) = (await publisher.discover()).targets
-    steps = [("pressure", 45), ("pressure", 40), ("pressure", 35), ("rest", 40), ("rest", 45)]
+    steps = [("normal", 45), ("normal", 40), ("normal", 35), ("saturated", 40), ("saturated", 45)]
     for mode, east in steps:
         done = await publisher.write(target, {"east": east, "west": 100 - east}, f"{mode}: ...")
         assert done.target is not None
@@ -994,6 +994,6 @@ async def test_events_say_when_the_mode_changes_and_count_the_writes_between(
     await publisher.discovery.close()
     messages = [e[3]["message"] for e in apiserver.writes("POST", "events")]
     assert messages == [
-        "Weights changed (pressure: ...)",
-        "Weights changed (rest: ...); 2 more write(s) since the last Event",
+        "Weights changed (normal: ...)",
+        "Weights changed (saturated: ...); 2 more write(s) since the last Event",
     ]

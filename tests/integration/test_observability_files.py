@@ -171,3 +171,15 @@ async def test_the_metrics_table_is_what_metrics_exports(apiserver: FakeAPIServe
     }
     assert exported - documented == set(), "exported, not in grafana/README.md"
     assert documented - exported == set(), "in grafana/README.md, not exported"
+
+
+def test_the_mode_row_names_every_mode() -> None:
+    """It listed 6 of the 9."""
+    from controller.model import Mode
+
+    row = next(
+        line
+        for line in (ROOT / "grafana/README.md").read_text().splitlines()
+        if line.startswith("| `weight_controller_target_mode`")
+    )
+    assert {m.value for m in Mode} <= set(re.findall(r"`([a-z_]+)`", row))
