@@ -3,6 +3,8 @@ the samples follow the ExternalModel CRD's rules, and the security settings are 
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -279,3 +281,18 @@ def test_every_overlay_names_only_its_own_namespace_and_validates(
     name = monitor["spec"]["endpoints"][0]["tlsConfig"]["serverName"]
     assert name == f"weight-controller-metrics.{namespace}.svc"
     assert monitor["spec"]["namespaceSelector"]["matchNames"] == [namespace]
+
+
+def test_the_grafana_operator_component_points_at_the_shipped_dashboard(tmp_path: Path) -> None:
+    """OpenShift/ODH run no Grafana sidecar; the Grafana Operator reads GrafanaDashboards."""
+    base = os.path.relpath(ROOT / "manifests", tmp_path)
+    component = os.path.relpath(ROOT / "manifests/components/grafana-operator", tmp_path)
+    (tmp_path / "kustomization.yaml").write_text(
+        f"namespace: maas-system\nresources: [{base}]\ncomponents: [{component}]\n"
+    )
+    rendered = {f"{d['kind']}/{d['metadata']['name']}": d for d in render(str(tmp_path))}
+    dashboard = rendered["GrafanaDashboard/weight-controller"]
+    ref = dashboard["spec"]["configMapRef"]
+    configmap = rendered[f"ConfigMap/{ref['name']}"]
+    assert dashboard["metadata"]["namespace"] == configmap["metadata"]["namespace"]
+    assert json.loads(configmap["data"][ref["key"]])["uid"] == "weight-controller"
