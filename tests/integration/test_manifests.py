@@ -296,3 +296,113 @@ def test_the_grafana_operator_component_points_at_the_shipped_dashboard(tmp_path
     configmap = rendered[f"ConfigMap/{ref['name']}"]
     assert dashboard["metadata"]["namespace"] == configmap["metadata"]["namespace"]
     assert json.loads(configmap["data"][ref["key"]])["uid"] == "weight-controller"
+
+
+def _with_component(tmp_path: Path, component: str) -> list[dict[str, Any]]:
+    """The opendatahub overlay as a copy of its own that also takes ``component``."""
+    overlay = yaml.safe_load(
+        (ROOT / "manifests/overlays/opendatahub/kustomization.yaml").read_text()
+    )
+    overlay["resources"] = [os.path.relpath(ROOT / "manifests/base", tmp_path)]
+    overlay["components"] = [os.path.relpath(ROOT / component, tmp_path)]
+    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
+    return render(str(tmp_path))
+
+
+MODEL = {
+    "metadata": {
+        "name": "granite",
+        "labels": {"weight-controller.opendatahub.io/managed": "true"},
+        "annotations": {"owner": "team-a"},
+    },
+    "spec": {
+        "externalProviderRefs": [
+            {"ref": {"name": "east"}, "targetModel": "granite", "weight": 50},
+            {"ref": {"name": "west"}, "targetModel": "granite", "weight": 50},
+        ]
+    },
+}
+
+
+def _edited(change: Any) -> dict[str, Any]:
+    copy: dict[str, Any] = json.loads(json.dumps(MODEL))
+    change(copy)
+    return copy
+
+
+LAST_APPLIED = "weight-controller.opendatahub.io/last-applied"
+MANAGED = "weight-controller.opendatahub.io/managed"
+
+
+def _ref(index: int, key: str, value: Any) -> Any:
+    return lambda o: o["spec"]["externalProviderRefs"][index].__setitem__(key, value)
+
+
+def _meta(group: str, key: str, value: Any) -> Any:
+    return lambda o: o["metadata"][group].__setitem__(key, value)
+
+
+@pytest.mark.parametrize(
+    ("edit", "allowed"),
+    [
+        (_ref(0, "weight", 20), True),
+        (_meta("annotations", LAST_APPLIED, "{}"), True),
+        (_ref(0, "ref", {"name": "elsewhere"}), False),
+        (_ref(1, "targetModel", "llama"), False),
+        (lambda o: o["spec"]["externalProviderRefs"].append({"ref": {"name": "x"}}), False),
+        (lambda o: o["spec"].__setitem__("other", "added"), False),
+        (_meta("labels", MANAGED, "false"), False),
+        (_meta("annotations", "owner", "team-b"), False),
+        (lambda o: o["metadata"].pop("annotations"), False),
+    ],
+)
+def test_the_weights_only_policy_lets_the_weights_change_and_nothing_else(
+    tmp_path: Path, edit: Any, allowed: bool
+) -> None:
+    """Cluster-wide `patch` on ExternalModels let the service account change any field. The
+    policy's CEL is run here by an independent CEL implementation (cel-python) on the edit."""
+    import celpy
+    from celpy.adapter import json_to_cel
+
+    objects = _with_component(tmp_path, "manifests/components/weights-only-policy")
+    (policy,) = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"]
+    (binding,) = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    for obj in (policy, binding):
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    env = celpy.Environment()
+    (condition,) = policy["spec"]["matchConditions"]
+    user = "system:serviceaccount:opendatahub:weight-controller"  # the overlay's namespace
+    request = json_to_cel({"userInfo": {"username": user}})
+    assert env.program(env.compile(condition["expression"])).evaluate({"request": request})
+    activation = {"object": json_to_cel(_edited(edit)), "oldObject": json_to_cel(MODEL)}
+    verdicts = [
+        bool(env.program(env.compile(v["expression"])).evaluate(activation))
+        for v in policy["spec"]["validations"]
+    ]
+    assert all(verdicts) is allowed, verdicts
+
+
+def test_the_controllers_own_patch_passes_the_weights_only_policy(tmp_path: Path) -> None:
+    """What the controller really sends (objects.weight_patch), on an object with and without
+    annotations of its own."""
+    import celpy
+    import jsonpatch
+    from celpy.adapter import json_to_cel
+
+    objects_ = _with_component(tmp_path, "manifests/components/weights-only-policy")
+    (policy,) = [o for o in objects_ if o["kind"] == "ValidatingAdmissionPolicy"]
+    env = celpy.Environment()
+    mapping = objects.ProviderMapping({"east": "east", "west": "west"}, (), ())
+    for annotated in (True, False):
+        old = json.loads(json.dumps(MODEL))
+        if not annotated:
+            del old["metadata"]["annotations"]
+        old["metadata"]["resourceVersion"] = "7"
+        target = objects.external_model(old, mapping)
+        patch = objects.weight_patch(target, {"east": 30, "west": 70}, "2026-12-02T00:00:00Z")
+        new = jsonpatch.apply_patch(old, patch)
+        activation = {"object": json_to_cel(new), "oldObject": json_to_cel(old)}
+        for validation in policy["spec"]["validations"]:
+            program = env.program(env.compile(validation["expression"]))
+            assert program.evaluate(activation), (annotated, validation["message"])
