@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from controller import CONFIG_ENV, __version__
 from controller.errors import ConfigError
@@ -62,6 +62,12 @@ def _parser() -> argparse.ArgumentParser:
     once.add_argument("--apply", action="store_true", help="write the decided weights")
     check = sub.add_parser("check-config", help="validate a config file, print it normalised")
     check.add_argument("path", type=Path)
+    _simulate_parser(sub)
+    _status_and_demo_parsers(sub)
+    return parser
+
+
+def _simulate_parser(sub: Any) -> None:
     simulate = sub.add_parser(
         "simulate", help="closed-loop simulation: ours vs baselines, scored per scenario"
     )
@@ -91,6 +97,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     simulate.add_argument("--json", type=Path, help="also write the scores as JSON here")
     simulate.add_argument("--plot", type=Path, help="draw weight, KV and latency (PNG)")
+
+
+def _status_and_demo_parsers(sub: Any) -> None:
     status = sub.add_parser("status", help="a running controller's state, as tables")
     status.add_argument("--url", default="http://127.0.0.1:8080", help="its metrics address")
     status.add_argument(
@@ -116,7 +125,6 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--seed", type=int, default=0, help="the simulated clusters' noise (same seed: same story)"
     )
-    return parser
 
 
 EXIT_RUNTIME = 1

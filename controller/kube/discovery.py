@@ -11,7 +11,6 @@ one when it ends (``logs.Conditions``).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -27,11 +26,10 @@ from controller.kube.errors import (
     APINotFoundError,
     APIServerError,
     APIThrottledError,
-    APITimeoutError,
     APIUnavailableError,
     call,
 )
-from controller.kube.informer import Informer
+from controller.kube.informer import Informer, Lister
 from controller.kube.objects import ProviderMapping
 from controller.kube.sdk import client
 from controller.logs import Conditions
@@ -83,7 +81,7 @@ class TargetDiscovery:
         self._defined: list[ClusterSettings] = []
         self._cache = _Cache()
         self.gate = APIGate()  # one API server's throttle, shared with the publisher
-        self._informers: dict[tuple[tuple[str, str, str], str | None, str], Informer] = {}
+        self._lister = Lister(self._custom, self._kube.api_timeout, self._kube.watch, self.gate)
         self._configured = {c.name for c in settings.clusters}
         self.routes = {(r.namespace, r.name): r for r in self._kube.httproutes}
         # Provider mappings from the last discovery, reused when a written or re-read object
@@ -227,61 +225,16 @@ class TargetDiscovery:
     async def _list(
         self, gvp: tuple[str, str, str], namespace: str | None, selected: bool
     ) -> list[dict[str, Any]]:
-        group, version, plural = gvp
         selector = self._kube.label_selector if selected else ""  # "": every object
-        if self._kube.watch:
-            return await self._watched(gvp, namespace, selector)
-        if namespace is None:
-            found = await self._call(
-                f"list {plural} in all namespaces",
-                lambda: self._custom.list_cluster_custom_object(
-                    group, version, plural, label_selector=selector
-                ),
-            )
-        else:
-            found = await self._call(
-                f"list {plural} in {namespace}",
-                lambda: self._custom.list_namespaced_custom_object(
-                    group, version, namespace, plural, label_selector=selector
-                ),
-            )
-        return list(found.get("items", []))
-
-    async def _watched(
-        self, gvp: tuple[str, str, str], namespace: str | None, selector: str
-    ) -> list[dict[str, Any]]:
-        """The objects from this scope's informer, started on first use (its first LIST is
-        awaited, within the API timeout). While its LIST or watch fails, the failure is raised
-        as a LIST's would be: the last targets are kept and the API reported unreadable."""
-        key = (gvp, namespace, selector)
-        informer = self._informers.get(key)
-        if informer is None:
-            informer = Informer(
-                self._custom, gvp, namespace, selector, self._kube.api_timeout, self.gate
-            )
-            self._informers[key] = informer
-            informer.start()
-        if not informer.synced.is_set():
-            try:
-                async with asyncio.timeout(self._kube.api_timeout):
-                    await informer.synced.wait()
-            except TimeoutError:
-                raise informer.error or APITimeoutError(
-                    f"list {informer.scope}: no answer (timed out)"
-                ) from None
-        if informer.error is not None:
-            raise informer.error
-        return informer.objects()
+        return await self._lister.list(gvp, namespace, selector)
 
     @property
     def informers(self) -> list[Informer]:
         """The watches discovery reads (``kubernetes.watch``), one per kind and scope."""
-        return list(self._informers.values())
+        return self._lister.informers
 
     async def close(self) -> None:
-        for informer in self._informers.values():
-            await informer.stop()
-        self._informers.clear()
+        await self._lister.close()
 
     async def _providers(self, namespace: str) -> ProviderMapping:
         return self._mapping(await self._list(objects.EXTERNAL_PROVIDER, namespace, False))

@@ -9,7 +9,8 @@ client-go's reflector does: the tick reads the cache, not the API server.
 - Any other failure keeps the cache as it was and LISTs again after a backoff (1 s doubling to
   30 s); ``error`` says why meanwhile, so discovery can report the API unreadable.
 
-Nothing here decides anything: ``controller.kube.discovery`` reads ``objects()``.
+Nothing here decides anything: ``controller.kube.discovery`` reads them through ``Lister``,
+which LISTs on every call instead when watching is off (``kubernetes.watch: false``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,14 @@ from typing import Any
 
 import structlog
 
-from controller.kube.errors import API_EXCEPTIONS, APIError, APIGate, call, translate
+from controller.kube.errors import (
+    API_EXCEPTIONS,
+    APIError,
+    APIGate,
+    APITimeoutError,
+    call,
+    translate,
+)
 from controller.kube.sdk import ApiException, client, watch
 
 log = structlog.get_logger("controller.informer")
@@ -73,7 +81,7 @@ class Informer:
         backoff = BACKOFF_FIRST
         while True:
             try:
-                since: str | None = await self._relist()
+                since: str | None = await self.relist()
                 backoff = BACKOFF_FIRST
                 while since is not None:
                     since = await self._watch(since)
@@ -96,7 +104,8 @@ class Informer:
             plural,
         )
 
-    async def _relist(self) -> str:
+    async def relist(self) -> str:
+        """One LIST into the cache; the resourceVersion to watch from."""
         func, args = self._lister()
         found = await call(
             f"list {self.scope}",
@@ -146,3 +155,55 @@ class Informer:
 def _key(obj: Json) -> tuple[str, str]:
     meta = obj.get("metadata") or {}
     return str(meta.get("namespace", "")), str(meta.get("name", ""))
+
+
+Scope = tuple[
+    tuple[str, str, str], str | None, str
+]  # (group, version, plural), namespace, selector
+
+
+class Lister:
+    """Objects of one kind in one scope: from that scope's informer, started on first use, or
+    a LIST on every call when ``watch`` is off."""
+
+    def __init__(
+        self, custom: client.CustomObjectsApi, api_timeout: float, watch: bool, gate: APIGate
+    ) -> None:
+        self._custom, self._timeout, self._watch, self._gate = custom, api_timeout, watch, gate
+        self._informers: dict[Scope, Informer] = {}
+
+    @property
+    def informers(self) -> list[Informer]:
+        return list(self._informers.values())
+
+    async def list(
+        self, gvp: tuple[str, str, str], namespace: str | None, selector: str
+    ) -> list[Json]:
+        """The objects, or the API failure a LIST would give. An informer's first LIST is
+        awaited within the API timeout; while its LIST or watch fails, that failure is raised,
+        so discovery keeps the last targets and reports the API unreadable."""
+        if not self._watch:
+            once = Informer(self._custom, gvp, namespace, selector, self._timeout, self._gate)
+            await once.relist()
+            return once.objects()
+        informer = self._informers.get((gvp, namespace, selector))
+        if informer is None:
+            informer = Informer(self._custom, gvp, namespace, selector, self._timeout, self._gate)
+            self._informers[(gvp, namespace, selector)] = informer
+            informer.start()
+        if not informer.synced.is_set():
+            try:
+                async with asyncio.timeout(self._timeout):
+                    await informer.synced.wait()
+            except TimeoutError:
+                raise informer.error or APITimeoutError(
+                    f"list {informer.scope}: no answer (timed out)"
+                ) from None
+        if informer.error is not None:
+            raise informer.error
+        return informer.objects()
+
+    async def close(self) -> None:
+        for informer in self._informers.values():
+            await informer.stop()
+        self._informers.clear()

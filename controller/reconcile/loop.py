@@ -21,8 +21,9 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 import structlog
 
@@ -159,20 +160,7 @@ class Reconciler:
 
     async def _fetch(self, source: ClusterMetricsSource) -> ClusterMetrics:
         deadline = self._settings.interval * DEADLINE_SHARE
-        try:
-            async with asyncio.timeout(deadline):
-                return await source.fetch()
-        except TimeoutError:
-            detail = f"tick deadline {deadline:g}s passed"
-            return ClusterMetrics.failed(source.cluster, self._clock(), Reason.TIMEOUT, detail)
-        except Exception as exc:  # a bug in one source must not take the others down
-            self._metrics.reconcile_errors.labels("fetch").inc()
-            key = ("fetch", source.cluster)
-            self._conditions.observe(
-                "fetch raised", key, "error", cluster=source.cluster, exc_info=True
-            )
-            detail = f"{type(exc).__name__} (the log has the traceback)"
-            return ClusterMetrics.failed(source.cluster, self._clock(), Reason.INTERNAL, detail)
+        return await fetch_within(source, deadline, self._clock, self._metrics, self._conditions)
 
     def _judge(self, fetched: Sequence[ClusterMetrics]) -> None:
         now = self._clock()
@@ -213,34 +201,23 @@ class Reconciler:
         """Every plan's writes, ``kubernetes.max_parallel_writes`` at once, all under one
         deadline; a write still out when it passes is cut off and counts as failed
         (``api_timeout``; it is weighed and tried again next tick). Outcomes in plan order."""
-        slots = asyncio.Semaphore(self._settings.kubernetes.max_parallel_writes)
         deadline = self._settings.interval * DEADLINE_SHARE
-
-        async def attempt(plan: Plan) -> tuple[Plan, WriteResult]:
-            async with slots:
-                return await self._attempt(plan, inputs)
-
-        tasks = [asyncio.create_task(attempt(plan)) for plan in plans if self._changes(plan)]
-        try:
-            if tasks:
-                await asyncio.wait(tasks, timeout=deadline)
-        finally:  # cut off what is still out, also when the tick itself is cancelled
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        done = iter(tasks)
+        changing = [plan for plan in plans if self._changes(plan)]
+        jobs = [lambda plan=plan: self._attempt(plan, inputs) for plan in changing]
+        limit = self._settings.kubernetes.max_parallel_writes
+        answers = iter(await bounded(jobs, limit, deadline))
         outcomes = []
         for plan in plans:
             result = WriteResult(Write.NONE, plan.target)
             if self._changes(plan):
-                task = next(done)
-                if task.cancelled():
+                answer = next(answers)
+                if answer is None:
                     detail = f"publish deadline {deadline:g}s passed before the write was answered"
                     result = WriteResult(Write.FAILED, plan.target, detail, "api_timeout")
-                elif (exc := task.exception()) is not None:  # a bug: this target's only
-                    result = self._raised("publish", plan.found.key, plan.target, exc)
+                elif isinstance(answer, BaseException):  # a bug: this target's only
+                    result = self._raised("publish", plan.found.key, plan.target, answer)
                 else:
-                    plan, result = task.result()
+                    plan, result = answer
             outcomes.append(self._outcome(plan, result))
         return outcomes
 
@@ -316,22 +293,11 @@ class Reconciler:
         now = self._clock()
         window = self._settings.weights.realised_window
         arrived = self._fleet.arrivals.latest
-        views = {}
-        for outcome in outcomes:
-            if outcome.write is Write.GONE:
-                continue
-            memory = self._memory.setdefault(outcome.key, TargetMemory())
-            realised, intended = memory.realised.add(now, window, outcome, arrived)
-            act = memory.actuation
-            views[outcome.key] = TargetView(
-                outcome,
-                memory.last_write,
-                memory.last_change,
-                realised,
-                intended,
-                act.estimate,
-                act.pending is not None,
-            )
+        views = {
+            outcome.key: target_view(self._memory, outcome, now, window, arrived)
+            for outcome in outcomes
+            if outcome.write is not Write.GONE
+        }
         for key in self._memory.keys() - views.keys():
             del self._memory[key]
         only = next(iter(views.values())) if len(views) == 1 else None
@@ -356,27 +322,107 @@ class Reconciler:
     # ---- the loop ----------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
         """Tick on the interval grid until ``stop`` is set; an exception costs one tick only."""
-        loop = asyncio.get_running_loop()
-        interval = self._settings.interval
-        next_at = loop.time()
-        while not stop.is_set():
-            try:
-                await self.tick()
-                self._conditions.clear(("tick",))
-            except Exception:
-                self._metrics.reconcile_errors.labels("tick").inc()
-                self._conditions.observe("tick failed", ("tick",), "error", exc_info=True)
-            next_at += interval
-            behind = loop.time() - next_at
-            if behind > 0:
-                skipped = math.ceil(behind / interval)
-                next_at += skipped * interval
-                self._conditions.observe(
-                    "tick overran the interval", ("overrun",), skipped_ticks=skipped
-                )
-            else:
-                self._conditions.clear(("overrun",))
-            await wait_or_stop(stop, next_at - loop.time())
+        await on_the_grid(self.tick, self._settings.interval, stop, self._metrics, self._conditions)
+
+
+T = TypeVar("T")
+
+
+async def fetch_within(
+    source: ClusterMetricsSource,
+    deadline: float,
+    clock: Callable[[], float],
+    metrics: ControllerMetrics,
+    conditions: Conditions,
+) -> ClusterMetrics:
+    """One cluster's fetch, failed as ``timeout`` past ``deadline`` and as ``internal`` if the
+    source raised (a bug in one source must not take the others down)."""
+    try:
+        async with asyncio.timeout(deadline):
+            return await source.fetch()
+    except TimeoutError:
+        detail = f"tick deadline {deadline:g}s passed"
+        return ClusterMetrics.failed(source.cluster, clock(), Reason.TIMEOUT, detail)
+    except Exception as exc:
+        metrics.reconcile_errors.labels("fetch").inc()
+        key = ("fetch", source.cluster)
+        conditions.observe("fetch raised", key, "error", cluster=source.cluster, exc_info=True)
+        detail = f"{type(exc).__name__} (the log has the traceback)"
+        return ClusterMetrics.failed(source.cluster, clock(), Reason.INTERNAL, detail)
+
+
+def target_view(
+    memories: dict[str, TargetMemory],
+    outcome: TargetDecision,
+    now: float,
+    window: float,
+    arrived: Mapping[str, float | None],
+) -> TargetView:
+    """A target's outcome with its history, realised share and actuation, as the report shows."""
+    memory = memories.setdefault(outcome.key, TargetMemory())
+    realised, intended = memory.realised.add(now, window, outcome, arrived)
+    act = memory.actuation
+    return TargetView(
+        outcome,
+        memory.last_write,
+        memory.last_change,
+        realised,
+        intended,
+        act.estimate,
+        act.pending is not None,
+    )
+
+
+async def bounded(
+    jobs: Sequence[Callable[[], Awaitable[T]]], limit: int, deadline: float
+) -> list[T | BaseException | None]:
+    """Each job's answer, at most ``limit`` running at once, all within ``deadline``: an
+    exception for one that raised, ``None`` for one cut off (also when the caller is
+    cancelled, nothing is left running). In the jobs' order."""
+    slots = asyncio.Semaphore(limit)
+
+    async def one(job: Callable[[], Awaitable[T]]) -> T:
+        async with slots:
+            return await job()
+
+    tasks = [asyncio.create_task(one(job)) for job in jobs]
+    try:
+        if tasks:
+            await asyncio.wait(tasks, timeout=deadline)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return [None if task.cancelled() else (task.exception() or task.result()) for task in tasks]
+
+
+async def on_the_grid(
+    tick: Callable[[], Awaitable[object]],
+    interval: float,
+    stop: asyncio.Event,
+    metrics: ControllerMetrics,
+    conditions: Conditions,
+) -> None:
+    """``tick`` on the interval grid until ``stop``: ticks never overlap and do not drift; one
+    that overran skips the slots it missed instead of bunching up."""
+    loop = asyncio.get_running_loop()
+    next_at = loop.time()
+    while not stop.is_set():
+        try:
+            await tick()
+            conditions.clear(("tick",))
+        except Exception:
+            metrics.reconcile_errors.labels("tick").inc()
+            conditions.observe("tick failed", ("tick",), "error", exc_info=True)
+        next_at += interval
+        behind = loop.time() - next_at
+        if behind > 0:
+            skipped = math.ceil(behind / interval)
+            next_at += skipped * interval
+            conditions.observe("tick overran the interval", ("overrun",), skipped_ticks=skipped)
+        else:
+            conditions.clear(("overrun",))
+        await wait_or_stop(stop, next_at - loop.time())
 
 
 def _cluster_share(outcome: TargetDecision, cluster: str) -> int | None:
