@@ -29,6 +29,7 @@ from controller.publish.dryrun import DryRun
 from controller.publish.kubernetes import KubernetesPublisher
 from controller.reconcile.loop import Reconciler
 from controller.settings import ClusterSettings, Settings
+from controller.settings.schema import host_and_port
 from controller.sources import ClusterMetricsSource
 from controller.sources.pages import EPP_EXTRACTOR, VLLM_EXTRACTOR
 from controller.sources.prometheus import prometheus_source, shared_queriers
@@ -198,11 +199,9 @@ class Controller:
         )
         self._runner, self.port = await server.start(app, bind.host, bind.port, tls)
         if bind.probe_bind is not None:  # the kubelet's: plain HTTP, never a token
-            host, _, port = bind.probe_bind.rpartition(":")
+            host, port = host_and_port(bind.probe_bind)
             probes = server.make_probe_app(self.snapshot, self.settings.interval)
-            self._probe_runner, self.probe_port = await server.start(
-                probes, host.strip("[]"), int(port)
-            )
+            self._probe_runner, self.probe_port = await server.start(probes, host, port)
         scheme = "https" if tls is not None else "http"
         log.info(
             "serving",

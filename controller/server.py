@@ -54,15 +54,13 @@ class Connections:
         self._on_change, self._on_close = on_change, on_close
         self._open: dict[object, _Bounded] = {}  # transport -> its protocol
 
-    @property
-    def open(self) -> int:
-        return len(self._open)
-
-    def protocol(self, inner: asyncio.Protocol) -> asyncio.Protocol:
+    def protocol(self, make: Callable[[], asyncio.Protocol]) -> asyncio.Protocol:
+        """A new connection's protocol: ``make``'s (aiohttp's), or past the limit one that
+        closes it at once (and aiohttp never builds a handler for it)."""
         if len(self._open) >= self.limit:
             self._on_close("limit")
             return _Refused()
-        return _Bounded(inner, self)
+        return _Bounded(make(), self)
 
     def answered(self, transport: object) -> None:
         """A whole request arrived on ``transport``: its header deadline no longer applies."""
@@ -262,7 +260,7 @@ async def start(
     loop = asyncio.get_running_loop()
     try:
         listening = await loop.create_server(
-            lambda: connections.protocol(handlers()),
+            lambda: connections.protocol(handlers),
             host,
             port,
             ssl=tls,

@@ -55,7 +55,6 @@ class Informer:
         self._items: dict[tuple[str, str], Json] = {}
         self.synced = asyncio.Event()  # the cache holds a whole LIST (or more)
         self.error: APIError | None = None  # why the last LIST or watch failed, until one works
-        self.lists = 0
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -113,7 +112,6 @@ class Informer:
             self._timeout,
             self._gate,
         )
-        self.lists += 1
         self._items = {_key(obj): obj for obj in found.get("items", [])}
         self.error = None
         self.synced.set()

@@ -136,11 +136,10 @@ class Actuation:
             return max(settle, UNKNOWN * interval)
         return max(settle, 2 * self.estimate + interval)
 
-    def settling(
-        self, now: float, last_change: float | None, settle: float, interval: float
-    ) -> bool:
+    def settling(self, now: float, settle: float, interval: float) -> bool:
         """Whether the law should wait for the last change (see the module docstring);
         ``settle`` 0 never waits, not even for the measured delay."""
+        last_change = self.last_change
         if last_change is None or settle <= 0:
             return False
         # Ticks land on the interval grid give or take how long a fetch took: a wait is over

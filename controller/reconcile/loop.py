@@ -215,7 +215,7 @@ class Reconciler:
                     detail = f"publish deadline {deadline:g}s passed before the write was answered"
                     result = WriteResult(Write.FAILED, plan.target, detail, "api_timeout")
                 elif isinstance(answer, BaseException):  # a bug: this target's only
-                    result = self._raised("publish", plan.found.key, plan.target, answer)
+                    result = self._raised(plan.found.key, plan.target, answer)
                 else:
                     plan, result = answer
             outcomes.append(self._outcome(plan, result))
@@ -272,13 +272,14 @@ class Reconciler:
         try:
             result = await self._publisher.write(plan.target, plan.desired, why)
         except Exception as exc:  # one target's failure must not stop the others
-            result = self._raised("publish", plan.found.key, plan.target, exc)
+            result = self._raised(plan.found.key, plan.target, exc)
         schema = result.write is Write.REFUSED and result.reason == "schema"
         memory.refused = (dict(plan.desired), result) if schema else None
         return result
 
-    def _raised(self, stage: str, key: str, target: Target, exc: BaseException) -> WriteResult:
-        self._metrics.reconcile_errors.labels(stage).inc()
+    def _raised(self, key: str, target: Target, exc: BaseException) -> WriteResult:
+        """A write that raised (a bug): failed, this target's only, with its traceback."""
+        self._metrics.reconcile_errors.labels("publish").inc()
         self._conditions.observe(
             "publish raised", ("publish", key), "error", target=key, exc_info=exc
         )

@@ -40,7 +40,7 @@ def settling(memory: TargetMemory | None, now: float, settle: float, interval: f
     has not been seen acting (``actuation.Actuation.settling``)."""
     if memory is None:
         return False
-    return memory.actuation.settling(now, memory.last_change, settle, interval)
+    return memory.actuation.settling(now, settle, interval)
 
 
 def cluster_shares(target: Target, weights: Mapping[str, int]) -> dict[str, float]:

@@ -579,11 +579,17 @@ class ServerSettings(_Group):
 
     @property
     def host(self) -> str:
-        return self.bind.rpartition(":")[0].strip("[]")
+        return host_and_port(self.bind)[0]
 
     @property
     def port(self) -> int:
-        return int(self.bind.rpartition(":")[2])
+        return host_and_port(self.bind)[1]
+
+
+def host_and_port(bind: str) -> tuple[str, int]:
+    """``host:port`` (a checked ``bind`` or ``probe_bind``) as host (IPv6 brackets off) and port."""
+    host, _, port = bind.rpartition(":")
+    return host.strip("[]"), int(port)
 
 
 class HTTPRouteTarget(_Group):

@@ -19,13 +19,20 @@ def arrivals(shares: dict[str, float], n: int, rng: random.Random) -> dict[str, 
     return dict(counts)
 
 
+def at_even_split(seed: int) -> tuple[Actuation, random.Random]:
+    """An actuation that has seen three ticks of an even split (the baseline a change needs)."""
+    act, rng = Actuation(), random.Random(seed)
+    for tick in range(1, 4):
+        act.observe(tick * INTERVAL, arrivals({"a": 50.0, "b": 50.0}, 300, rng))
+    return act, rng
+
+
 def drive(delay: float, seed: int, n: int = 300) -> tuple[Actuation, list[tuple[float, bool]]]:
     """One change at t=100 from 50/50 to 25/75, acting ``delay`` later; every tick's
     ``settling`` as the law would ask for it."""
     rng = random.Random(seed)
     act, settling = Actuation(), []
     before, after = {"a": 50.0, "b": 50.0}, {"a": 25.0, "b": 75.0}
-    changed = None
     for tick in range(1, 30):
         now = tick * INTERVAL
         # the tick counts (now - 10, now]: part of it under each split once the change acts
@@ -33,10 +40,9 @@ def drive(delay: float, seed: int, n: int = 300) -> tuple[Actuation, list[tuple[
         part = min(1.0, max(0.0, (now - acts_at) / INTERVAL))
         split = {c: before[c] + part * (after[c] - before[c]) for c in before}
         act.observe(now, arrivals(split, n, rng))
-        settling.append((now, act.settling(now, changed, SETTLE, INTERVAL)))
+        settling.append((now, act.settling(now, SETTLE, INTERVAL)))
         if now == 100.0:
             act.changed(now, before, after, INTERVAL)
-            changed = now
     return act, settling
 
 
@@ -64,10 +70,7 @@ def test_a_router_that_ignores_the_weights_does_not_freeze_them() -> None:
 
 
 def test_small_moves_and_uncounted_clusters_are_not_measured() -> None:
-    act = Actuation()
-    rng = random.Random(3)
-    for tick in range(1, 4):
-        act.observe(tick * INTERVAL, arrivals({"a": 50.0, "b": 50.0}, 300, rng))
+    act, _ = at_even_split(3)
     act.changed(30.0, {"a": 50.0, "b": 50.0}, {"a": 47.0, "b": 53.0}, INTERVAL)
     assert act.pending is None  # 3 points drown in the counting noise
     later = 30.0 + UNKNOWN * INTERVAL  # the small one has surely acted by then
@@ -77,10 +80,7 @@ def test_small_moves_and_uncounted_clusters_are_not_measured() -> None:
 
 
 def test_a_change_made_before_the_last_one_acted_is_not_measured() -> None:
-    act = Actuation()
-    rng = random.Random(4)
-    for tick in range(1, 4):
-        act.observe(tick * INTERVAL, arrivals({"a": 50.0, "b": 50.0}, 300, rng))
+    act, rng = at_even_split(4)
     act.changed(30.0, {"a": 50.0, "b": 50.0}, {"a": 25.0, "b": 75.0}, INTERVAL)
     act.observe(40.0, arrivals({"a": 50.0, "b": 50.0}, 300, rng))
     act.changed(50.0, {"a": 25.0, "b": 75.0}, {"a": 10.0, "b": 90.0}, INTERVAL)
@@ -88,10 +88,7 @@ def test_a_change_made_before_the_last_one_acted_is_not_measured() -> None:
 
 
 def test_a_change_soon_after_one_too_small_to_see_is_not_measured_either() -> None:
-    act = Actuation()
-    rng = random.Random(5)
-    for tick in range(1, 4):
-        act.observe(tick * INTERVAL, arrivals({"a": 50.0, "b": 50.0}, 300, rng))
+    act, rng = at_even_split(5)
     act.changed(30.0, {"a": 50.0, "b": 50.0}, {"a": 47.0, "b": 53.0}, INTERVAL)
     act.observe(40.0, arrivals({"a": 47.0, "b": 53.0}, 300, rng))
     act.changed(40.0, {"a": 47.0, "b": 53.0}, {"a": 20.0, "b": 80.0}, INTERVAL)
