@@ -408,13 +408,43 @@ EOF_LINE = "# EOF"
 
 
 def _eof_at(text: str) -> int | None:
-    """Where the ``# EOF`` line starts in ``text`` (whole lines), if it has one."""
-    if text.startswith(EOF_LINE) and text[len(EOF_LINE) : len(EOF_LINE) + 2] in ("\n", "\r\n"):
-        return 0
-    at = 0
+    """Where the ``# EOF`` line starts in ``text`` (whole lines), if it has one.
+
+    Every page passes through here, so the search runs on its rarest letter: ``F`` is found by
+    ``memchr`` (~1 µs for 88 KB, against ~70 µs for a search of the whole line) and each one
+    checked in place. A page with more than ``F_CHECKED`` of them is searched line-wise from
+    there: a hostile page costs one more linear pass, never a Python step per character."""
+    at = -1
+    for _ in range(F_CHECKED):
+        at = text.find("F", at + 1)
+        if at < 0:
+            return None
+        start = at - len(EOF_LINE) + 1
+        if _is_eof_line(text, start):
+            return start
+    return _eof_search(text, max(0, at - len(EOF_LINE) + 1))
+
+
+F_CHECKED = 64
+
+
+def _is_eof_line(text: str, start: int) -> bool:
+    """``# EOF`` stands at ``start``, alone on its line, whose newline ``text`` holds."""
+    if start < 0 or not text.startswith(EOF_LINE, start):
+        return False
+    if start > 0 and text[start - 1] != "\n":
+        return False
+    tail = text[start + len(EOF_LINE) : start + len(EOF_LINE) + 2]
+    return tail[:1] == "\n" or tail == "\r\n"
+
+
+def _eof_search(text: str, start: int) -> int | None:
+    """The ``# EOF`` line at or after ``start``, by a search of the whole line."""
+    if _is_eof_line(text, start):
+        return start
+    at = start
     while (at := text.find("\n" + EOF_LINE, at)) >= 0:
-        tail = text[at + 1 + len(EOF_LINE) : at + 3 + len(EOF_LINE)]
-        if tail[:1] == "\n" or tail == "\r\n":
+        if _is_eof_line(text, at + 1):
             return at + 1
         at += 1
     return None

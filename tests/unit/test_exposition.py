@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Iterable
 
 import pytest
@@ -474,3 +475,31 @@ def test_eof_ends_the_page_exactly(text: str, reason: Reason | None, piece: int)
         assert [s.value for s in read.samples["vllm:kv_cache_usage_perc"]] == [0.5]
     else:
         assert isinstance(read, PodError) and read.reason is reason, read
+
+
+def _eof_reference(text: str) -> int | None:
+    """The first line (lines end at ``\\n``, as the format's do) that is ``# EOF`` with its
+    newline, by the plain definition."""
+    at = 0
+    for line in text.split("\n")[:-1]:  # the last piece has no newline: not a whole line
+        if line in ("# EOF", "# EOF\r"):
+            return at
+        at += len(line) + 1
+    return None
+
+
+def test_the_eof_search_agrees_with_the_definition_on_odd_texts() -> None:
+    """Found by its rarest letter, and past F_CHECKED of them by a search of the line (a
+    page full of F is not a Python step per letter)."""
+    from controller.exposition import F_CHECKED, _eof_at
+
+    rng = random.Random(11)
+    pieces = ["F", "# EOF", "\n", "\r\n", "\r", "x", "#", " ", "EOF", "# E", "OF"]
+    texts = ["".join(rng.choices(pieces, k=rng.randint(0, 60))) for _ in range(3000)]
+    texts += [
+        "F" * (F_CHECKED * 3) + "\n# EOF\n",
+        "F\n" * F_CHECKED + "# EOF\n" + LATE_LINE,
+        "# EOF",  # no newline: not a whole line here (PageStream.ended decides that)
+    ]
+    for text in texts:
+        assert _eof_at(text) == _eof_reference(text), repr(text)
