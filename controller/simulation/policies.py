@@ -177,12 +177,16 @@ class Oracle:
         self._scenario = scenario
         self._published: dict[str, int] | None = None
 
+    def local(self, now: float, metrics: Mapping[str, ClusterMetrics]) -> dict[str, float]:
+        """The local traffic each cluster gets now, as the oracle knows it."""
+        return {c.name: c.local(now) for c in self._scenario.clusters}
+
     async def tick(
         self, now: float, metrics: Mapping[str, ClusterMetrics]
     ) -> dict[str, int] | None:
         sc = self._scenario
         served = {c.name: c.replicas * capacity(c.replica, sc.lengths) for c in sc.clusters}
-        local = {c.name: c.local(now) for c in sc.clusters}
+        local = self.local(now, metrics)
         routed = sc.load(now)
         level = (routed + sum(local.values())) / sum(served.values())  # the even load
         want = {n: max(0.0, level * served[n] - local[n]) for n in served}
@@ -196,6 +200,27 @@ class Oracle:
 
     def healthy(self, name: str) -> bool | None:
         return None
+
+
+class Seen(Oracle):
+    """The oracle from the moment a controller could know: more local traffic on a cluster
+    is known only from the first tick its pages read KV at ``pressure`` (less, at once).
+    The floor for any law that reacts to readings: what is left is detection, the actuation
+    delay and the backlog built meanwhile. On request only (``--policies seen``)."""
+
+    name = "seen"
+
+    def __init__(self, scenario: Scenario, pressure: float) -> None:
+        super().__init__(scenario)
+        self._pressure = pressure
+        self._known: dict[str, float] = {c.name: c.local(0.0) for c in scenario.clusters}
+
+    def local(self, now: float, metrics: Mapping[str, ClusterMetrics]) -> dict[str, float]:
+        for name, truth in super().local(now, metrics).items():
+            kv = metrics[name].kv_mean if name in metrics else None
+            if truth < self._known[name] or (kv is not None and kv >= self._pressure):
+                self._known[name] = truth
+        return dict(self._known)
 
 
 class Static:

@@ -23,6 +23,7 @@ from controller.simulation.policies import (
     PodsOnly,
     Policy,
     Proportional,
+    Seen,
     Static,
 )
 from controller.simulation.scenarios import SCENARIOS, Scenario
@@ -30,7 +31,7 @@ from controller.simulation.scores import Scores, score
 from controller.simulation.world import epp_url, pod_urls
 
 POLICIES = ("ours", "integral", "proportional", "naive", "static", "oracle")
-EXTRA_POLICIES = ("pods",)  # on request only (--policies)
+EXTRA_POLICIES = ("pods", "seen")  # on request only (--policies)
 SEEDS = (1, 2, 3, 4, 5)
 # Where a lower value is better the worst case is the highest; these are reported as max.
 COLUMNS = (
@@ -100,6 +101,8 @@ def make_policy(name: str, settings: Settings, scenario: Scenario) -> Policy:
         return Oracle(scenario)
     if name == "pods":
         return PodsOnly(settings)
+    if name == "seen":
+        return Seen(scenario, settings.weights.pressure)
     known = ", ".join((*POLICIES, *EXTRA_POLICIES))
     raise ValueError(f"unknown policy {name!r}; known: {known}")
 

@@ -9,7 +9,9 @@ utilization: a faster GPU finishes requests sooner, so the same traffic holds le
   within ``RISING`` of it, the fast path; or its newest at ``kv_saturation`` with requests
   waiting) while another has room (below ``pressure`` now, filtered and before): step towards
   ``capacity_goal``, which sheds the hot cluster by how much more than its size it carries,
-  and by more where its arrivals show traffic the weights do not move (``follows``).
+  and by more where its arrivals show traffic the weights do not move (``follows``); such a
+  cluster's load is also read from its arrivals (``arrival_loads``), which, unlike KV use,
+  do not saturate.
 - At rest: hold; step towards capacity shares (``rest_goal``, whose cap on gainers holds) only
   when a ref is ``rebalance`` points or more below its share and its cluster is clearly less
   used than the others (``APART``): a returning cluster, a share set by hand.
@@ -44,6 +46,9 @@ APART = 0.7
 # this many requests in the tick.
 MIN_FOLLOW = 1 / 3
 MIN_ARRIVALS = 30.0
+# ``arrival_loads`` is used for a hot cluster at most this much of whose arrivals follow the
+# weights: elsewhere arrivals ∝ weights, and an arrival's cost differs with the GPU.
+LOCAL = 0.8
 # The most load a queue is read as: 1.5× what the cluster can serve (see ``load_of``).
 MAX_LOAD = 1.5
 # The fast path: two readings in a row within this much of ``pressure`` are under pressure.
@@ -111,6 +116,29 @@ def follows(healthy: Mapping[str, Signals], base: Mapping[str, float]) -> dict[s
     }
 
 
+def arrival_loads(healthy: Mapping[str, Signals], hot: Sequence[str]) -> dict[str, float]:
+    """Each hot cluster's load as its arrivals tell it: KV use saturates near the top (a
+    cluster offered 120% of what it serves reads much as one offered 95%), its arrivals do
+    not. What an arrival costs per unit of capacity is read off the clusters that are not hot
+    (their load from utilization, ``load_of``, over their arrivals), and a hot cluster's
+    load is its arrivals at that cost, up to ``MAX_LOAD``. Nothing where the arrivals are
+    not all counted, too few, or no cluster that is not hot carries any."""
+    arrived = {n: s.arrived for n, s in healthy.items()}
+    if (
+        any(a is None for a in arrived.values())
+        or sum(a or 0.0 for a in arrived.values()) < MIN_ARRIVALS
+    ):
+        return {}
+    loads = {n: load(s) for n, s in healthy.items()}
+    others = [n for n in healthy if n not in hot]
+    cost_load = sum(loads[n][0] * load_of(loads[n][1]) for n in others)
+    cost_arrivals = sum(arrived[n] or 0.0 for n in others)
+    if cost_arrivals <= 0 or cost_load <= 0:
+        return {}
+    cost = cost_load / cost_arrivals
+    return {n: min(MAX_LOAD, cost * (arrived[n] or 0.0) / loads[n][0]) for n in hot}
+
+
 def capacity_goal(
     healthy: Mapping[str, Signals], base: Mapping[str, float], hot: Sequence[str] = ()
 ) -> dict[str, float]:
@@ -127,9 +155,12 @@ def capacity_goal(
     is shed by that much more at once: only the part that follows the weights can move."""
     loads = {n: load(s) for n, s in healthy.items()}
     demand = {n: c * load_of(max(u, now) if n in hot else u) for n, (c, u, now) in loads.items()}
+    follow = follows(healthy, base)
+    local = [n for n in hot if follow.get(n, 1.0) <= LOCAL]
+    for name, estimate in arrival_loads(healthy, local).items():
+        demand[name] = max(demand[name], loads[name][0] * estimate)
     capacity = sum(c for c, _, _ in loads.values())
     total = sum(demand.values())
-    follow = follows(healthy, base)
     result = dict.fromkeys(base, 0.0)
     for name, (c, _, _) in loads.items():
         share = demand[name] / total if total > 0 else c / capacity

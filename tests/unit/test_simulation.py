@@ -119,6 +119,28 @@ def test_same_seed_same_run_other_seed_other_run() -> None:
     assert first.trace.kv != other.trace.kv
 
 
+def test_the_seen_floor_knows_local_traffic_only_once_a_page_shows_it() -> None:
+    """The oracle moves at the first tick after b's local traffic starts (600 s); ``seen``
+    only once b's pages read KV at ``pressure``, and then to the same weights."""
+
+    async def both() -> list[Outcome]:
+        return [
+            await run_job(Job("hot-hard", policy, 1, duration=720), keep_trace=True)
+            for policy in ("oracle", "seen")
+        ]
+
+    oracle, seen = asyncio.run(both())
+    assert oracle.trace is not None and seen.trace is not None
+    moved = {
+        o.job.policy: next((t, w) for t, w in o.trace.published if t >= 600)
+        for o in (oracle, seen)
+    }
+    assert moved["oracle"][0] == 600 < moved["seen"][0]
+    assert moved["seen"][1] == pytest.approx(moved["oracle"][1], abs=2)
+    at = int(moved["seen"][0] / DT)
+    assert max(seen.trace.kv["b"][at - int(INTERVAL / DT) : at + 1]) >= DEFAULTS.pressure
+
+
 def test_a_dead_cluster_loses_what_it_held_and_what_is_sent_to_it() -> None:
     outcome = asyncio.run(run_job(Job("dead-return", "static", 1, duration=900)))
     assert outcome.scores.lost > 0 and outcome.scores.dead_share is not None
@@ -139,12 +161,12 @@ def test_hot_hard_is_shed_with_less_overload_than_naive(runs: list[Outcome], del
     ours = median(runs, "hot-hard", "ours", delay, lambda s: s.overload_cluster_s)
     naive = median(runs, "hot-hard", "naive", delay, lambda s: s.overload_cluster_s)
     assert ours <= naive
-    # The target is 3 intervals and the simulator's table (controller/simulation/README.md)
-    # shows we miss it, beside the oracle's floor measured in the same runs (7–10 s): KV use
-    # saturates near 0.85 before a queue forms, so a cluster offered 120% reads as merely
-    # warm, and max_step bounds the first step. Held here to what we do meet.
+    # The target is 3 intervals from the crossing. No reactive law can beat the actuation
+    # delay (naive 1−KV, moving on every reading, takes as long at 30 s), so it is held as
+    # 3 intervals once a step can act, and one for the backlog that built before it did
+    # (controller/simulation/README.md has the figures and the oracle, which anticipates).
     recovery = median(runs, "hot-hard", "ours", delay, lambda s: s.recovery_s or 0.0)
-    assert recovery <= 2 * delay + 6 * INTERVAL
+    assert recovery <= delay + 4 * INTERVAL
     floor = median(runs, "hot-hard", "oracle", delay, lambda s: s.recovery_s or 0.0)
     assert floor <= 3 * INTERVAL  # the world allows it: what is missing is what we can see
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Mapping
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -11,8 +12,15 @@ from hypothesis import strategies as st
 
 from controller.model import Mode, Signals
 from controller.settings import WeightSettings
-from controller.weights import decide, proportional
-from controller.weights.capacity import REST_LIMIT, capacity_goal, load_of, rest_goal
+from controller.weights import capacity, decide, proportional
+from controller.weights.capacity import (
+    MAX_LOAD,
+    REST_LIMIT,
+    arrival_loads,
+    capacity_goal,
+    load_of,
+    rest_goal,
+)
 from tests.support.signals import read
 
 P = WeightSettings()
@@ -133,6 +141,45 @@ def test_capacity_goal_lands_on_capacity_shares_when_demand_follows_the_weights(
     u_small, u_large = 0.9, 0.9 * (2 / 8) ** 2  # KV ~ load², small carries 4x the load per pod
     goal = capacity_goal({"small": sig(u_small, 2), "large": sig(u_large, 8)}, base)
     assert goal["small"] == pytest.approx(20, abs=0.5)
+
+
+def test_a_saturated_cluster_with_local_traffic_is_shed_by_what_its_arrivals_say(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # b is offered 120% (50% routed on its third, 70% local) but its KV saturates at 0.85:
+    # a and c at load 0.5 (KV 0.25) take 20 arrivals a tick each, b takes 48
+    base = {"a": 33.0, "b": 34.0, "c": 33.0}
+    counted = {"a": 20.0, "b": 48.0, "c": 20.0}
+    kv, before = {"a": 0.25, "b": 0.85, "c": 0.25}, {"a": 0.25, "b": 0.83, "c": 0.25}
+    fleet = {n: replace(sig(kv[n], earlier=before[n]), arrived=a) for n, a in counted.items()}
+    assert arrival_loads(fleet, ["b"])["b"] == pytest.approx(1.2)
+    # even utilization needs b's routed load down from 0.5 to ~0.03 of its capacity (~2
+    # points); read from KV alone b looks like a load of 0.92, and keeps ~12
+    shed = capacity_goal(fleet, base, ["b"])
+    monkeypatch.setattr(capacity, "arrival_loads", lambda healthy, hot: {})
+    from_kv = capacity_goal(fleet, base, ["b"])
+    assert shed["b"] <= 3 and from_kv["b"] >= 10
+
+
+def test_arrivals_that_follow_the_weights_do_not_size_the_step() -> None:
+    # b's larger GPUs hold 70 of the weight and take 70 arrivals to a's 30; each costs it
+    # less than one costs a, so a's cost would read b as overloaded: its KV is the truth
+    base = {"a": 30.0, "b": 70.0}
+    fleet = {
+        "a": replace(sig(0.3), arrived=30.0),
+        "b": replace(sig(0.9, earlier=0.88), arrived=70.0),
+    }
+    assert arrival_loads(fleet, ["b"])["b"] > load_of(0.9)
+    plain = capacity_goal({n: replace(s, arrived=None) for n, s in fleet.items()}, base, ["b"])
+    assert capacity_goal(fleet, base, ["b"]) == pytest.approx(plain)
+
+
+def test_an_arrival_estimate_is_bounded_and_needs_counts() -> None:
+    fleet = {"a": replace(sig(0.25), arrived=5.0), "b": replace(sig(0.9), arrived=500.0)}
+    assert arrival_loads(fleet, ["b"])["b"] == MAX_LOAD
+    assert arrival_loads({**fleet, "c": sig(0.2)}, ["b"]) == {}  # c's arrivals not counted
+    few = {"a": replace(sig(0.25), arrived=2.0), "b": replace(sig(0.9), arrived=6.0)}
+    assert arrival_loads(few, ["b"]) == {}
 
 
 def test_load_of_undoes_the_convexity_and_passes_queues_through() -> None:
