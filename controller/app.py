@@ -31,7 +31,7 @@ from controller.reconcile.loop import Reconciler
 from controller.settings import ClusterSettings, Settings
 from controller.settings.schema import host_and_port
 from controller.sources import ClusterMetricsSource
-from controller.sources.pages import EPP_EXTRACTOR, VLLM_EXTRACTOR
+from controller.sources.pages import EPP_EXTRACTOR, VLLM_EXTRACTOR, VLLM_LEAN_EXTRACTOR
 from controller.sources.prometheus import prometheus_source, shared_queriers
 from controller.sources.scrape import ScrapeSource
 from controller.state import Snapshot, TickReport
@@ -109,8 +109,8 @@ class Controller:
         self.caches = CacheCollector(
             {
                 "labels_vllm": lambda: (
-                    VLLM_EXTRACTOR.cached_entries,
-                    VLLM_EXTRACTOR.cached_bytes,
+                    VLLM_EXTRACTOR.cached_entries + VLLM_LEAN_EXTRACTOR.cached_entries,
+                    VLLM_EXTRACTOR.cached_bytes + VLLM_LEAN_EXTRACTOR.cached_bytes,
                 ),
                 "labels_epp": lambda: (EPP_EXTRACTOR.cached_entries, EPP_EXTRACTOR.cached_bytes),
             }

@@ -49,6 +49,11 @@ from controller.settings import ClusterSettings
 
 # Preference order matters (controller.families): the first name present on a page wins.
 VLLM_EXTRACTOR = Extractor(gauges=VLLM_GAUGES, histograms=VLLM_HISTOGRAMS)
+# A pod of a cluster whose EPP gives the request-duration histogram: latency comes from the
+# EPP, once per cluster, so the pods' e2e buckets (216 of a V1 page's 252 wanted samples) are
+# skipped at extraction; their ``_count`` stays, one per series: it says whether a URL is one
+# process (``Continuity``).
+VLLM_LEAN_EXTRACTOR = Extractor(gauges=(*VLLM_GAUGES, VLLM_E2E + "_count"))
 EPP_EXTRACTOR = Extractor(gauges=EPP_GAUGES, histograms=EPP_HISTOGRAMS)
 
 ByName = dict[str, list[Sample]]
@@ -347,6 +352,15 @@ class PageReader:
         self._latency = LatencyWindow(min_latency_requests)
         self._requests = Counters()
         self._continuity = Continuity()
+        # the EPP's last page carried the request-duration histogram (see ``pod_extractor``)
+        self._epp_latency = False
+
+    @property
+    def pod_extractor(self) -> Extractor:
+        """What to read this cluster's pod pages with: without their e2e buckets while its
+        EPP gives latency (once it fails or stops, the next scrape reads them again; their
+        latency then counts from the scrape after, as it would for a new pod)."""
+        return VLLM_LEAN_EXTRACTOR if self._epp_latency else VLLM_EXTRACTOR
 
     def read(
         self,
@@ -508,7 +522,9 @@ class PageReader:
             for family in EPP_LATENCY:
                 series = histograms.collect(epp.samples, family, self._model_keep)
                 if series:
+                    self._epp_latency = True
                     return self._latency.observe(family, [(epp.url, series)])
+        self._epp_latency = False
         pages = [(p.url, histograms.collect(p.samples, VLLM_E2E, self._model_keep)) for p in pods]
         if not any(series for _, series in pages):
             return None, False

@@ -20,7 +20,7 @@ from controller.model import ClusterMetrics, PodError
 from controller.settings import ClusterSettings, ScrapeSettings
 from controller.sources.discovery import PodFinder, SliceLister
 from controller.sources.http import ACCEPT_TEXT, Endpoint, TokenFile, get_page, ssl_context
-from controller.sources.pages import EPP_EXTRACTOR, VLLM_EXTRACTOR, Page, PageReader, page_of
+from controller.sources.pages import EPP_EXTRACTOR, Page, PageReader, page_of
 
 
 async def fetch_page(
@@ -80,7 +80,8 @@ class ScrapeSource:
     async def fetch(self) -> ClusterMetrics:
         started, began = self._clock(), time.perf_counter()
         pods, found = await self._pods()
-        jobs = [self._fetch(e, VLLM_EXTRACTOR) for e in pods]
+        extractor = self._reader.pod_extractor
+        jobs = [self._fetch(e, extractor) for e in pods]
         if self._epp is not None:
             jobs.append(self._fetch(self._epp, EPP_EXTRACTOR))
         results = await asyncio.gather(*jobs)

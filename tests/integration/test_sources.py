@@ -12,8 +12,17 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from benchmarks.vllm_page import vllm_v1_page
 from controller.model import ClusterMetrics, Reason
 from controller.settings import ClusterSettings, ScrapeSettings
+from controller.sources.pages import (
+    EPP_EXTRACTOR,
+    VLLM_EXTRACTOR,
+    VLLM_LEAN_EXTRACTOR,
+    Page,
+    PageReader,
+    read_page,
+)
 from controller.sources.scrape import ScrapeSource
 from tests.support.pages import fixture_text
 from tests.support.servers import Handler, Server, free_port, text_handler
@@ -411,3 +420,45 @@ def test_a_token_over_plain_http_or_credentials_in_a_url_are_refused_at_start_up
         epp_url="https://epp:9090/metrics",
         epp_bearer_token_file="/t",
     )
+
+
+async def test_pods_behind_an_epp_with_latency_are_read_without_their_e2e_buckets(
+    serve: Serve, session: aiohttp.ClientSession
+) -> None:
+    """The same pages read as before (every pod's e2e histogram kept) give the same cluster
+    read, tick by tick: latency, completions, arrivals, KV, queue and what the pods hold."""
+    pods = {f"/p{i}": vllm_v1_page(seed=i) for i in range(3)}
+    epp = Mutable("")
+    server = await serve({**{p: text_handler(t) for p, t in pods.items()}, "/epp": epp.handle})
+    settings: dict[str, Any] = {
+        "vllm_urls": [server.url(p) for p in pods],
+        "epp_url": server.url("/epp"),
+    }
+    src = source(session, **settings)
+    reference = PageReader(ClusterSettings(name="c", **settings), 10.0)
+    for tick in range(4):
+        done = 1000 + 150 * tick * tick
+        epp.text = histogram(EPP, {"0.5": 400, "1": 700, "2": done, "+Inf": done}, 1.4 * done)
+        epp.text += f'inference_objective_request_total{{model_name="m"}} {done + 7}\n'
+        lean = src._reader.pod_extractor
+        got = await src.fetch()
+        full = reference.read(
+            [read_page(server.url(p), t, VLLM_EXTRACTOR) for p, t in pods.items()],
+            read_page(server.url("/epp"), epp.text, EPP_EXTRACTOR),
+            got.scraped_at,
+            got.duration,
+        )
+        assert got == full
+        assert got.errors == () and got.pods_answering == 3
+        assert (lean is VLLM_LEAN_EXTRACTOR) == (tick > 0)  # known from the EPP's first page
+        if tick > 0:
+            assert got.latency is not None and got.latency.family == EPP
+            assert got.completed == 150 * (2 * tick - 1) and got.arrived == got.completed
+    page = read_page(server.url("/p0"), pods["/p0"], VLLM_LEAN_EXTRACTOR)
+    assert isinstance(page, Page)
+    assert "vllm:e2e_request_latency_seconds_count" in page.samples
+    assert not any(name.endswith("_bucket") for name in page.samples)
+    # an EPP that stops giving latency: the pods' own histograms are read again
+    epp.text = 'inference_objective_request_total{model_name="m"} 9999\n'
+    await src.fetch()
+    assert src._reader.pod_extractor is VLLM_EXTRACTOR
