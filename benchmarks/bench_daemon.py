@@ -1,25 +1,38 @@
-"""The daemon itself at fleet scale: CPU share of a core, peak RSS, tick durations, failures.
+"""The daemon itself at fleet scale: CPU share of a core, peak RSS, tick durations, failures,
+and its CPU per page against the Python floor measured in the same run on the same pages.
 
-    python benchmarks/bench_daemon.py [--endpoints 200 2000 10000] [--seconds 60] [--concurrency N]
+    python benchmarks/bench_daemon.py [--endpoints 200 2000 10000] [--seconds 60]
+        [--concurrency N] [--epp] [--keep-alive]
 
-Separate processes serve the ~150 KiB vLLM V1 page on loopback (their CPU is not counted);
-``weight-controller run`` scrapes ``endpoints`` URLs (clusters of 10 pods) every 10 s for
-``--seconds``. Its CPU comes from /proc/<pid>/stat, its peak RSS from VmHWM, tick durations
-from its own reconcile histogram on /metrics, and failing pages (first tick and last) from
-/debug/state.
+Separate processes serve the ~150 KiB vLLM V1 page on loopback (their CPU is not counted),
+every pod on a loopback address of its own (127.1.x.y), every connection closed after its
+page, as a fleet of default vLLMs does (``VLLM_HTTP_TIMEOUT_KEEP_ALIVE`` is 5 s, under a 10 s
+interval) unless ``--keep-alive``. ``--epp`` gives every cluster of 10 pods an EPP page too
+(the llm-d-router request-duration capture), as a cluster behind llm-d has.
+``weight-controller run`` scrapes them every 10 s for ``--seconds``. Its CPU comes from
+/proc/<pid>/stat, its peak RSS from VmHWM, tick durations from its own reconcile histogram on
+/metrics, and failing pages (first tick and last) from /debug/state.
+
+The floor: in the same run, this process reads the same pages from the same addresses with
+a raw asyncio ``Protocol`` (a GET, a new connection each, the body kept) and
+``str.splitlines`` of each body, 32 at a time: what any Python reader pays for a page. The
+daemon's CPU per page is divided by it.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +41,83 @@ sys.path.insert(0, str(ROOT))
 
 import aiohttp  # noqa: E402
 
-from benchmarks.bench_fetch import free_port, page_servers  # noqa: E402  (the same page server)
+from benchmarks.bench_fetch import free_port  # noqa: E402
 
 SERVERS = 2  # page servers, so serving is not the bottleneck on a 2-core machine
 TICKS = os.sysconf("SC_CLK_TCK")
+PODS_PER_CLUSTER = 10
+INTERVAL = 10.0
+FLOOR_CONCURRENCY = 32  # as the daemon's scrape.max_concurrency
+EPP_FIXTURE = ROOT.parent / "shared" / "fixtures" / "epp-llmd-router-request-duration.prom"
+
+# One process serves the pods (and EPPs) given to it, each on an address of its own, all on
+# one port. The EPP page's counters grow between scrapes, so the daemon reads latency from it.
+SERVER = """
+import sys, json
+from aiohttp import web
+sys.path.insert(0, {root!r})
+from benchmarks.vllm_page import vllm_v1_page
+body = vllm_v1_page().encode()
+epp = [line.rsplit(" ", 1) if line and not line.startswith("#") else [line]
+       for line in open({epp!r}).read().splitlines()]
+keep = {keep!r}
+hits = 0
+async def page(request):
+    response = web.Response(body=body, content_type="text/plain")
+    if not keep:
+        response.force_close()
+    return response
+async def epp_page(request):
+    global hits
+    hits += 1
+    # every count scaled by the scrapes so far: a histogram that grows, still cumulative
+    text = "\\n".join(f"{{p[0]}} {{float(p[1]) * hits:g}}" if len(p) == 2 else p[0]
+                       for p in epp) + "\\n"
+    response = web.Response(text=text, content_type="text/plain")
+    if not keep:
+        response.force_close()
+    return response
+app = web.Application()
+app.router.add_get("/metrics", page)
+app.router.add_get("/epp/metrics", epp_page)
+hosts = json.loads(sys.stdin.read())
+web.run_app(app, host=hosts, port={port}, print=None, access_log=None, backlog=4096,
+            keepalive_timeout=75)
+"""
+
+
+def pod_host(i: int) -> str:
+    return f"127.1.{i // 250}.{i % 250 + 1}"
+
+
+def epp_host(c: int) -> str:
+    return f"127.2.{c // 250}.{c % 250 + 1}"
+
+
+@contextlib.contextmanager
+def fleet_servers(endpoints: int, epp: bool, keep: bool) -> Iterator[list[str]]:
+    """Page servers for ``endpoints`` pods (and an EPP per cluster); yields the pods' URLs
+    then the EPPs', every one on its own loopback address."""
+    port = free_port()
+    pods = [pod_host(i) for i in range(endpoints)]
+    epps = [epp_host(c) for c in range(endpoints // PODS_PER_CLUSTER)] if epp else []
+    hosts = pods + epps
+    script = SERVER.format(root=str(ROOT), port=port, epp=str(EPP_FIXTURE), keep=keep)
+    servers = []
+    for k in range(SERVERS):
+        server = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE)
+        assert server.stdin is not None
+        server.stdin.write(json.dumps(hosts[k::SERVERS]).encode())
+        server.stdin.close()
+        servers.append(server)
+    try:
+        urls = [f"http://{h}:{port}/metrics" for h in pods]
+        urls += [f"http://{h}:{port}/epp/metrics" for h in epps]
+        yield urls
+    finally:
+        for server in servers:
+            server.terminate()
+            server.wait(10)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -66,21 +152,78 @@ async def tick_seconds(port: int) -> tuple[float, float]:
     return found["_count"], found["_sum"]
 
 
+class _Get(asyncio.Protocol):
+    """The least a page costs: one GET on a new connection, the response kept in pieces."""
+
+    def __init__(self, host: str, path: str, done: asyncio.Future[bytes]) -> None:
+        self._request = f"GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+        self._pieces: list[bytes] = []
+        self._done = done
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        transport.write(self._request)
+
+    def data_received(self, data: bytes) -> None:
+        self._pieces.append(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self._done.done():
+            self._done.set_result(b"".join(self._pieces))
+
+
+async def floor_read(url: str) -> int:
+    """One page the floor's way: raw GET, new connection, ``splitlines`` of the body."""
+    rest = url.split("://", 1)[1]
+    hostport, path = rest.split("/", 1)
+    host, port = hostport.rsplit(":", 1)
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[bytes] = loop.create_future()
+    transport, _ = await loop.create_connection(
+        lambda: _Get(host, "/" + path, done), host, int(port)
+    )
+    try:
+        raw = await asyncio.wait_for(done, 10)
+    finally:
+        transport.close()
+    body = raw.split(b"\r\n\r\n", 1)[1]
+    return len(body.decode().splitlines())
+
+
+async def floor_ms_per_page(urls: list[str], rounds: int) -> float:
+    """The floor's CPU per page over ``rounds`` reads of every URL, 32 at a time."""
+    slots = asyncio.Semaphore(FLOOR_CONCURRENCY)
+
+    async def one(url: str) -> int:
+        async with slots:
+            return await floor_read(url)
+
+    await asyncio.gather(*(one(u) for u in urls[:FLOOR_CONCURRENCY]))  # warm
+    cpu = time.process_time()
+    for _ in range(rounds):
+        lines = await asyncio.gather(*(one(u) for u in urls))
+        assert all(n > 0 for n in lines)
+    return (time.process_time() - cpu) * 1000 / (rounds * len(urls))
+
+
 async def run_one(
-    endpoints: int, seconds: float, ports: list[int], concurrency: int | None
+    endpoints: int, seconds: float, urls: list[str], concurrency: int | None, keep: bool
 ) -> dict[str, Any]:
+    pods, epps = urls[:endpoints], urls[endpoints:]
     clusters = []
-    for c in range(endpoints // 10):
-        port = ports[c % len(ports)]
-        urls = [f"http://127.0.0.1:{port}/c{c}-p{p}/metrics" for p in range(10)]
-        clusters.append({"name": f"c{c:05}", "vllm_urls": urls})
+    for c in range(endpoints // PODS_PER_CLUSTER):
+        mine = pods[c * PODS_PER_CLUSTER : (c + 1) * PODS_PER_CLUSTER]
+        cluster: dict[str, Any] = {"name": f"c{c:05}", "vllm_urls": mine}
+        if epps:
+            cluster["epp_url"] = epps[c]
+        clusters.append(cluster)
     metrics_port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "config.yaml"
         config.write_text(
             json.dumps(
                 {
-                    "interval": "10s",
+                    "interval": INTERVAL,
                     "clusters": clusters,
                     "server": {"bind": f"127.0.0.1:{metrics_port}"},
                     "log": {"format": "json", "level": "warning"},
@@ -130,35 +273,51 @@ async def run_one(
             child.terminate()
             await asyncio.wait_for(child.wait(), 20)
     ticks = ticks1 - ticks0
+    # the same pages, the floor's way, in the same sitting (keep-alive or not, a new
+    # connection each: the floor is what a page costs when it must be fetched)
+    floor = await floor_ms_per_page(urls, 2)
+    pages = wall / INTERVAL * len(urls)  # a tick every interval, each reads every page
     return {
         "endpoints": endpoints,
+        "pages_per_tick": len(urls),
         "cpu_percent": 100 * cpu / wall,
         "peak_rss_mb": rss,
         "first_tick_failures": failures,
         "last_tick_failures": failing,
         "ticks": ticks,
         "tick_seconds": (took1 - took0) / ticks if ticks else float("nan"),
+        "ms_per_page": 1000 * cpu / pages if pages else float("nan"),
+        "floor_ms_per_page": floor,
         "reasons": dict(reasons),
     }
 
 
 async def measure(
-    sizes: list[int], seconds: float, ports: list[int], concurrency: int | None
+    sizes: list[int], seconds: float, concurrency: int | None, epp: bool, keep: bool
 ) -> None:
-    await asyncio.sleep(2)  # the page servers start
-    rows = [await run_one(n, seconds, ports, concurrency) for n in sizes]
+    rows = []
+    for n in sizes:
+        with fleet_servers(n, epp, keep) as urls:
+            await asyncio.sleep(2 + n / 1000)  # the page servers start
+            rows.append(await run_one(n, seconds, urls, concurrency, keep))
     limit = concurrency or "default"
     print(f"the daemon, 10 s interval, {seconds:g} s measured after the first tick,")
-    print(f"scrape.max_concurrency {limit}")
     print(
-        f"{'endpoints':>10} {'CPU % of a core':>16} {'peak RSS MB':>12} {'ticks':>6}"
-        f" {'mean tick s':>12} {'1st-tick failures':>18} {'last-tick failures':>19}"
+        f"scrape.max_concurrency {limit}, an EPP per cluster: {'yes' if epp else 'no'},"
+        f" connections {'kept alive' if keep else 'closed after every page'}"
+    )
+    print(
+        f"{'endpoints':>10} {'pages/tick':>10} {'CPU % core':>10} {'peak RSS MB':>12}"
+        f" {'mean tick s':>12} {'1st-tick fail':>13} {'last-tick fail':>14}"
+        f" {'ms/page':>8} {'floor ms/page':>13} {'× floor':>8}"
     )
     for r in rows:
         print(
-            f"{r['endpoints']:>10.0f} {r['cpu_percent']:>16.1f} {r['peak_rss_mb']:>12.0f}"
-            f" {r['ticks']:>6.0f} {r['tick_seconds']:>12.2f} {r['first_tick_failures']:>18.0f}"
-            f" {r['last_tick_failures']:>19.0f}"
+            f"{r['endpoints']:>10.0f} {r['pages_per_tick']:>10.0f} {r['cpu_percent']:>10.1f}"
+            f" {r['peak_rss_mb']:>12.0f} {r['tick_seconds']:>12.2f}"
+            f" {r['first_tick_failures']:>13.0f} {r['last_tick_failures']:>14.0f}"
+            f" {r['ms_per_page']:>8.2f} {r['floor_ms_per_page']:>13.2f}"
+            f" {r['ms_per_page'] / r['floor_ms_per_page']:>8.2f}"
         )
     for r in rows:
         if r["reasons"]:
@@ -173,9 +332,12 @@ def main() -> int:
     parser.add_argument("--endpoints", type=int, nargs="+", default=[200, 2000, 10000])
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--concurrency", type=int, help="scrape.max_concurrency (default: ours)")
+    parser.add_argument("--epp", action="store_true", help="an EPP page per cluster")
+    parser.add_argument("--keep-alive", action="store_true", help="servers keep connections")
     args = parser.parse_args()
-    with page_servers(SERVERS) as ports:
-        asyncio.run(measure(args.endpoints, args.seconds, ports, args.concurrency))
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    asyncio.run(measure(args.endpoints, args.seconds, args.concurrency, args.epp, args.keep_alive))
     return 0
 
 

@@ -31,6 +31,7 @@ from controller.reconcile.loop import Reconciler
 from controller.settings import ClusterSettings, Settings
 from controller.settings.schema import host_and_port
 from controller.sources import ClusterMetricsSource
+from controller.sources.limiter import Limiter
 from controller.sources.pages import EPP_EXTRACTOR, VLLM_EXTRACTOR, VLLM_LEAN_EXTRACTOR
 from controller.sources.prometheus import prometheus_source, shared_queriers
 from controller.sources.scrape import ScrapeSource
@@ -57,9 +58,10 @@ def source_factory(
     clock: Callable[[], float],
     api: kube_client.ApiClient | None = None,
 ) -> Callable[[ClusterSettings], ClusterMetricsSource]:
-    # One limiter for every page of every cluster: bounded and first come, first served, so
-    # one big cluster's pages queue among the others' instead of starving them.
-    limiter = asyncio.Semaphore(settings.scrape.max_concurrency)
+    # One limiter for every page of every cluster: bounded, clusters served in the order
+    # their fetches began (sources/limiter.py), so one big cluster's pages queue among the
+    # others' instead of starving them.
+    limiter = Limiter(settings.scrape.max_concurrency)
     queries, scrape = settings.prometheus_queries, settings.scrape
     queriers = shared_queriers(settings.queriers, queries, scrape, session)
 

@@ -28,6 +28,7 @@ from controller.errors import (
     ScrapeTruncatedError,
 )
 from controller.exposition import PageStream
+from controller.sources.limiter import Limiter
 
 # The classic text format: prometheus-client >= 0.23 would rename vllm: metrics for OpenMetrics.
 ACCEPT_TEXT = "text/plain;version=0.0.4;q=1.0,*/*;q=0.1"
@@ -85,7 +86,7 @@ class Endpoint:
     max_bytes: int
     token: TokenFile | None = None
     tls: ssl.SSLContext | bool = True
-    limiter: asyncio.Semaphore | None = None
+    limiter: Limiter | None = None
 
 
 async def get_text(session: aiohttp.ClientSession, endpoint: Endpoint, accept: str) -> str:

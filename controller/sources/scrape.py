@@ -20,6 +20,7 @@ from controller.model import ClusterMetrics, PodError
 from controller.settings import ClusterSettings, ScrapeSettings
 from controller.sources.discovery import PodFinder, SliceLister
 from controller.sources.http import ACCEPT_TEXT, Endpoint, TokenFile, get_page, ssl_context
+from controller.sources.limiter import Limiter, ranked
 from controller.sources.pages import EPP_EXTRACTOR, Page, PageReader, page_of
 
 
@@ -44,7 +45,7 @@ class ScrapeSource:
         timeout: float,
         session: aiohttp.ClientSession,
         clock: Callable[[], float] = time.time,
-        limiter: asyncio.Semaphore | None = None,
+        limiter: Limiter | None = None,
         slices: SliceLister | None = None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -78,6 +79,7 @@ class ScrapeSource:
         return self._name
 
     async def fetch(self) -> ClusterMetrics:
+        ranked()  # this cluster's pages go ahead of clusters whose fetch began later
         started, began = self._clock(), time.perf_counter()
         pods, found = await self._pods()
         extractor = self._reader.pod_extractor

@@ -1,0 +1,89 @@
+"""The process-wide request limiter: bounded, clusters served in the order they began."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+
+import pytest
+
+from controller.sources.limiter import Limiter, ranked
+
+INSIDE = [0]  # pages holding a slot, after every change
+
+
+async def _cluster(
+    limiter: Limiter, name: str, pages: int, gate: asyncio.Event, log: list[str]
+) -> None:
+    """A cluster's fetch: ``pages`` pages, at most 2 of them at once (its own slots)."""
+    ranked()
+    own = asyncio.Semaphore(2)
+
+    async def page(i: int) -> None:
+        async with own, limiter:
+            log.append(f"{name}{i}")
+            INSIDE.append(INSIDE[-1] + 1)
+            await gate.wait()
+            await asyncio.sleep(0)  # a page takes a moment to read
+            INSIDE.append(INSIDE[-1] - 1)
+
+    await asyncio.gather(*(page(i) for i in range(pages)))
+
+
+async def test_a_cluster_begun_first_is_served_first_and_never_more_than_the_bound() -> None:
+    limiter, gate = Limiter(2), asyncio.Event()
+    log: list[str] = []
+    tasks = [
+        asyncio.create_task(_cluster(limiter, n, 3, gate, log), context=contextvars.copy_context())
+        for n in "abcd"
+    ]
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert log == ["a0", "a1"]  # two slots: a's first two pages
+    gate.set()
+    await asyncio.gather(*tasks)
+    assert sorted(log) == sorted(f"{n}{i}" for n in "abcd" for i in range(3))
+    # a's third page waited for a's own slot, behind every other cluster's first pages in a
+    # FIFO queue; by rank it goes ahead of the clusters that began after a
+    assert log.index("a2") < log.index("c0")
+    assert log.index("b2") < log.index("d0")
+    assert max(INSIDE) == 2 and INSIDE[-1] == 0
+
+
+async def test_a_cancelled_waiter_gives_up_its_place_and_a_slot_handed_to_it_moves_on() -> None:
+    limiter = Limiter(1)
+    held = asyncio.Event()
+    release = asyncio.Event()
+
+    async def holder() -> None:
+        async with limiter:
+            held.set()
+            await release.wait()
+
+    async def waiter(log: list[str], name: str) -> None:
+        async with limiter:
+            log.append(name)
+
+    log: list[str] = []
+    first = asyncio.create_task(holder())
+    await held.wait()
+    doomed = asyncio.create_task(waiter(log, "doomed"))
+    patient = asyncio.create_task(waiter(log, "patient"))
+    await asyncio.sleep(0)
+    doomed.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await doomed
+    release.set()
+    await asyncio.wait_for(asyncio.gather(first, patient), 1)
+    assert log == ["patient"]
+    # handed the slot in the same step as it is cancelled: the slot is passed on, not lost
+    async with limiter:
+        late = asyncio.create_task(waiter(log, "late"))
+        after = asyncio.create_task(waiter(log, "after"))
+        await asyncio.sleep(0)
+    late.cancel()  # its future already has the slot; cancelling must hand it to "after"
+    await asyncio.gather(late, return_exceptions=True)
+    await asyncio.wait_for(after, 1)
+    assert log[-1] == "after"
+    async with limiter:  # and the slot came back: nothing leaked
+        pass
