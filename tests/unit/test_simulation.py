@@ -132,7 +132,8 @@ def test_the_seen_floor_knows_local_traffic_only_once_a_page_shows_it() -> None:
     oracle, seen = asyncio.run(both())
     assert oracle.trace is not None and seen.trace is not None
     moved = {
-        o.job.policy: next((t, w) for t, w in o.trace.published if t >= 600) for o in (oracle, seen)
+        policy: next((t, w) for t, w in trace.published if t >= 600)
+        for policy, trace in (("oracle", oracle.trace), ("seen", seen.trace))
     }
     assert moved["oracle"][0] == 600 < moved["seen"][0]
     assert moved["seen"][1] == pytest.approx(moved["oracle"][1], abs=2)
