@@ -156,7 +156,7 @@ class _Get(asyncio.Protocol):
     """The least a page costs: one GET on a new connection, the response kept in pieces."""
 
     def __init__(self, host: str, path: str, done: asyncio.Future[bytes]) -> None:
-        self._request = f"GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+        self._request = f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode()
         self._pieces: list[bytes] = []
         self._done = done
 

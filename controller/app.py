@@ -80,8 +80,13 @@ def _connector(settings: Settings) -> aiohttp.TCPConnector:
     # where the server allows (an EPP, Prometheus); a few more for PromQL sources and the
     # Kubernetes client. vLLM closes an idle connection after 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE),
     # so at a 10 s interval each of its pages opens one.
+    # An idle connection is kept for two intervals, so a pod that keeps it that long (vLLM
+    # with VLLM_HTTP_TIMEOUT_KEEP_ALIVE above the interval) is read on it next tick
+    # (benchmarks/README.md measures what that saves).
     limit = settings.scrape.max_concurrency + 8
-    return aiohttp.TCPConnector(limit=limit, limit_per_host=0, ttl_dns_cache=60)
+    return aiohttp.TCPConnector(
+        limit=limit, limit_per_host=0, ttl_dns_cache=60, keepalive_timeout=2 * settings.interval
+    )
 
 
 class Controller:

@@ -50,7 +50,7 @@ from controller.settings import ClusterSettings
 # Preference order matters (controller.families): the first name present on a page wins.
 VLLM_EXTRACTOR = Extractor(gauges=VLLM_GAUGES, histograms=VLLM_HISTOGRAMS)
 # A pod of a cluster whose EPP gives the request-duration histogram: latency comes from the
-# EPP, once per cluster, so the pods' e2e buckets (216 of a V1 page's 252 wanted samples) are
+# EPP, once per cluster, so the pods' e2e buckets (most of a V1 page's wanted samples) are
 # skipped at extraction; their ``_count`` stays, one per series: it says whether a URL is one
 # process (``Continuity``).
 VLLM_LEAN_EXTRACTOR = Extractor(gauges=(*VLLM_GAUGES, VLLM_E2E + "_count"))

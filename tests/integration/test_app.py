@@ -353,3 +353,22 @@ async def test_in_the_demo_the_requests_follow_the_weights() -> None:
     assert only.outcome.applied["cluster-b"] < 100 / 3  # shed below an equal share
     for cluster, intended in only.intended.items():
         assert abs(only.realised[cluster] - intended) < 10, (only.realised, only.intended)
+
+
+async def test_an_idle_connection_outlives_the_interval() -> None:
+    """A pod that keeps its connection across a tick (VLLM_HTTP_TIMEOUT_KEEP_ALIVE above
+    the interval) is read on it next tick: the client keeps an idle one for two intervals."""
+    from controller.app import _connector
+
+    for interval in (10.0, 45.0):
+        settings = build_settings(
+            {
+                "interval": interval,
+                "clusters": [{"name": "a", "vllm_urls": ["http://127.0.0.1:1/m"]}],
+            }
+        )
+        connector = _connector(settings)
+        try:
+            assert connector._keepalive_timeout == 2 * interval
+        finally:
+            await connector.close()
