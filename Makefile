@@ -47,6 +47,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_fetch.py
 	$(BIN)/python benchmarks/bench_logs.py
 	$(BIN)/python benchmarks/bench_daemon.py
+	$(BIN)/python benchmarks/bench_daemon.py --epp
 	$(BIN)/python benchmarks/bench_prometheus.py
 	$(BIN)/python benchmarks/bench_queriers.py
 
