@@ -156,9 +156,9 @@ def capacity_goal(
     loads = {n: load(s) for n, s in healthy.items()}
     demand = {n: c * load_of(max(u, now) if n in hot else u) for n, (c, u, now) in loads.items()}
     follow = follows(healthy, base)
-    local = [n for n in hot if follow.get(n, 1.0) <= LOCAL]
-    for name, estimate in arrival_loads(healthy, local).items():
-        demand[name] = max(demand[name], loads[name][0] * estimate)
+    for name, estimate in arrival_loads(healthy, hot).items():
+        if follow.get(name, 1.0) <= LOCAL:  # elsewhere arrivals only restate the weights
+            demand[name] = max(demand[name], loads[name][0] * estimate)
     capacity = sum(c for c, _, _ in loads.values())
     total = sum(demand.values())
     result = dict.fromkeys(base, 0.0)

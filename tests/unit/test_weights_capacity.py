@@ -174,6 +174,26 @@ def test_arrivals_that_follow_the_weights_do_not_size_the_step() -> None:
     assert capacity_goal(fleet, base, ["b"]) == pytest.approx(plain)
 
 
+def test_what_an_arrival_costs_is_read_off_the_clusters_that_are_not_hot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # c is hot too (its KV saturated, its arrivals its weight's): its KV says too little
+    # about its load to price an arrival, so only a prices them, for b and for c
+    fleet = {
+        "a": replace(sig(0.25), arrived=20.0),
+        "b": replace(sig(0.85, earlier=0.83), arrived=48.0),
+        "c": replace(sig(0.95, earlier=0.93), arrived=30.0),
+    }
+    cost = load_of(0.25) / 20.0
+    estimates = arrival_loads(fleet, ["b", "c"])
+    assert estimates == pytest.approx({"b": cost * 48.0, "c": cost * 30.0})
+    # and so the law weighs b (its arrivals show local traffic; c's follow the weights)
+    base = {"a": 33.0, "b": 34.0, "c": 33.0}
+    goal = capacity_goal(fleet, base, ["b", "c"])
+    monkeypatch.setattr(capacity, "arrival_loads", lambda healthy, hot: {"b": cost * 48.0})
+    assert goal == pytest.approx(capacity_goal(fleet, base, ["b", "c"]))
+
+
 def test_an_arrival_estimate_is_bounded_and_needs_counts() -> None:
     fleet = {"a": replace(sig(0.25), arrived=5.0), "b": replace(sig(0.9), arrived=500.0)}
     assert arrival_loads(fleet, ["b"])["b"] == MAX_LOAD
