@@ -207,7 +207,7 @@ async def floor_ms_per_page(urls: list[str], rounds: int) -> float:
 
 
 async def run_one(
-    endpoints: int, seconds: float, urls: list[str], concurrency: int | None, keep: bool
+    endpoints: int, seconds: float, urls: list[str], concurrency: int | None
 ) -> dict[str, Any]:
     pods, epps = urls[:endpoints], urls[endpoints:]
     clusters = []
@@ -299,7 +299,7 @@ async def measure(
     for n in sizes:
         with fleet_servers(n, epp, keep) as urls:
             await asyncio.sleep(2 + n / 1000)  # the page servers start
-            rows.append(await run_one(n, seconds, urls, concurrency, keep))
+            rows.append(await run_one(n, seconds, urls, concurrency))
     limit = concurrency or "default"
     print(f"the daemon, 10 s interval, {seconds:g} s measured after the first tick,")
     print(
