@@ -15,8 +15,9 @@ interval) unless ``--keep-alive``. ``--epp`` gives every cluster of 10 pods an E
 
 The floor: in the same run, this process reads the same pages from the same addresses with
 a raw asyncio ``Protocol`` (a GET, a new connection each, the body kept) and
-``str.splitlines`` of each body, 32 at a time: what any Python reader pays for a page. The
-daemon's CPU per page is divided by it.
+``str.splitlines`` of each body, 32 at a time: what any Python reader pays for a page. It
+reads every page once in each gap between the daemon's ticks (seen from /proc), so the two
+are measured under the same load on the machine. The daemon's CPU per page is divided by it.
 """
 
 from __future__ import annotations
@@ -48,6 +49,9 @@ TICKS = os.sysconf("SC_CLK_TCK")
 PODS_PER_CLUSTER = 10
 INTERVAL = 10.0
 FLOOR_CONCURRENCY = 32  # as the daemon's scrape.max_concurrency
+# A tick is over once the daemon's CPU has moved less than BUSY of a core for QUIET seconds,
+# polled every POLL seconds from /proc (nothing asks the daemon itself).
+POLL, BUSY, QUIET = 0.1, 0.05, 0.5
 EPP_FIXTURE = ROOT.parent / "shared" / "fixtures" / "epp-llmd-router-request-duration.prom"
 
 # One process serves the pods (and EPPs) given to it, each on an address of its own, all on
@@ -190,20 +194,49 @@ async def floor_read(url: str) -> int:
     return len(body.decode().splitlines())
 
 
-async def floor_ms_per_page(urls: list[str], rounds: int) -> float:
-    """The floor's CPU per page over ``rounds`` reads of every URL, 32 at a time."""
+async def floor_round(urls: list[str]) -> float:
+    """The floor's CPU seconds for one read of every URL, 32 at a time."""
     slots = asyncio.Semaphore(FLOOR_CONCURRENCY)
 
     async def one(url: str) -> int:
         async with slots:
             return await floor_read(url)
 
-    await asyncio.gather(*(one(u) for u in urls[:FLOOR_CONCURRENCY]))  # warm
     cpu = time.process_time()
-    for _ in range(rounds):
-        lines = await asyncio.gather(*(one(u) for u in urls))
-        assert all(n > 0 for n in lines)
-    return (time.process_time() - cpu) * 1000 / (rounds * len(urls))
+    lines = await asyncio.gather(*(one(u) for u in urls))
+    assert all(n > 0 for n in lines)
+    return time.process_time() - cpu
+
+
+async def quiet(pid: int, deadline: float) -> bool:
+    """Wait for the daemon to finish a tick: busy (CPU moving) and then idle for
+    ``QUIET`` seconds. False if ``deadline`` (monotonic) comes first."""
+    busy = False
+    last, still = cpu_seconds(pid), 0.0
+    while time.monotonic() < deadline:
+        await asyncio.sleep(POLL)
+        now = cpu_seconds(pid)
+        if now - last > BUSY * POLL:
+            busy, still = True, 0.0
+        elif busy:
+            still += POLL
+            if still >= QUIET:
+                return True
+        last = now
+    return False
+
+
+async def floor_in_gaps(pid: int, urls: list[str], seconds: float) -> float:
+    """The floor's CPU per page, a round of every URL in each gap between the daemon's ticks
+    over ``seconds``: both are measured under the same load on the machine, which drifts by
+    up to 2× within a minute, so a floor read before or after the daemon is not its peer."""
+    deadline = time.monotonic() + seconds
+    cpu = 0.0
+    rounds = 0
+    while await quiet(pid, deadline):
+        cpu += await floor_round(urls)
+        rounds += 1
+    return cpu * 1000 / (rounds * len(urls)) if rounds else float("nan")
 
 
 async def run_one(
@@ -258,8 +291,10 @@ async def run_one(
             assert isinstance(clusters_state, dict)
             failures = sum(len(c["errors"]) for c in clusters_state.values())
             ticks0, took0 = await tick_seconds(metrics_port)
+            await floor_round(urls[:FLOOR_CONCURRENCY])  # warm
             cpu0, wall0 = cpu_seconds(child.pid), time.monotonic()
-            await asyncio.sleep(seconds)
+            floor = await floor_in_gaps(child.pid, urls, seconds)
+            await asyncio.sleep(max(0.0, seconds - (time.monotonic() - wall0)))
             cpu = cpu_seconds(child.pid) - cpu0
             wall = time.monotonic() - wall0
             rss = peak_rss_mb(child.pid)
@@ -273,9 +308,6 @@ async def run_one(
             child.terminate()
             await asyncio.wait_for(child.wait(), 20)
     ticks = ticks1 - ticks0
-    # the same pages, the floor's way, in the same sitting (keep-alive or not, a new
-    # connection each: the floor is what a page costs when it must be fetched)
-    floor = await floor_ms_per_page(urls, 2)
     pages = wall / INTERVAL * len(urls)  # a tick every interval, each reads every page
     return {
         "endpoints": endpoints,
