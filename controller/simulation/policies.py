@@ -23,7 +23,8 @@ from controller.model import IMPLICIT_TARGET, ClusterHealth, ClusterMetrics, Sig
 from controller.settings import Settings
 from controller.simulation.scenarios import Scenario, capacity
 from controller.testing import build_loop
-from controller.weights.steps import within
+from controller.weights.rounding import round_to_total
+from controller.weights.steps import capped, within
 
 
 class Policy(Protocol):
@@ -221,6 +222,38 @@ class Seen(Oracle):
             if truth < self._known[name] or (kv is not None and kv >= self._pressure):
                 self._known[name] = truth
         return dict(self._known)
+
+
+class SeenCapped(Seen):
+    """``Seen`` held to the law's own bounds: no ref moves more than ``max_step`` in a write,
+    and no write comes within ``settle`` of the last. The floor for a law that reacts to
+    readings *and* keeps those bounds: where it misses a goal, the defaults do, not the law.
+    On request only (``--policies seen-capped``)."""
+
+    name = "seen-capped"
+
+    def __init__(self, scenario: Scenario, pressure: float, max_step: int, settle: float) -> None:
+        super().__init__(scenario, pressure)
+        self._max_step, self._settle = float(max_step), settle
+        self._last: float | None = None
+        self._in_force: dict[str, int] | None = None
+
+    async def tick(
+        self, now: float, metrics: Mapping[str, ClusterMetrics]
+    ) -> dict[str, int] | None:
+        if self._last is not None and now - self._last < self._settle:
+            return None
+        wanted = await super().tick(now, metrics)
+        if wanted is None:
+            return None
+        if self._in_force is not None:
+            base = {n: float(v) for n, v in self._in_force.items()}
+            delta = {n: wanted[n] - base[n] for n in base}
+            moved = capped(base, delta, self._max_step)
+            wanted = round_to_total(moved, 0, list(moved))
+            self._published = wanted  # the next tick moves on from what was written
+        self._last, self._in_force = now, wanted
+        return wanted
 
 
 class Static:

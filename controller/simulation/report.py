@@ -24,6 +24,7 @@ from controller.simulation.policies import (
     Policy,
     Proportional,
     Seen,
+    SeenCapped,
     Static,
 )
 from controller.simulation.scenarios import SCENARIOS, Scenario
@@ -31,7 +32,7 @@ from controller.simulation.scores import Scores, score
 from controller.simulation.world import epp_url, pod_urls
 
 POLICIES = ("ours", "integral", "proportional", "naive", "static", "oracle")
-EXTRA_POLICIES = ("pods", "seen")  # on request only (--policies)
+EXTRA_POLICIES = ("pods", "seen", "seen-capped")  # on request only (--policies)
 SEEDS = (1, 2, 3, 4, 5)
 # Where a lower value is better the worst case is the highest; these are reported as max.
 COLUMNS = (
@@ -103,6 +104,10 @@ def make_policy(name: str, settings: Settings, scenario: Scenario) -> Policy:
         return PodsOnly(settings)
     if name == "seen":
         return Seen(scenario, settings.weights.pressure)
+    if name == "seen-capped":
+        w = settings.weights
+        settle = w.settle if w.settle is not None else 2 * settings.interval
+        return SeenCapped(scenario, w.pressure, w.max_step, float(settle))
     known = ", ".join((*POLICIES, *EXTRA_POLICIES))
     raise ValueError(f"unknown policy {name!r}; known: {known}")
 

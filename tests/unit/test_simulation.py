@@ -9,6 +9,7 @@ seeded, nothing sleeps.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import statistics
 import subprocess
@@ -139,6 +140,27 @@ def test_the_seen_floor_knows_local_traffic_only_once_a_page_shows_it() -> None:
     assert moved["seen"][1] == pytest.approx(moved["oracle"][1], abs=2)
     at = int(moved["seen"][0] / DT)
     assert max(seen.trace.kv["b"][at - int(INTERVAL / DT) : at + 1]) >= DEFAULTS.pressure
+
+
+def test_the_capped_floor_keeps_the_laws_bounds() -> None:
+    """``seen-capped`` wants what ``seen`` wants, but moves no ref more than ``max_step`` a
+    write and writes no sooner than ``settle`` after the last: hot-hard's b goes 33 → 8 → 2
+    where ``seen`` goes there at once."""
+
+    async def both() -> list[Outcome]:
+        return [
+            await run_job(Job("hot-hard", policy, 1, duration=720), keep_trace=True)
+            for policy in ("seen", "seen-capped")
+        ]
+
+    seen, capped = asyncio.run(both())
+    assert seen.trace is not None and capped.trace is not None
+    writes = capped.trace.published
+    assert len(writes) > len(seen.trace.published) >= 2
+    for (t0, w0), (t1, w1) in itertools.pairwise(writes):
+        assert t1 - t0 >= 2 * INTERVAL  # settle: two intervals by default
+        assert max(abs(w1[n] - w0[n]) for n in w1) <= DEFAULTS.max_step
+    assert seen.trace.published[-1][1] == pytest.approx(writes[-1][1], abs=2)
 
 
 def test_a_dead_cluster_loses_what_it_held_and_what_is_sent_to_it() -> None:
