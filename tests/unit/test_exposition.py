@@ -503,3 +503,48 @@ def test_the_eof_search_agrees_with_the_definition_on_odd_texts() -> None:
     ]
     for text in texts:
         assert _eof_at(text) == _eof_reference(text), repr(text)
+
+
+def test_the_eof_search_reads_only_its_window() -> None:
+    """``PageStream`` searches a piece's complete lines where they lie: a window that starts
+    at a newline and ends after one. The search agrees with the definition on the window."""
+    from controller.exposition import _eof_at
+
+    rng = random.Random(12)
+    pieces = ["F", "# EOF", "\n", "\r\n", "x", "#", " ", "EOF"]
+    for _ in range(3000):
+        text = "".join(rng.choices(pieces, k=rng.randint(1, 40)))
+        newlines = [i for i, c in enumerate(text) if c == "\n"]
+        if len(newlines) < 2:
+            continue
+        begin, last = sorted(rng.sample(newlines, 2))
+        window = text[begin : last + 1]
+        found = _eof_reference(window)
+        expected = None if found is None else begin + found
+        assert _eof_at(text, begin, last + 1) == expected, (repr(text), begin, last)
+
+
+def test_a_page_fed_in_any_pieces_reads_as_a_whole() -> None:
+    """A page of several 64 KiB pieces, handed over in pieces of random sizes (as sockets
+    do): the same samples, in the same order, as the page read at once."""
+    rng = random.Random(13)
+    lines = []
+    for i in range(6000):
+        lines.append(f'vllm:time_to_first_token_seconds_bucket{{engine="{i}",le="0.1"}} {i}\n')
+        if i % 7 == 0:
+            lines.append(f'vllm:kv_cache_usage_perc{{engine="{i}"}} {i / 6000:.4f}\n')
+        if i % 11 == 0:
+            lines.append(f'vllm:num_requests_waiting{{engine="{i}"}} {i % 5}\n')
+    page = "# HELP vllm:kv_cache_usage_perc KV\n" + "".join(lines)
+    assert len(page) > 4 * 64 * 1024
+    whole = VLLM_EXTRACTOR.extract(page)
+    for _ in range(5):
+        stream = PageStream(VLLM_EXTRACTOR)
+        at = 0
+        while at < len(page):
+            size = rng.choice([1, 17, 4096, 65535, 65536, 65537, 200_000])
+            stream.feed(page[at : at + size])
+            at += size
+        read = page_of("http://pod/metrics", stream)
+        assert read.samples == whole.by_name()
+        assert stream.result.invalid_lines == 0 and stream.ended
