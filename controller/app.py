@@ -140,6 +140,9 @@ class Controller:
         self._session = aiohttp.ClientSession(
             connector=_connector(self.settings),
             headers={"User-Agent": "weight-controller"},
+            # every request runs under its own deadline (sources.http); aiohttp's default
+            # (300 s) would only add a second timer to each
+            timeout=aiohttp.ClientTimeout(total=None),
         )
         try:
             await self._connect_kubernetes()
