@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 
 from controller import histograms
 from controller.errors import ScrapeError, ScrapeParseError, ScrapeTruncatedError
-from controller.exposition import MAX_LINE, Extractor, PageStream, Sample
+from controller.exposition import MAX_LINE, Extractor, Labels, PageStream, Sample
 from controller.families import (
     EPP_GAUGES,
     EPP_HISTOGRAMS,
@@ -69,16 +69,13 @@ class Page:
 
 
 def looks_like_exposition(text: str) -> bool:
-    """Cheap guard against an HTML error page or other garbage served with status 200."""
-    for line in text.split("\n", 50)[:50]:
-        line = line.strip()
-        if not line:
-            continue
-        if line.startswith("#"):
-            return True
-        head = line[0]
-        return head.isascii() and (head.isalpha() or head in "_:")
-    return True  # an empty page is valid text format; it just has no metrics
+    """Cheap guard against an HTML error page or other garbage served with status 200: the
+    first character of the first of its first 50 lines that is not blank."""
+    stripped = text.lstrip()
+    if not stripped or text.count("\n", 0, len(text) - len(stripped)) >= 50:
+        return True  # an empty page is valid text format; it just has no metrics
+    head = stripped[0]
+    return head == "#" or (head.isascii() and (head.isalpha() or head in "_:"))
 
 
 def read_page(url: str, text: str, extractor: Extractor) -> Page | PodError:
@@ -121,7 +118,12 @@ def _kept(samples: Sequence[Sample], keep: Mapping[str, str] | None) -> list[Sam
 
 
 def _series(sample: Sample) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted(sample.labels.items()))
+    """A sample's labels in order: worked out once per label set the extractor hands out
+    (``Labels.derived``, shared by every sample and scrape that carries it)."""
+    labels = sample.labels
+    if isinstance(labels, Labels) and "le" not in labels:
+        return labels.derived()[0]
+    return tuple(sorted(labels.items()))
 
 
 def _labels_text(series: tuple[tuple[str, str], ...]) -> str:
