@@ -90,10 +90,14 @@ class Endpoint:
     limiter: Limiter | None = None
     # Parsed once: yarl keeps a small cache of parsed strings, which a fleet of distinct pod
     # URLs misses on every request (~14 µs a page; benchmarks/README.md).
-    target: URL = field(init=False, repr=False, compare=False)
+    target: URL | str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "target", URL(self.url))
+        try:
+            target: URL | str = URL(self.url)
+        except ValueError:  # aiohttp refuses it when asked, as a failed page of its own
+            target = self.url
+        object.__setattr__(self, "target", target)
 
 
 async def get_text(session: aiohttp.ClientSession, endpoint: Endpoint, accept: str) -> str:

@@ -10,10 +10,13 @@ import time
 from collections.abc import Awaitable, Callable
 
 import aiohttp
+import pytest
 from aiohttp import web
 
 from controller.app import Controller
+from controller.errors import ScrapeError
 from controller.settings import build_settings
+from controller.sources.http import ACCEPT_TEXT, Endpoint, get_text
 from tests.support.servers import Server
 
 Serve = Callable[
@@ -103,3 +106,12 @@ async def test_healthz_answers_while_a_hostile_ten_megabyte_page_is_read(serve: 
     assert [e.reason.value for e in hostile_view.metrics.errors] == ["parse"]
     assert "longer than" in hostile_view.metrics.errors[0].detail
     assert target.applied["honest"] == 100
+
+
+async def test_a_url_no_parser_takes_fails_as_its_page_not_at_construction() -> None:
+    """An endpoint is built before any request (its URL parsed once): one that does not
+    parse is a failed page of its own when read, never an error that stops its cluster."""
+    endpoint = Endpoint("http://[bad/metrics", 1.0, 1024)
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(ScrapeError):
+            await get_text(session, endpoint, ACCEPT_TEXT)
