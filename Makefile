@@ -48,6 +48,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_logs.py
 	$(BIN)/python benchmarks/bench_daemon.py
 	$(BIN)/python benchmarks/bench_daemon.py --epp
+	$(BIN)/python benchmarks/bench_peers.py
 	$(BIN)/python benchmarks/bench_prometheus.py
 	$(BIN)/python benchmarks/bench_queriers.py
 
