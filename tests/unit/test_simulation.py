@@ -120,17 +120,23 @@ def test_same_seed_same_run_other_seed_other_run() -> None:
     assert first.trace.kv != other.trace.kv
 
 
+def hot_hard_traces(*policies: str) -> list[Outcome]:
+    """hot-hard's first 12 minutes (b heats from 600 s) under each policy, seed 1, traced."""
+
+    async def each() -> list[Outcome]:
+        return [
+            await run_job(Job("hot-hard", policy, 1, duration=720), keep_trace=True)
+            for policy in policies
+        ]
+
+    return asyncio.run(each())
+
+
 def test_the_seen_floor_knows_local_traffic_only_once_a_page_shows_it() -> None:
     """The oracle moves at the first tick after b's local traffic starts (600 s); ``seen``
     only once b's pages read KV at ``pressure``, and then to the same weights."""
 
-    async def both() -> list[Outcome]:
-        return [
-            await run_job(Job("hot-hard", policy, 1, duration=720), keep_trace=True)
-            for policy in ("oracle", "seen")
-        ]
-
-    oracle, seen = asyncio.run(both())
+    oracle, seen = hot_hard_traces("oracle", "seen")
     assert oracle.trace is not None and seen.trace is not None
     moved = {
         policy: next((t, w) for t, w in trace.published if t >= 600)
@@ -147,13 +153,7 @@ def test_the_capped_floor_keeps_the_laws_bounds() -> None:
     write and writes no sooner than ``settle`` after the last: hot-hard's b goes 33 → 8 → 2
     where ``seen`` goes there at once."""
 
-    async def both() -> list[Outcome]:
-        return [
-            await run_job(Job("hot-hard", policy, 1, duration=720), keep_trace=True)
-            for policy in ("seen", "seen-capped")
-        ]
-
-    seen, capped = asyncio.run(both())
+    seen, capped = hot_hard_traces("seen", "seen-capped")
     assert seen.trace is not None and capped.trace is not None
     writes = capped.trace.published
     assert len(writes) > len(seen.trace.published) >= 2
