@@ -5,7 +5,9 @@ a route is propagated to every gateway replica): the *actuation delay*. A step t
 last one has acted stacks on it. So each change whose largest move is at least ``MIN_MOVE``
 points is followed until the share of requests its cluster receives (this tick's arrivals,
 ``realised.Arrivals``) has moved, from what it received before the change, by at least half of
-the weights' move and by more than the counting noise, over ``CONFIRM`` ticks in a row pooled.
+the weights' move and by more than the counting noise, over ``CONFIRM`` ticks in a row pooled,
+the newest of them by half the move on its own (one misread tick beside a still one would
+otherwise pass, and a delay read off them too short lets later steps stack).
 Traffic the weights do not move (local requests) dilutes the move: a cluster whose own traffic
 outweighs the routed is not seen acting, and waits ``wait_limit``. The moment it started to act
 is interpolated within the first of those ticks; the delay is that moment less the change's.
@@ -90,7 +92,11 @@ class Actuation:
         tick = (now, span, shares_now[change.cluster], requests)
         ticks = (*change.ticks, tick)[-CONFIRM:]
         self.pending = Change(change.at, change.cluster, change.before, change.wanted, ticks)
-        if len(ticks) < CONFIRM or not all(_towards(change, t[2]) for t in ticks):
+        if (
+            len(ticks) < CONFIRM
+            or not all(_towards(change, t[2]) for t in ticks)
+            or not _halfway(change, ticks[-1][2])  # the newest alone shows half the move
+        ):
             return
         # the ticks pooled: their counts together are less noisy than either
         n = sum(t[3] for t in ticks)
@@ -155,6 +161,11 @@ class Actuation:
         if not self.delays:  # a change too small to see: as long as they take, at most
             return elapsed < self.wait_limit(settle, interval)
         return elapsed < self.longest + settle
+
+
+def _halfway(change: Change, seen: float) -> bool:
+    """The share moved the way the change moves it, by half the change's move or more."""
+    return (seen - change.before) * change.wanted >= change.wanted**2 / 2
 
 
 def _towards(change: Change, seen: float) -> bool:

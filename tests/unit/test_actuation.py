@@ -93,3 +93,19 @@ def test_a_change_soon_after_one_too_small_to_see_is_not_measured_either() -> No
     act.observe(40.0, arrivals({"a": 47.0, "b": 53.0}, 300, rng))
     act.changed(40.0, {"a": 47.0, "b": 53.0}, {"a": 20.0, "b": 80.0}, INTERVAL)
     assert act.pending is None
+
+
+def test_one_stray_tick_beside_a_still_one_is_not_the_change_acting() -> None:
+    """An arrival count that misreads one tick (counted from completions and what is in the
+    system, it can) beside a tick that barely moved: pooled they pass for half the move, and
+    a delay read off them would be near 0, letting later steps stack on a slow gateway
+    (daily@30s: one world wrote 60 times an hour). The newest tick of the confirmation must
+    show half the move on its own."""
+    act, _ = at_even_split(8)
+    act.changed(30.0, {"a": 50.0, "b": 50.0}, {"a": 25.0, "b": 75.0}, INTERVAL)
+    act.observe(40.0, {"a": 45.0, "b": 255.0})  # the stray one: more than the move at once
+    act.observe(50.0, {"a": 141.0, "b": 159.0})  # still at 53
+    assert act.estimate is None and act.pending is not None
+    for tick in (6, 7):  # it acts within the tick ending at 60
+        act.observe(tick * INTERVAL, {"a": 75.0, "b": 225.0})
+    assert act.estimate is not None and act.estimate >= INTERVAL
