@@ -8,7 +8,7 @@ connection closed after its page, an EPP page per cluster of 10), and three read
 page, taking turns round by round so that all three see the machine as it is that minute:
 
 - the floor: a raw asyncio ``Protocol`` GET on a new connection and ``str.splitlines`` of the
-  body (``bench_daemon.floor_read``);
+  body (``bench_daemon.floor_round``);
 - aiohttp: ``ClientSession.get`` on a new connection, the body read and ``splitlines``;
 - ours: every cluster's ``ScrapeSource.fetch``, as a tick does it (extraction, the cluster
   read, the limiter).
@@ -38,7 +38,7 @@ from benchmarks.bench_daemon import (  # noqa: E402
     FLOOR_CONCURRENCY,
     PODS_PER_CLUSTER,
     fleet_servers,
-    floor_read,
+    floor_round,
 )
 from controller.settings import ClusterSettings, ScrapeSettings  # noqa: E402
 from controller.sources.limiter import Limiter  # noqa: E402
@@ -70,16 +70,12 @@ async def measure(endpoints: int, rounds: int) -> dict[str, tuple[float, float]]
             sources = [ScrapeSource(c, scrape, 10.0, session, limiter=limiter) for c in clusters]
             slots = asyncio.Semaphore(FLOOR_CONCURRENCY)
 
-            async def floor(url: str) -> int:
-                async with slots:
-                    return await floor_read(url)
-
             async def bare(url: str) -> int:
                 async with slots, session.get(url) as response:
                     return len((await response.read()).decode().splitlines())
 
             async def floor_all() -> None:
-                assert all(n > 0 for n in await asyncio.gather(*(floor(u) for u in urls)))
+                await floor_round(urls)
 
             async def bare_all() -> None:
                 assert all(n > 0 for n in await asyncio.gather(*(bare(u) for u in urls)))

@@ -89,8 +89,7 @@ class Reconciler:
         self._journal = Journal(settings.log, self._conditions, clock)
         self._found = Discovery()
         self._tick = 0
-        settle = settings.weights.settle
-        self._settle = 2 * settings.interval if settle is None else float(settle)
+        self._settle = settings.settle
         snapshot.report = replace(snapshot.report, clusters=self._fleet.views({}))
         for stage in STAGES:
             metrics.reconcile_errors.labels(stage)

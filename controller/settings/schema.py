@@ -841,3 +841,9 @@ class Settings(BaseSettings):
 
     def cluster_timeout(self, cluster: ClusterSettings) -> float:
         return cluster.timeout if cluster.timeout is not None else self.scrape.timeout
+
+    @property
+    def settle(self) -> float:
+        """``weights.settle`` in seconds; unset, two intervals."""
+        settle = self.weights.settle
+        return 2 * self.interval if settle is None else float(settle)

@@ -236,23 +236,22 @@ class SeenCapped(Seen):
         super().__init__(scenario, pressure)
         self._max_step, self._settle = float(max_step), settle
         self._last: float | None = None
-        self._in_force: dict[str, int] | None = None
 
     async def tick(
         self, now: float, metrics: Mapping[str, ClusterMetrics]
     ) -> dict[str, int] | None:
         if self._last is not None and now - self._last < self._settle:
             return None
+        in_force = self._published
         wanted = await super().tick(now, metrics)
         if wanted is None:
             return None
-        if self._in_force is not None:
-            base = {n: float(v) for n, v in self._in_force.items()}
-            delta = {n: wanted[n] - base[n] for n in base}
-            moved = capped(base, delta, self._max_step)
+        if in_force is not None:
+            base = {n: float(v) for n, v in in_force.items()}
+            moved = capped(base, {n: wanted[n] - base[n] for n in base}, self._max_step)
             wanted = round_to_total(moved, 0, list(moved))
             self._published = wanted  # the next tick moves on from what was written
-        self._last, self._in_force = now, wanted
+        self._last = now
         return wanted
 
 

@@ -106,8 +106,7 @@ def make_policy(name: str, settings: Settings, scenario: Scenario) -> Policy:
         return Seen(scenario, settings.weights.pressure)
     if name == "seen-capped":
         w = settings.weights
-        settle = w.settle if w.settle is not None else 2 * settings.interval
-        return SeenCapped(scenario, w.pressure, w.max_step, float(settle))
+        return SeenCapped(scenario, w.pressure, w.max_step, settings.settle)
     known = ", ".join((*POLICIES, *EXTRA_POLICIES))
     raise ValueError(f"unknown policy {name!r}; known: {known}")
 
