@@ -121,6 +121,105 @@ def _by_series(samples: Iterable[Sample], keep: Mapping[str, str] | None) -> dic
     }
 
 
+@dataclass(frozen=True, slots=True)
+class Folded:
+    """A page's histogram series summed into one (``Fold``), with what tells whether two of
+    them may be subtracted: the series folded, in page order, and each one's count."""
+
+    histogram: Histogram
+    series: tuple[SeriesKey, ...]
+    counts: array[float]
+
+    def follows(self, previous: Folded) -> bool | None:
+        """Whether this is ``previous``'s same series, none of whose counts fell: then
+        ``increase`` of the two is exactly the ``merge`` of each series' own increase.
+        ``None`` when the series differ (one appeared or went: the page counts from the next
+        scrape, as a new page does); ``False`` when a count fell (a restart)."""
+        if self.series == previous.series:  # the same keys, mostly the same objects
+            pairs = zip(self.counts, previous.counts, strict=True)
+        else:
+            before = dict(zip(previous.series, previous.counts, strict=True))
+            if len(before) != len(self.series) or any(k not in before for k in self.series):
+                return None
+            pairs = zip(self.counts, (before[k] for k in self.series), strict=True)
+        return all(now >= then for now, then in pairs)
+
+
+class Fold:
+    """A page's series of one histogram, summed by bound as its bucket samples come
+    (``add_all``): what is kept of a pod between scrapes is one array, not one per series (a V1
+    page has one e2e series per engine and model).
+
+    Exact against ``collect`` + ``increase`` per series + ``merge``, which is what it replaces,
+    while a page's series stay the same from scrape to scrape and their counts do not fall,
+    as a process's do (``Folded.follows``); only the bounds every series has are kept, as
+    ``merge`` keeps them. Where the two part: a series that appears or goes, or whose count
+    falls, leaves the whole page out for that interval (per series, the others would still be
+    counted); a series without ``_count`` makes the page's histogram unknown (per series, it
+    alone would be left out); a bucket line given twice makes its bound one not every series
+    has."""
+
+    __slots__ = ("_keep", "_lines", "_series", "_sums")
+
+    def __init__(self, keep: Mapping[str, str] | None = None) -> None:
+        self._keep = tuple(keep.items()) if keep else ()
+        self._sums: dict[float, float] = {}
+        self._lines: dict[float, int] = {}
+        self._series: dict[SeriesKey, None] = {}
+
+    def add_all(self, samples: Iterable[Sample]) -> Fold:
+        """Folds ``_bucket`` samples in; a series other than ``keep``'s, or a bucket whose
+        ``le`` bounds nothing, is passed over (as ``collect`` does). One loop, not a call per
+        sample: a page holds hundreds of buckets."""
+        keep, sums, lines, seen = self._keep, self._sums, self._lines, self._series
+        for _, labels, value, _ in samples:
+            other = False
+            for name, wanted in keep:  # a loop, not any(): no generator per sample
+                if labels.get(name) != wanted:
+                    other = True
+                    break
+            if other:
+                continue
+            if type(labels) is Labels:
+                try:
+                    key, bound = labels.series, labels.bound  # already worked out, mostly
+                except AttributeError:
+                    key, bound = labels.derived()
+            else:
+                key, bound = series_key(labels), _bound(labels)
+            if bound is None:
+                continue
+            if bound in sums:
+                sums[bound] += value
+                lines[bound] += 1
+            else:
+                sums[bound] = value
+                lines[bound] = 1
+            seen[key] = None
+        return self
+
+    def folded(self, by_name: Mapping[str, list[Sample]], family: str) -> Folded | None:
+        """The fold with the page's ``_count`` and ``_sum`` of ``family``; ``None`` when no
+        series was folded, or one has no ``_count``."""
+        series = tuple(self._series)
+        if not series:
+            return None
+        keep = dict(self._keep) or None
+        counts = _by_series(by_name.get(family + "_count", ()), keep)
+        if any(key not in counts for key in series):
+            return None
+        sums = _by_series(by_name.get(family + "_sum", ()), keep)
+        every = len(series)
+        bounds = tuple(sorted(b for b, lines in self._lines.items() if lines == every))
+        histogram = Histogram(
+            _shared(bounds),
+            array("d", [self._sums[b] for b in bounds]),
+            sum(counts[key] for key in series),
+            sum(sums.get(key, math.nan) for key in series),
+        )
+        return Folded(histogram, series, array("d", [counts[key] for key in series]))
+
+
 def increase(previous: Histogram, current: Histogram) -> Histogram:
     """What ``current`` added since ``previous``; a counter reset restarts from zero.
 

@@ -13,7 +13,9 @@ process; a load-balanced URL is named as such).
   (times ``kv_tokens_per_pod`` where the operator knows a pod's pool), its request counter as
   arrivals. An EPP with 0 ready endpoints has no fresh pod
   and its averages are frozen: stale, never idle.
-- Latency: the EPP's request-duration histogram (newest name first), else vLLM's e2e one.
+- Latency: the EPP's request-duration histogram (newest name first), else vLLM's e2e one,
+  each pod's series summed into one as it is read (``histograms.Fold``: one array kept per
+  pod between scrapes, not one per engine and model).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from controller.families import (
     VLLM_RUNNING,
     VLLM_WAITING,
 )
-from controller.histograms import Histogram, SeriesKey
+from controller.histograms import Fold, Folded, Histogram, SeriesKey
 from controller.model import CapacityFrom, ClusterMetrics, Latency, PodError, Reason
 from controller.settings import ClusterSettings
 
@@ -171,6 +173,7 @@ class LatencyWindow:
     def __init__(self, min_requests: float) -> None:
         self._min_requests = min_requests
         self._previous: dict[str, dict[tuple[str, SeriesKey], Histogram]] = {}
+        self._folded: dict[str, Folded] = {}
 
     def observe(
         self, family: str, pages: Sequence[tuple[str, dict[SeriesKey, Histogram]]]
@@ -189,23 +192,46 @@ class LatencyWindow:
                     continue
                 increases.append(histograms.increase(before[key], histogram))
             self._previous[url] = now  # a page that did not answer keeps its old baseline
+        return self._latency(family, increases), fell
+
+    def observe_folded(
+        self, family: str, pages: Sequence[tuple[str, Folded | None]]
+    ) -> tuple[Latency | None, bool]:
+        """``observe`` for pages whose series were folded into one each (``Fold``)."""
+        increases: list[Histogram] = []
+        fell = False
+        for url, now in pages:
+            before = self._folded.pop(url, None)
+            if now is None:
+                continue
+            self._folded[url] = now
+            if before is None:
+                continue
+            follows = now.follows(before)
+            if follows:
+                increases.append(histograms.increase(before.histogram, now.histogram))
+            elif follows is not None:
+                fell = True
+        return self._latency(family, increases), fell
+
+    def _latency(self, family: str, increases: Sequence[Histogram]) -> Latency | None:
         merged = histograms.merge(increases)
         if merged is None:
-            return None, fell  # no baseline yet: the first scrape only sets one
+            return None  # no baseline yet: the first scrape only sets one
         if merged.count < self._min_requests:
-            return Latency(None, None, None, requests=merged.count, family=family), fell
+            return Latency(None, None, None, requests=merged.count, family=family)
         mean = merged.sum / merged.count if math.isfinite(merged.sum) else None
-        latency = Latency(
+        return Latency(
             p50=histograms.quantile(0.5, merged),
             p90=histograms.quantile(0.9, merged),
             mean=mean,
             requests=merged.count,
             family=family,
         )
-        return latency, fell
 
     def retain(self, urls: set[str]) -> None:
         self._previous = {u: v for u, v in self._previous.items() if u in urls}
+        self._folded = {u: v for u, v in self._folded.items() if u in urls}
 
 
 class Counters:
@@ -527,10 +553,15 @@ class PageReader:
                     self._epp_latency = True
                     return self._latency.observe(family, [(epp.url, series)])
         self._epp_latency = False
-        pages = [(p.url, histograms.collect(p.samples, VLLM_E2E, self._model_keep)) for p in pods]
-        if not any(series for _, series in pages):
+        pages = [(p.url, self._folded(p)) for p in pods]
+        if not any(folded for _, folded in pages):
             return None, False
-        return self._latency.observe(VLLM_E2E, pages)
+        return self._latency.observe_folded(VLLM_E2E, pages)
+
+    def _folded(self, page: Page) -> Folded | None:
+        """A pod's e2e series as one (``Fold``): what is kept of it until the next scrape."""
+        fold = Fold(self._model_keep).add_all(page.samples.get(VLLM_E2E + "_bucket", ()))
+        return fold.folded(page.samples, VLLM_E2E)
 
 
 def kv_tokens(page: ByName) -> float | None:

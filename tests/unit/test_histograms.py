@@ -1,13 +1,21 @@
-"""Histograms from extracted samples: grouping, increase between scrapes, merge and quantile."""
+"""Histograms from extracted samples: grouping, increase between scrapes, merge and quantile,
+and a page's series folded into one."""
 
 from __future__ import annotations
 
 import math
 from array import array
 
+import pytest
+
+from benchmarks.vllm_page import vllm_v1_page
 from controller import histograms
 from controller.exposition import Extractor, Sample
 from controller.histograms import Histogram
+from controller.model import Latency
+from controller.sources.pages import VLLM_EXTRACTOR, LatencyWindow, Page, read_page
+
+Read = tuple[Latency | None, bool]
 
 E2E = "vllm:e2e_request_latency_seconds"
 EXTRACTOR = Extractor(histograms=[E2E])
@@ -110,3 +118,117 @@ def test_a_nan_bound_is_left_out_like_any_other_malformed_le() -> None:
     )
     (only,) = collect(text).values()
     assert only.buckets == [(1.0, 2.0), (math.inf, 4.0)]
+
+
+# ---- a page's series folded into one (Fold): what pods-only clusters keep between scrapes ----
+
+
+def _grown(text: str, factor: int) -> str:
+    """``text`` with every e2e bucket, count and sum multiplied by ``factor``: the same
+    process later on (the counters stay cumulative and consistent)."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith(E2E) and not line.startswith(E2E + "_created"):
+            head, value = line.rsplit(" ", 1)
+            line = f"{head} {float(value) * factor!r}"
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def _both_ways(
+    ticks: list[list[str | None]], keep: dict[str, str] | None
+) -> list[tuple[Read, Read]]:
+    """Each tick's (latency, fell) read per series (``collect``, ``observe``) and folded
+    (``Fold``, ``observe_folded``) from the same pages; ``None``: that pod did not answer."""
+    per_series, folded = LatencyWindow(1), LatencyWindow(1)
+    out: list[tuple[Read, Read]] = []
+    for texts in ticks:
+        pages = [
+            read_page(f"p{i}", t, VLLM_EXTRACTOR) for i, t in enumerate(texts) if t is not None
+        ]
+        assert all(isinstance(p, Page) for p in pages)
+        read = [p for p in pages if isinstance(p, Page)]
+        series = [(p.url, histograms.collect(p.samples, E2E, keep)) for p in read]
+        folds = [
+            (
+                p.url,
+                histograms.Fold(keep).add_all(p.samples[f"{E2E}_bucket"]).folded(p.samples, E2E),
+            )
+            for p in read
+        ]
+        out.append((per_series.observe(E2E, series), folded.observe_folded(E2E, folds)))
+    return out
+
+
+def _same(a: Read, b: Read) -> None:
+    """Quantiles and counts exactly; the mean to rounding (a sum of differences against a
+    difference of sums)."""
+    (la, fa), (lb, fb) = a, b
+    assert fa == fb
+    if la is None or lb is None:
+        assert la is lb
+        return
+    assert (la.p50, la.p90, la.requests, la.family) == (lb.p50, lb.p90, lb.requests, lb.family)
+    if la.mean is None or lb.mean is None:
+        assert la.mean is lb.mean
+    else:
+        assert abs(la.mean - lb.mean) <= 1e-12 * abs(la.mean)
+
+
+@pytest.mark.parametrize("keep", [None, {"model_name": "sql-lora"}], ids=["all", "one-model"])
+def test_a_folded_page_reads_as_its_series_merged(keep: dict[str, str] | None) -> None:
+    """Real-shaped V1 pages (3 engines × 3 models: 9 series each), three pods growing at
+    different rates, one not answering for a tick and one restarting: latency, its request
+    count and whether a count fell are what reading each series gives, tick by tick."""
+    base = [vllm_v1_page(seed=i) for i in range(3)]
+    ticks: list[list[str | None]] = []
+    for tick in range(6):
+        texts: list[str | None] = [_grown(t, 1 + tick * (i + 1)) for i, t in enumerate(base)]
+        if tick == 2:
+            texts[1] = None  # no answer: its baseline stays
+        if tick == 4:
+            texts[2] = base[2]  # a restart: its counts fall back
+        ticks.append(texts)
+    results = _both_ways(ticks, keep)
+    for a, b in results:
+        _same(a, b)
+    assert results[0][1][0] is None  # the first scrape only sets baselines
+    assert all(latency is not None for (latency, _), _ in results[1:])
+    assert results[4][1][1] is True and results[5][1][1] is False
+
+
+def test_a_series_that_appears_leaves_its_page_out_for_that_interval() -> None:
+    """Where folding parts from reading each series (documented on Fold): a new series means
+    the page's fold has no baseline, so that page counts from the next scrape."""
+    one = page({"0": [1, 3, 4]})
+    two = page({"0": [2, 6, 8], "1": [1, 1, 1]})
+    later = page({"0": [3, 9, 12], "1": [2, 2, 2]})
+    results = _both_ways([[one], [two], [later]], None)
+    per_series, folded = results[1]
+    assert per_series[0] is not None and per_series[0].requests == 4  # engine 0 alone
+    assert folded == (None, False)
+    for a, b in results[2:]:
+        _same(a, b)
+
+
+def test_a_fold_keeps_the_bounds_every_series_has_and_needs_every_count() -> None:
+    text = (
+        f'{E2E}_bucket{{engine="0",le="1"}} 2\n{E2E}_bucket{{engine="0",le="2"}} 3\n'
+        f'{E2E}_bucket{{engine="0",le="+Inf"}} 4\n{E2E}_count{{engine="0"}} 4\n'
+        f'{E2E}_bucket{{engine="1",le="1"}} 1\n{E2E}_bucket{{engine="1",le="+Inf"}} 5\n'
+        f'{E2E}_bucket{{engine="1",le="bad"}} 9\n{E2E}_count{{engine="1"}} 5\n'
+        f'{E2E}_sum{{engine="0"}} 2.5\n{E2E}_sum{{engine="1"}} 1.5\n'
+    )
+    samples = EXTRACTOR.extract(text).by_name()
+    folded = histograms.Fold().add_all(samples[f"{E2E}_bucket"]).folded(samples, E2E)
+    assert folded is not None
+    assert folded.histogram.buckets == [(1.0, 3.0), (math.inf, 9.0)]  # le="2": engine 0 only
+    assert (folded.histogram.count, folded.histogram.sum) == (9.0, 4.0)
+    assert (
+        folded.histogram.bounds
+        is collect(page({"0": [1, 1]}, ("1", "+Inf")))[(("engine", "0"),)].bounds
+    )  # shared, as collect's are
+    no_count = text.replace(f'{E2E}_count{{engine="1"}} 5\n', "")
+    samples = EXTRACTOR.extract(no_count).by_name()
+    assert histograms.Fold().add_all(samples[f"{E2E}_bucket"]).folded(samples, E2E) is None
+    assert histograms.Fold().folded(samples, E2E) is None  # nothing folded
