@@ -27,9 +27,12 @@ def at_even_split(seed: int) -> tuple[Actuation, random.Random]:
     return act, rng
 
 
-def drive(delay: float, seed: int, n: int = 300) -> tuple[Actuation, list[tuple[float, bool]]]:
+def drive(
+    delay: float, seed: int, n: int = 300, local: float = 0.0
+) -> tuple[Actuation, list[tuple[float, bool]]]:
     """One change at t=100 from 50/50 to 25/75, acting ``delay`` later; every tick's
-    ``settling`` as the law would ask for it."""
+    ``settling`` as the law would ask for it. ``local``: requests b also serves each tick
+    that the weights do not route."""
     rng = random.Random(seed)
     act, settling = Actuation(), []
     before, after = {"a": 50.0, "b": 50.0}, {"a": 25.0, "b": 75.0}
@@ -39,7 +42,9 @@ def drive(delay: float, seed: int, n: int = 300) -> tuple[Actuation, list[tuple[
         acts_at = 100.0 + delay
         part = min(1.0, max(0.0, (now - acts_at) / INTERVAL))
         split = {c: before[c] + part * (after[c] - before[c]) for c in before}
-        act.observe(now, arrivals(split, n, rng))
+        counts = arrivals(split, n, rng)
+        counts["b"] = (counts["b"] or 0.0) + local
+        act.observe(now, counts)
         settling.append((now, act.settling(now, SETTLE, INTERVAL)))
         if now == 100.0:
             act.changed(now, before, after, INTERVAL)
@@ -109,3 +114,76 @@ def test_one_stray_tick_beside_a_still_one_is_not_the_change_acting() -> None:
     for tick in (6, 7):  # it acts within the tick ending at 60
         act.observe(tick * INTERVAL, {"a": 75.0, "b": 225.0})
     assert act.estimate is not None and act.estimate >= INTERVAL
+
+
+def test_traffic_the_weights_do_not_route_dilutes_the_move_but_it_is_still_measured() -> None:
+    """b also serves 450 requests a tick of its own beside 300 routed: the change moves b's
+    share of requests from 80% to 90%, not by the weights' 25 points. Half of those would
+    never show, and the change would wait out its whole limit every time."""
+    for delay in (5.0, 10.0, 30.0, 45.0):
+        for seed in range(3):
+            act, _ = drive(delay, seed, local=450.0)
+            assert act.estimate is not None and abs(act.estimate - delay) <= INTERVAL / 2
+
+
+def test_a_share_falling_back_after_a_lucky_run_is_not_the_change_acting() -> None:
+    """The law sheds b because it has been receiving more than its half (56, 57, 55 of 300
+    requests in a hundred, by chance); the next ticks fall back to 50 while the change is
+    still on its way. Counted against the share before alone that passes for the change
+    acting at once; the share before is as noisy as the ticks after, and both count."""
+    act = Actuation()
+    for tick, b in zip((7, 8, 9), (56.0, 57.0, 55.0), strict=True):
+        act.observe(tick * INTERVAL, {"a": 3 * (100 - b), "b": 3 * b})
+    act.changed(90.0, {"a": 50.0, "b": 50.0}, {"a": 60.0, "b": 40.0}, INTERVAL)
+    for tick in (10, 11, 12):  # the gateway has not moved yet: the even split
+        act.observe(tick * INTERVAL, {"a": 150.0, "b": 150.0})
+    assert act.estimate is None and act.settling(120.0, SETTLE, INTERVAL)
+    for tick in (13, 14):  # it acts within the tick ending at 130: b gets 40% of them
+        act.observe(tick * INTERVAL, {"a": 180.0, "b": 120.0})
+    assert act.estimate is not None and abs(act.estimate - 30.0) <= INTERVAL
+
+
+def measured(delay: float) -> Actuation:
+    """An actuation whose one change, at 30 s, was seen acting ``delay`` later."""
+    act, _ = at_even_split(6)
+    act.changed(30.0, {"a": 50.0, "b": 50.0}, {"a": 25.0, "b": 75.0}, INTERVAL)
+    for tick in range(4, 12):
+        now = tick * INTERVAL
+        part = min(1.0, max(0.0, (now - 30.0 - delay) / INTERVAL))
+        act.observe(now, {"a": 150.0 - 75.0 * part, "b": 150.0 + 75.0 * part})
+    assert act.estimate is not None and abs(act.estimate - delay) <= INTERVAL / 2
+    return act
+
+
+def test_a_change_seen_acting_in_less_than_half_the_measured_delay_is_not_believed() -> None:
+    act = measured(30.0)
+    act.changed(120.0, {"a": 25.0, "b": 75.0}, {"a": 50.0, "b": 50.0}, INTERVAL)
+    for tick in (13, 14):  # at once: noise, or a gateway that got faster
+        act.observe(tick * INTERVAL, {"a": 150.0, "b": 150.0})
+    assert len(act.delays) == 2  # noted ...
+    assert act.settling(140.0 + SETTLE, SETTLE, INTERVAL)  # ... but the law waits on
+    assert not act.settling(120.0 + 30.0 + SETTLE + INTERVAL / 2, SETTLE, INTERVAL)
+
+
+def test_a_change_not_seen_acting_in_all_its_time_lengthens_a_short_estimate() -> None:
+    """Misread at 5 s, the estimate let the next step go after 20 s; that step's change is
+    still not seen when the one after replaces it, so the delay is longer than 5 s: the 20 s
+    it was given counts as one."""
+    act = measured(5.0)
+    limit = act.wait_limit(0.0, INTERVAL)
+    act.changed(120.0, {"a": 25.0, "b": 75.0}, {"a": 50.0, "b": 50.0}, INTERVAL)
+    for tick in (13, 14, 15):  # not yet
+        act.observe(tick * INTERVAL, {"a": 75.0, "b": 225.0})
+    act.changed(150.0, {"a": 50.0, "b": 50.0}, {"a": 60.0, "b": 40.0}, INTERVAL)
+    assert act.longest == limit and act.wait_limit(0.0, INTERVAL) > limit
+
+
+def test_the_next_change_starts_from_what_the_last_one_left_not_from_its_move() -> None:
+    act, _ = at_even_split(7)
+    act.changed(100.0, {"a": 50.0, "b": 50.0}, {"a": 25.0, "b": 75.0}, INTERVAL)
+    # it acts at 105: the tick ending at 110 is half under each split
+    for tick, b in ((11, 62.5), (12, 75.0), (13, 75.0)):
+        act.observe(tick * INTERVAL, {"a": 3 * (100 - b), "b": 3 * b})
+    assert act.estimate is not None
+    act.changed(130.0, {"a": 25.0, "b": 75.0}, {"a": 10.0, "b": 90.0}, INTERVAL)
+    assert act.pending is not None and act.pending.before == 75.0
