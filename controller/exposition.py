@@ -17,9 +17,18 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
-__all__ = ["Extraction", "Extractor", "Labels", "PageStream", "Sample", "bound_or_none", "parse_le"]
+__all__ = [
+    "Extraction",
+    "Extractor",
+    "Folding",
+    "Labels",
+    "PageStream",
+    "Sample",
+    "bound_or_none",
+    "parse_le",
+]
 
 # Unrolled loops ("normal* (special normal*)*"): the regex engine eats runs of plain
 # characters in one step instead of trying an alternation per character.
@@ -91,14 +100,26 @@ class Sample(NamedTuple):
 _new_sample = tuple.__new__  # Sample's own __new__ is a Python function: twice the cost
 
 
+class Folding(Protocol):
+    """Where the samples of one name go instead of into an ``Extraction``'s groups: a page's
+    histogram series summed as it is read (``histograms.Fold``), so its hundreds of bucket
+    lines never become samples."""
+
+    @property
+    def sample_name(self) -> str: ...
+
+    def add(self, labels: dict[str, str], value: float) -> None: ...
+
+
 @dataclass(slots=True)
 class Extraction:
     """The wanted samples of a page by sample name, each in page order, and how many
-    wanted-looking lines could not be read."""
+    wanted-looking lines could not be read; the samples ``fold`` takes go to it instead."""
 
     grouped: dict[str, list[Sample]] = field(default_factory=dict)
     invalid_lines: int = 0
     first_error: str | None = None
+    fold: Folding | None = None
 
     @property
     def samples(self) -> list[Sample]:
@@ -175,7 +196,8 @@ class Extractor:
         Anything else (a timestamp, an exemplar, CRLF, odd spacing, a new label text, a bad
         line) goes through the full grammar in ``_read``."""
         canonical, cache, labels_of = self._canonical, self._labels, self._labels_of
-        grouped = result.grouped
+        grouped, fold = result.grouped, result.fold
+        folded = fold.sample_name if fold is not None else None
         found = self._line_re.findall(text, start, len(text) if end is None else end)
         for name, rest in found:
             # No space at all gives head "" and the whole rest as the value, which then starts
@@ -192,14 +214,23 @@ class Extractor:
             # printable and without '_': exactly the characters the grammar allows a value
             if labels is not None and value.isprintable() and "_" not in value:
                 try:  # not contextlib.suppress: a context manager per line costs more than this
-                    sample = _new_sample(Sample, (canonical[name], labels, float(value), None))
+                    number = float(value)
                 except ValueError:  # "zero": _read says why
-                    sample = None
+                    pass
+                else:
+                    sample_name = canonical[name]
+                    if sample_name == folded and fold is not None:
+                        fold.add(labels, number)
+                        continue
+                    sample = _new_sample(Sample, (sample_name, labels, number, None))
             if sample is None:
                 sample = self._read(name, rest, result)
                 if sample is None:
                     continue
                 cache = self._labels  # a miss may have started a new generation
+                if sample.name == folded and fold is not None:
+                    fold.add(sample.labels, sample.value)
+                    continue
             group = grouped.get(sample.name)
             if group is None:
                 grouped[sample.name] = [sample]
@@ -334,13 +365,15 @@ class PageStream:
     newline (a cut page does not), whether a line was over-long, and its first bytes (to tell
     text format from an HTML error page)."""
 
-    def __init__(self, extractor: Extractor, max_line: int = MAX_LINE) -> None:
+    def __init__(
+        self, extractor: Extractor, max_line: int = MAX_LINE, fold: Folding | None = None
+    ) -> None:
         self._extractor = extractor
         self._max_line = max_line
         self._parts: list[str] = []
         self._pending = 0
         self._skipping = False
-        self.result = Extraction()
+        self.result = Extraction(fold=fold)
         self.head = ""
         self.size = 0
         self.long_line = False

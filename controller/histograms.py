@@ -146,9 +146,10 @@ class Folded:
 
 
 class Fold:
-    """A page's series of one histogram, summed by bound as its bucket samples come
-    (``add_all``): what is kept of a pod between scrapes is one array, not one per series (a V1
-    page has one e2e series per engine and model).
+    """A page's series of one histogram, summed by bound as its bucket samples come (``add``,
+    handed each ``family_bucket`` line by the extractor as the page is read, or ``add_all``):
+    what is kept of a pod between scrapes is one array, not one per series (a V1 page has one
+    e2e series per engine and model), and its bucket lines never become samples.
 
     Exact against ``collect`` + ``increase`` per series + ``merge``, which is what it replaces,
     while a page's series stay the same from scrape to scrape and their counts do not fall,
@@ -159,48 +160,50 @@ class Fold:
     alone would be left out); a bucket line given twice makes its bound one not every series
     has."""
 
-    __slots__ = ("_keep", "_lines", "_series", "_sums")
+    __slots__ = ("_keep", "_lines", "_series", "_sums", "sample_name")
 
-    def __init__(self, keep: Mapping[str, str] | None = None) -> None:
+    def __init__(self, family: str, keep: Mapping[str, str] | None = None) -> None:
+        self.sample_name = family + "_bucket"
         self._keep = tuple(keep.items()) if keep else ()
         self._sums: dict[float, float] = {}
         self._lines: dict[float, int] = {}
         self._series: dict[SeriesKey, None] = {}
 
+    def add(self, labels: Mapping[str, str], value: float) -> None:
+        """One bucket sample; one of a series other than ``keep``'s, or whose ``le`` bounds
+        nothing, is passed over (as ``collect`` does). Called once per bucket line of a page,
+        so it works from what the extractor's label set already knows."""
+        for name, wanted in self._keep:  # a loop, not any(): no generator per sample
+            if labels.get(name) != wanted:
+                return
+        if type(labels) is Labels:
+            try:
+                key, bound = labels.series, labels.bound  # already worked out, mostly
+            except AttributeError:
+                key, bound = labels.derived()
+        else:
+            key, bound = series_key(labels), _bound(labels)
+        if bound is None:
+            return
+        sums = self._sums
+        if bound in sums:
+            sums[bound] += value
+            self._lines[bound] += 1
+        else:
+            sums[bound] = value
+            self._lines[bound] = 1
+        self._series[key] = None
+
     def add_all(self, samples: Iterable[Sample]) -> Fold:
-        """Folds ``_bucket`` samples in; a series other than ``keep``'s, or a bucket whose
-        ``le`` bounds nothing, is passed over (as ``collect`` does). One loop, not a call per
-        sample: a page holds hundreds of buckets."""
-        keep, sums, lines, seen = self._keep, self._sums, self._lines, self._series
+        """``add`` for each of ``samples`` (``_bucket`` samples of the one histogram)."""
         for _, labels, value, _ in samples:
-            other = False
-            for name, wanted in keep:  # a loop, not any(): no generator per sample
-                if labels.get(name) != wanted:
-                    other = True
-                    break
-            if other:
-                continue
-            if type(labels) is Labels:
-                try:
-                    key, bound = labels.series, labels.bound  # already worked out, mostly
-                except AttributeError:
-                    key, bound = labels.derived()
-            else:
-                key, bound = series_key(labels), _bound(labels)
-            if bound is None:
-                continue
-            if bound in sums:
-                sums[bound] += value
-                lines[bound] += 1
-            else:
-                sums[bound] = value
-                lines[bound] = 1
-            seen[key] = None
+            self.add(labels, value)
         return self
 
-    def folded(self, by_name: Mapping[str, list[Sample]], family: str) -> Folded | None:
-        """The fold with the page's ``_count`` and ``_sum`` of ``family``; ``None`` when no
+    def folded(self, by_name: Mapping[str, list[Sample]]) -> Folded | None:
+        """The fold with the page's ``_count`` and ``_sum`` of its family; ``None`` when no
         series was folded, or one has no ``_count``."""
+        family = self.sample_name.removesuffix("_bucket")
         series = tuple(self._series)
         if not series:
             return None

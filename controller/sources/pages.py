@@ -65,6 +65,7 @@ ByName = dict[str, list[Sample]]
 class Page:
     url: str
     samples: ByName
+    fold: Fold | None = None  # its e2e buckets, summed as it was read (``PageReader.pod_stream``)
 
 
 # ---- one page ---------------------------------------------------------------------------------
@@ -110,7 +111,7 @@ def page_of(url: str, stream: PageStream) -> Page:
         raise ScrapeParseError(
             url, f"{found.invalid_lines} malformed line(s), first: {found.first_error}"
         )
-    return Page(url, found.by_name())
+    return Page(url, found.by_name(), found.fold if isinstance(found.fold, Fold) else None)
 
 
 def _kept(samples: Sequence[Sample], keep: Mapping[str, str] | None) -> list[Sample]:
@@ -390,6 +391,13 @@ class PageReader:
         latency then counts from the scrape after, as it would for a new pod)."""
         return VLLM_LEAN_EXTRACTOR if self._epp_latency else VLLM_EXTRACTOR
 
+    def pod_stream(self) -> PageStream:
+        """A pod page's stream: read with ``pod_extractor``, and where the pods' own e2e
+        histograms give the latency, their buckets folded as they are read (``Fold``)."""
+        if self._epp_latency:
+            return PageStream(VLLM_LEAN_EXTRACTOR)
+        return PageStream(VLLM_EXTRACTOR, fold=Fold(VLLM_E2E, self._model_keep))
+
     def read(
         self,
         results: Sequence[Page | PodError],
@@ -559,9 +567,13 @@ class PageReader:
         return self._latency.observe_folded(VLLM_E2E, pages)
 
     def _folded(self, page: Page) -> Folded | None:
-        """A pod's e2e series as one (``Fold``): what is kept of it until the next scrape."""
-        fold = Fold(self._model_keep).add_all(page.samples.get(VLLM_E2E + "_bucket", ()))
-        return fold.folded(page.samples, VLLM_E2E)
+        """A pod's e2e series as one (``Fold``): what is kept of it until the next scrape;
+        folded as it was read, or here from its samples (a page read without ``pod_stream``)."""
+        fold = page.fold
+        if fold is None:
+            fold = Fold(VLLM_E2E, self._model_keep)
+            fold.add_all(page.samples.get(VLLM_E2E + "_bucket", ()))
+        return fold.folded(page.samples)
 
 
 def kv_tokens(page: ByName) -> float | None:

@@ -15,7 +15,7 @@ from dataclasses import replace
 import aiohttp
 
 from controller.errors import ScrapeError
-from controller.exposition import Extractor, PageStream
+from controller.exposition import PageStream
 from controller.model import ClusterMetrics, PodError
 from controller.settings import ClusterSettings, ScrapeSettings
 from controller.sources.discovery import PodFinder, SliceLister
@@ -25,10 +25,11 @@ from controller.sources.pages import EPP_EXTRACTOR, Page, PageReader, page_of
 
 
 async def fetch_page(
-    session: aiohttp.ClientSession, endpoint: Endpoint, extractor: Extractor
+    session: aiohttp.ClientSession, endpoint: Endpoint, stream: PageStream
 ) -> Page | PodError:
+    """One page read into ``stream``, or the PodError saying why it could not be."""
     try:
-        stream = await get_page(session, endpoint, ACCEPT_TEXT, PageStream(extractor))
+        await get_page(session, endpoint, ACCEPT_TEXT, stream)
         return page_of(endpoint.url, stream)
     except ScrapeError as exc:
         return PodError(url=endpoint.url, reason=exc.reason, detail=exc.detail)
@@ -82,10 +83,9 @@ class ScrapeSource:
         ranked()  # this cluster's pages go ahead of clusters whose fetch began later
         started, began = self._clock(), time.perf_counter()
         pods, found = await self._pods()
-        extractor = self._reader.pod_extractor
-        jobs = [self._fetch(e, extractor) for e in pods]
+        jobs = [self._fetch(e, self._reader.pod_stream) for e in pods]
         if self._epp is not None:
-            jobs.append(self._fetch(self._epp, EPP_EXTRACTOR))
+            jobs.append(self._fetch(self._epp, lambda: PageStream(EPP_EXTRACTOR)))
         results = await asyncio.gather(*jobs)
         epp = results.pop() if self._epp is not None else None
         took = time.perf_counter() - began
@@ -94,12 +94,12 @@ class ScrapeSource:
             return metrics
         return replace(metrics, discovered=tuple(e.url for e in pods))
 
-    async def _fetch(self, endpoint: Endpoint, extractor: Extractor) -> Page | PodError:
+    async def _fetch(self, endpoint: Endpoint, stream: Callable[[], PageStream]) -> Page | PodError:
         """One page, once this cluster has a slot of its own free: a cluster queues its pages
         behind each other, not in front of the other clusters' (the process-wide limiter then
         serves them first come, first served)."""
         async with self._slots:
-            return await fetch_page(self._session, endpoint, extractor)
+            return await fetch_page(self._session, endpoint, stream())
 
     async def _pods(self) -> tuple[list[Endpoint], PodError | None]:
         """The pods to read this tick: the listed ones, or the ones discovery finds now

@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks.vllm_page import vllm_v1_page
 from controller import histograms
-from controller.exposition import Extractor, Sample
+from controller.exposition import Extractor, PageStream, Sample
 from controller.histograms import Histogram
 from controller.model import Latency
 from controller.sources.pages import VLLM_EXTRACTOR, LatencyWindow, Page, read_page
@@ -152,7 +152,7 @@ def _both_ways(
         folds = [
             (
                 p.url,
-                histograms.Fold(keep).add_all(p.samples[f"{E2E}_bucket"]).folded(p.samples, E2E),
+                histograms.Fold(E2E, keep).add_all(p.samples[f"{E2E}_bucket"]).folded(p.samples),
             )
             for p in read
         ]
@@ -220,7 +220,7 @@ def test_a_fold_keeps_the_bounds_every_series_has_and_needs_every_count() -> Non
         f'{E2E}_sum{{engine="0"}} 2.5\n{E2E}_sum{{engine="1"}} 1.5\n'
     )
     samples = EXTRACTOR.extract(text).by_name()
-    folded = histograms.Fold().add_all(samples[f"{E2E}_bucket"]).folded(samples, E2E)
+    folded = histograms.Fold(E2E).add_all(samples[f"{E2E}_bucket"]).folded(samples)
     assert folded is not None
     assert folded.histogram.buckets == [(1.0, 3.0), (math.inf, 9.0)]  # le="2": engine 0 only
     assert (folded.histogram.count, folded.histogram.sum) == (9.0, 4.0)
@@ -230,5 +230,59 @@ def test_a_fold_keeps_the_bounds_every_series_has_and_needs_every_count() -> Non
     )  # shared, as collect's are
     no_count = text.replace(f'{E2E}_count{{engine="1"}} 5\n', "")
     samples = EXTRACTOR.extract(no_count).by_name()
-    assert histograms.Fold().add_all(samples[f"{E2E}_bucket"]).folded(samples, E2E) is None
-    assert histograms.Fold().folded(samples, E2E) is None  # nothing folded
+    assert histograms.Fold(E2E).add_all(samples[f"{E2E}_bucket"]).folded(samples) is None
+    assert histograms.Fold(E2E).folded(samples) is None  # nothing folded
+
+
+def _odd(text: str) -> str:
+    """``text`` with its bucket lines written every way the format allows: a timestamp on
+    some, an exemplar on others, CRLF, indentation, the ``vllm_`` spelling, a bound that is
+    no number."""
+    out = []
+    for n, line in enumerate(text.splitlines()):
+        if line.startswith(E2E + "_bucket"):
+            kind = n % 6
+            if kind == 1:
+                line += " 1700000000000"
+            elif kind == 2:
+                line += ' # {trace_id="a"} 0.5'
+            elif kind == 3:
+                line = "  " + line + "\r"
+            elif kind == 4:
+                line = line.replace("vllm:", "vllm_", 1)
+        out.append(line)
+    out.append(f'{E2E}_bucket{{engine="9",le="soon"}} 3')
+    return "\n".join(out) + "\n"
+
+
+@pytest.mark.parametrize("keep", [None, {"model_name": "sql-lora"}], ids=["all", "one-model"])
+@pytest.mark.parametrize("odd", [False, True], ids=["plain", "odd"])
+def test_a_page_folded_as_it_is_read_is_the_fold_of_its_samples(
+    keep: dict[str, str] | None, odd: bool
+) -> None:
+    """What a pods-only cluster keeps (``PageReader.pod_stream``): the buckets summed as the
+    page streams in, in pieces that split lines anywhere, never made samples; the same
+    ``Folded`` as folding the samples of the same page read whole, and the same other samples."""
+    for seed in range(4):
+        text = vllm_v1_page(seed=seed)
+        text = _odd(text) if odd else text
+        whole = read_page("p", text, VLLM_EXTRACTOR)
+        assert isinstance(whole, Page)
+        expected = histograms.Fold(E2E, keep).add_all(whole.samples[f"{E2E}_bucket"])
+        stream = PageStream(VLLM_EXTRACTOR, fold=histograms.Fold(E2E, keep))
+        size = 1000 + 977 * seed  # pieces that end mid-line
+        for start in range(0, len(text), size):
+            stream.feed(text[start : start + size])
+        assert stream.result.invalid_lines == 0 and stream.result.fold is not None
+        samples = stream.result.by_name()
+        assert f"{E2E}_bucket" not in samples
+        assert samples == {k: v for k, v in whole.samples.items() if k != f"{E2E}_bucket"}
+        got = stream.result.fold
+        assert isinstance(got, histograms.Fold)
+        a, b = got.folded(samples), expected.folded(whole.samples)
+        assert a is not None and b is not None
+        assert (a.series, list(a.counts)) == (b.series, list(b.counts))
+        assert a.histogram.bounds == b.histogram.bounds
+        assert list(a.histogram.counts) == list(b.histogram.counts)
+        assert a.histogram.count == b.histogram.count
+        assert a.histogram.sum == b.histogram.sum or math.isnan(a.histogram.sum + b.histogram.sum)
