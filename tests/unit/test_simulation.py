@@ -257,6 +257,24 @@ def test_the_actuation_delay_is_measured_from_the_realised_share() -> None:
     assert measured is not None and abs(measured - 30.0) <= INTERVAL
 
 
+@pytest.mark.parametrize("seed", [10, 19])
+def test_a_slow_gateway_is_not_misread_as_a_fast_one(seed: int) -> None:
+    """The daily curve behind a 30 s gateway, in two worlds where the counting noise and the
+    law's own choices once passed for changes acting within seconds (the estimate ended at 5
+    and 4 s, and every later step stacked on the last): the daemon ends the run knowing the
+    gateway's delay to within its jitter."""
+
+    async def simulate() -> float | None:
+        scenario = SCENARIOS["daily"]()
+        settings = sim_settings(scenario, INTERVAL, {})
+        policy = Ours(settings)
+        await run(scenario, policy, settings, seed=seed, delay=30.0)
+        return policy.actuation_delay()
+
+    measured = asyncio.run(simulate())
+    assert measured is not None and abs(measured - 30.0) <= 0.2 * 30.0
+
+
 def test_all_hot_holds_still_and_queues_no_worse_than_holding(runs: list[Outcome]) -> None:
     assert median(runs, "all-hot", "ours", 10.0, lambda s: s.writes_per_hour) <= 10
     ours = median(runs, "all-hot", "ours", 10.0, lambda s: s.queued_s)
