@@ -392,11 +392,13 @@ class PageReader:
         return VLLM_LEAN_EXTRACTOR if self._epp_latency else VLLM_EXTRACTOR
 
     def pod_stream(self) -> PageStream:
-        """A pod page's stream: read with ``pod_extractor``, and where the pods' own e2e
-        histograms give the latency, their buckets folded as they are read (``Fold``)."""
-        if self._epp_latency:
-            return PageStream(VLLM_LEAN_EXTRACTOR)
-        return PageStream(VLLM_EXTRACTOR, fold=Fold(VLLM_E2E, self._model_keep))
+        """A pod page's stream: read with ``pod_extractor``, and where that reads the e2e
+        buckets (the pods' own histograms give the latency), the buckets folded as they are
+        read (``Fold``)."""
+        extractor = self.pod_extractor
+        if extractor is VLLM_LEAN_EXTRACTOR:
+            return PageStream(extractor)
+        return PageStream(extractor, fold=Fold(VLLM_E2E, self._model_keep))
 
     def read(
         self,
