@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from controller import histograms
 from controller.errors import ScrapeError, ScrapeParseError, ScrapeTruncatedError
@@ -139,6 +140,8 @@ def pod_kv(page: ByName, keep: Mapping[str, str] | None) -> tuple[str | None, li
     newer, older = (_kept(page.get(f, ()), keep) for f in VLLM_KV)
     if not newer:
         return (VLLM_KV[1], older) if older else (None, [])
+    if all(valid_fraction(s.value) for s in newer):  # nothing to replace: the usual page
+        return VLLM_KV[0], newer
     fallback = {_series(s): s for s in older if valid_fraction(s.value)}
     chosen = [s if valid_fraction(s.value) else fallback.get(_series(s), s) for s in newer]
     return VLLM_KV[0], chosen
@@ -347,6 +350,14 @@ class Summary:
     kv_tokens_from: str | None = None
 
 
+class _PodKV(NamedTuple):
+    """An answering pod's page and its KV series (``pod_kv``)."""
+
+    page: Page
+    family: str | None
+    samples: list[Sample]
+
+
 @dataclass(slots=True)
 class _KV:
     values: list[float]
@@ -410,14 +421,15 @@ class PageReader:
     ) -> ClusterMetrics:
         """``results``: one entry per vLLM pod; ``epp``: the EPP's, if configured;
         ``lookup``: why finding the pods failed this tick (the pods found before are read)."""
-        results = [self._check(r) if isinstance(r, Page) else r for r in results]
+        checked = [self._check(r) if isinstance(r, Page) else r for r in results]
         if isinstance(epp, Page):
             epp = self._identify(epp, EPP_LATENCY)
-        pods = [r for r in results if isinstance(r, Page)]
-        errors = [r for r in (*results, epp, lookup) if isinstance(r, PodError)]
+        kvs = [r for r in checked if isinstance(r, _PodKV)]
+        pods = [kv.page for kv in kvs]
+        errors = [r for r in (*checked, epp, lookup) if isinstance(r, PodError)]
         epp_page = epp if isinstance(epp, Page) else None
         if self._has_pods:
-            values = self._from_vllm(pods)
+            values = self._from_vllm(kvs)
             scraped, answering = len(results), len(pods)
         else:
             values, error = self._from_epp_pool(epp_page)
@@ -468,13 +480,12 @@ class PageReader:
         detail = f"no {names} series{scope} on {answered} page(s) that answered"
         return PodError("*", Reason.MISSING_METRIC, detail)
 
-    def _from_vllm(self, pods: Sequence[Page]) -> Summary:
+    def _from_vllm(self, kvs: Sequence[_PodKV]) -> Summary:
         kv = _KV(values=[])
         waiting: list[float] = []
         running: list[float] = []
         pools: list[float | None] = []
-        for pod in pods:
-            family, samples = pod_kv(pod.samples, self._model_keep)
+        for pod, family, samples in kvs:
             if family is not None:
                 kv.add(family, samples)
             waiting += _pod_total(pod.samples, VLLM_WAITING, self._model_keep)
@@ -486,9 +497,10 @@ class PageReader:
             return replace(summary, kv_tokens=tokens, kv_tokens_from=CapacityFrom.KV_BLOCKS)
         return summary
 
-    def _check(self, page: Page) -> Page | PodError:
+    def _check(self, page: Page) -> _PodKV | PodError:
         """A vLLM page whose KV series repeat, or are all out of range, is an error of its
-        own: its pod does not count as answering. So is one URL that is several processes."""
+        own: its pod does not count as answering. So is one URL that is several processes.
+        An answering pod comes back with its KV series (``pod_kv``), worked out once."""
         for family in VLLM_KV:
             samples = _kept(page.samples.get(family, ()), self._model_keep)
             keys = [_series(s) for s in samples]
@@ -502,7 +514,8 @@ class PageReader:
             hint = " (a percentage? it must be a fraction 0..1)" if 1 < bad.value <= 100 else ""
             detail = f"{name}{{{_labels_text(_series(bad))}}}={bad.value:g} is outside 0..1{hint}"
             return PodError(page.url, Reason.OUT_OF_RANGE, detail)
-        return self._identify(page, (VLLM_E2E,))
+        identified = self._identify(page, (VLLM_E2E,))
+        return _PodKV(page, name, chosen) if isinstance(identified, Page) else identified
 
     def _identify(self, page: Page, latency: Sequence[str]) -> Page | PodError:
         """The page, or why its URL is several processes (``Continuity``)."""
