@@ -49,6 +49,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_daemon.py
 	$(BIN)/python benchmarks/bench_daemon.py --epp
 	$(BIN)/python benchmarks/bench_peers.py
+	$(BIN)/python benchmarks/bench_peers.py --no-epp
 	$(BIN)/python benchmarks/bench_prometheus.py
 	$(BIN)/python benchmarks/bench_queriers.py
 

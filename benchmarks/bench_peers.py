@@ -1,15 +1,19 @@
 """The scrape path beside its peers, in one process, round by round: what a page costs us
 against what it costs any Python reader and what aiohttp alone costs.
 
-    python benchmarks/bench_peers.py [--endpoints 400] [--rounds 14]
+    python benchmarks/bench_peers.py [--endpoints 400] [--rounds 14] [--no-epp]
 
 The same page servers as ``bench_daemon`` (every pod on a loopback address of its own, every
-connection closed after its page, an EPP page per cluster of 10), and three readers of every
-page, taking turns round by round so that all three see the machine as it is that minute:
+connection closed after its page, an EPP page per cluster of 10 unless ``--no-epp``: then the
+pods' own e2e histograms give latency, and their bucket lines are read), and four readers of
+every page, taking turns round by round so that all see the machine as it is that minute:
 
 - the floor: a raw asyncio ``Protocol`` GET on a new connection and ``str.splitlines`` of the
   body (``bench_daemon.floor_round``);
 - aiohttp: ``ClientSession.get`` on a new connection, the body read and ``splitlines``;
+- the least an exact reader on aiohttp pays: the same GET, the wanted lines found
+  (``Extractor.find``, the pattern ours uses) and every one's number read (``float``), with
+  nothing done with them;
 - ours: every cluster's ``ScrapeSource.fetch``, as a tick does it (extraction, the cluster
   read, the limiter).
 
@@ -40,24 +44,30 @@ from benchmarks.bench_daemon import (  # noqa: E402
     fleet_servers,
     floor_round,
 )
+from controller.exposition import Extractor  # noqa: E402
 from controller.settings import ClusterSettings, ScrapeSettings  # noqa: E402
 from controller.sources.limiter import Limiter  # noqa: E402
+from controller.sources.pages import (  # noqa: E402
+    EPP_EXTRACTOR,
+    VLLM_EXTRACTOR,
+    VLLM_LEAN_EXTRACTOR,
+)
 from controller.sources.scrape import ScrapeSource  # noqa: E402
 
 WARM_ROUNDS = 2
 PAUSE = 0.2  # seconds between readers, so one's connections are closed before the next
 
 
-async def measure(endpoints: int, rounds: int) -> dict[str, tuple[float, float]]:
+async def measure(endpoints: int, rounds: int, epp: bool) -> dict[str, tuple[float, float]]:
     """Per reader: (median CPU ms per page, median ratio to the floor)."""
-    with fleet_servers(endpoints, True, False) as urls:
+    with fleet_servers(endpoints, epp, False) as urls:
         await asyncio.sleep(2 + endpoints / 1000)  # the page servers start
         pods, epps = urls[:endpoints], urls[endpoints:]
         clusters = [
             ClusterSettings(
                 name=f"c{c:04}",
                 vllm_urls=pods[c * PODS_PER_CLUSTER : (c + 1) * PODS_PER_CLUSTER],
-                epp_url=epps[c],
+                epp_url=epps[c] if epp else None,
             )
             for c in range(endpoints // PODS_PER_CLUSTER)
         ]
@@ -74,11 +84,22 @@ async def measure(endpoints: int, rounds: int) -> dict[str, tuple[float, float]]
                 async with slots, session.get(url) as response:
                     return len((await response.read()).decode().splitlines())
 
+            async def least(url: str, extractor: Extractor) -> int:
+                async with slots, session.get(url) as response:
+                    text = "\n" + (await response.read()).decode()
+                    rests = [rest for _, rest in extractor.find(text)]
+                    return len([float(rest.rpartition(" ")[2]) for rest in rests])
+
             async def floor_all() -> None:
                 await floor_round(urls)
 
             async def bare_all() -> None:
                 assert all(n > 0 for n in await asyncio.gather(*(bare(u) for u in urls)))
+
+            async def least_all() -> None:
+                lean = VLLM_LEAN_EXTRACTOR if epp else VLLM_EXTRACTOR  # as ours reads each
+                jobs = [least(u, lean) for u in pods] + [least(u, EPP_EXTRACTOR) for u in epps]
+                assert all(n > 0 for n in await asyncio.gather(*jobs))
 
             async def ours_all() -> None:
                 read = await asyncio.gather(*(s.fetch() for s in sources))
@@ -87,6 +108,7 @@ async def measure(endpoints: int, rounds: int) -> dict[str, tuple[float, float]]
             readers: dict[str, Callable[[], Awaitable[None]]] = {
                 "floor (raw GET + splitlines)": floor_all,
                 "aiohttp GET + splitlines": bare_all,
+                "aiohttp GET + find + float": least_all,
                 "ours (ScrapeSource.fetch)": ours_all,
             }
             spent: dict[str, list[float]] = {name: [] for name in readers}
@@ -112,12 +134,14 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--endpoints", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=14)
+    parser.add_argument("--no-epp", action="store_true", help="pods alone, no EPP page")
     args = parser.parse_args()
-    result = asyncio.run(measure(args.endpoints, args.rounds))
-    pages = args.endpoints + args.endpoints // PODS_PER_CLUSTER
+    epp = not args.no_epp
+    result = asyncio.run(measure(args.endpoints, args.rounds, epp))
+    epps = args.endpoints // PODS_PER_CLUSTER if epp else 0
     print(
-        f"{args.endpoints} pods and {args.endpoints // PODS_PER_CLUSTER} EPPs ({pages} pages"
-        f" a round), a connection per page, {args.rounds} rounds, readers in turn:"
+        f"{args.endpoints} pods and {epps} EPPs ({args.endpoints + epps} pages a round), a"
+        f" connection per page, {args.rounds} rounds, readers in turn:"
     )
     print(f"{'reader':<30} {'ms/page':>8} {'× floor':>8}")
     for name, (ms, ratio) in result.items():

@@ -198,8 +198,7 @@ class Extractor:
         canonical, cache, labels_of = self._canonical, self._labels, self._labels_of
         grouped, fold = result.grouped, result.fold
         folded = fold.sample_name if fold is not None else None
-        found = self._line_re.findall(text, start, len(text) if end is None else end)
-        for name, rest in found:
+        for name, rest in self.find(text, start, end):
             # No space at all gives head "" and the whole rest as the value, which then starts
             # with "{" or a tab (the pattern's lookahead) and is never a number.
             head, _, value = rest.rpartition(" ")
@@ -236,6 +235,14 @@ class Extractor:
                 grouped[sample.name] = [sample]
             else:
                 group.append(sample)
+
+    def find(self, text: str, start: int = 0, end: int | None = None) -> list[tuple[str, str]]:
+        """The wanted lines of ``text[start:end]`` (which starts with the newline before its
+        first line), found and not read: each line's name as written and the rest of it."""
+        found: list[tuple[str, str]] = self._line_re.findall(
+            text, start, len(text) if end is None else end
+        )
+        return found
 
     def _read(self, name: str, rest: str, result: Extraction) -> Sample | None:
         """One wanted line by the full grammar; ``None`` (and counted) when it is not one."""
