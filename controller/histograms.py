@@ -83,13 +83,8 @@ def collect(
         labels = sample.labels
         if keep is not None and not _matches(labels, keep):
             continue
-        if type(labels) is Labels:
-            try:
-                key, bound = labels.series, labels.bound  # the common case: already worked out
-            except AttributeError:
-                key, bound = labels.derived()
-        else:
-            key, bound = series_key(labels), _bound(labels)
+        # An EPP's page, once per cluster: Fold.add has the inlined form for pods' pages.
+        key, bound = series_key(labels), _bound(labels)
         if bound is None:
             continue
         per_series = buckets.get(key)
