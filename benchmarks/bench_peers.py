@@ -72,8 +72,10 @@ async def measure(endpoints: int, rounds: int, epp: bool) -> dict[str, tuple[flo
             for c in range(endpoints // PODS_PER_CLUSTER)
         ]
         connector = aiohttp.TCPConnector(limit=FLOOR_CONCURRENCY + 8, limit_per_host=0)
-        async with aiohttp.ClientSession(
-            connector=connector, timeout=aiohttp.ClientTimeout(total=None)
+        async with aiohttp.ClientSession(  # as the daemon's (controller.app)
+            connector=connector,
+            timeout=aiohttp.ClientTimeout(total=None),
+            cookie_jar=aiohttp.DummyCookieJar(),
         ) as session:
             limiter = Limiter(FLOOR_CONCURRENCY)
             scrape = ScrapeSettings(max_concurrency=FLOOR_CONCURRENCY)

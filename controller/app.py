@@ -143,6 +143,10 @@ class Controller:
             # every request runs under its own deadline (sources.http); aiohttp's default
             # (300 s) would only add a second timer to each
             timeout=aiohttp.ClientTimeout(total=None),
+            # Stateless, as Prometheus's scrapes are: an OpenShift route sets a sticky-session
+            # cookie by default, and sent back it would pin every later read of that route to
+            # one pod behind it. No jar also spares a lookup per request (benchmarks/README.md).
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
         try:
             await self._connect_kubernetes()

@@ -372,3 +372,34 @@ async def test_an_idle_connection_outlives_the_interval() -> None:
             assert connector._keepalive_timeout == 2 * interval
         finally:
             await connector.close()
+
+
+async def test_a_scrape_sends_back_no_cookie_a_page_set() -> None:
+    """Scrapes are stateless, as Prometheus's are (its client has no cookie jar): a cookie a
+    page sets, such as the sticky-session cookie an OpenShift route's router adds by default
+    (haproxy.router.openshift.io/disable_cookies turns it off), is never sent back. Sent back,
+    it would pin every later scrape of that route to the one pod behind it."""
+    from aiohttp import web
+
+    from controller.fakes.pages import CumulativeHistogram, vllm_v1_page
+    from tests.support.servers import Server
+
+    cookies: list[str | None] = []
+
+    async def page(request: web.Request) -> web.Response:
+        cookies.append(request.headers.get("Cookie"))
+        text = vllm_v1_page("m", [0.3], [0.0], [1.0], [CumulativeHistogram()])
+        response = web.Response(text=text, content_type="text/plain")
+        response.set_cookie("route", "pod-a")  # host-only: a jar keeps it for "localhost"
+        return response
+
+    server = await Server().start({"/metrics": page})
+    try:
+        url = f"http://localhost:{server.port}/metrics"
+        settings = build_settings({"clusters": [{"name": "a", "vllm_urls": [url]}]})
+        async with Controller(settings, serve=False) as controller:
+            reports = [report_json(await controller.once()) for _ in range(3)]
+    finally:
+        await server.stop()
+    assert [r["clusters"]["a"]["healthy"] for r in reports] == [True, True, True]
+    assert cookies == [None, None, None]
