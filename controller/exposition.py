@@ -102,13 +102,18 @@ _new_sample = tuple.__new__  # Sample's own __new__ is a Python function: twice 
 
 class Folding(Protocol):
     """Where the samples of one name go instead of into an ``Extraction``'s groups: a page's
-    histogram series summed as it is read (``histograms.Fold``), so its hundreds of bucket
-    lines never become samples."""
+    histogram series summed once it is read (``histograms.Fold``), so its hundreds of bucket
+    lines never become samples. Each line's label set and value are appended to ``labels``
+    and ``values``, in page order: two appends a line, no call of ours."""
 
     @property
     def sample_name(self) -> str: ...
 
-    def add(self, labels: dict[str, str], value: float) -> None: ...
+    @property
+    def labels(self) -> list[dict[str, str]]: ...
+
+    @property
+    def values(self) -> list[float]: ...
 
 
 @dataclass(slots=True)
@@ -198,6 +203,8 @@ class Extractor:
         canonical, cache, labels_of = self._canonical, self._labels, self._labels_of
         grouped, fold = result.grouped, result.fold
         folded = fold.sample_name if fold is not None else None
+        fold_labels, fold_values = (fold.labels, fold.values) if fold is not None else ([], [])
+        take_labels, take_value = fold_labels.append, fold_values.append
         for name, rest in self.find(text, start, end):
             # No space at all gives head "" and the whole rest as the value, which then starts
             # with "{" or a tab (the pattern's lookahead) and is never a number.
@@ -218,8 +225,9 @@ class Extractor:
                     pass
                 else:
                     sample_name = canonical[name]
-                    if sample_name == folded and fold is not None:
-                        fold.add(labels, number)
+                    if sample_name == folded:
+                        take_labels(labels)
+                        take_value(number)
                         continue
                     sample = _new_sample(Sample, (sample_name, labels, number, None))
             if sample is None:
@@ -227,8 +235,9 @@ class Extractor:
                 if sample is None:
                     continue
                 cache = self._labels  # a miss may have started a new generation
-                if sample.name == folded and fold is not None:
-                    fold.add(sample.labels, sample.value)
+                if sample.name == folded:
+                    take_labels(sample.labels)
+                    take_value(sample.value)
                     continue
             group = grouped.get(sample.name)
             if group is None:

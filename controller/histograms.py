@@ -11,8 +11,8 @@ import math
 from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from itertools import pairwise
-from operator import add, sub
+from itertools import chain, pairwise, repeat
+from operator import add, attrgetter, sub
 
 from controller.exposition import Labels, Sample, bound_or_none
 
@@ -141,10 +141,11 @@ class Folded:
 
 
 class Fold:
-    """A page's series of one histogram, summed by bound as its bucket samples come (``add``,
-    handed each ``family_bucket`` line by the extractor as the page is read, or ``add_all``):
-    what is kept of a pod between scrapes is one array, not one per series (a V1 page has one
-    e2e series per engine and model), and its bucket lines never become samples.
+    """A page's series of one histogram, summed by bound: each ``family_bucket`` line the
+    extractor reads is handed over (``labels``, ``values``) and summed once the page is read
+    (``folded``), or its samples are added (``add_all``). What is kept of a pod between
+    scrapes is one array, not one per series (a V1 page has one e2e series per engine), and
+    its bucket lines never become samples.
 
     Exact against ``collect`` + ``increase`` per series + ``merge``, which is what it replaces,
     while a page's series stay the same from scrape to scrape and their counts do not fall,
@@ -155,7 +156,7 @@ class Fold:
     alone would be left out); a bucket line given twice makes its bound one not every series
     has."""
 
-    __slots__ = ("_keep", "_lines", "_series", "_sums", "sample_name")
+    __slots__ = ("_keep", "_lines", "_series", "_sums", "labels", "sample_name", "values")
 
     def __init__(self, family: str, keep: Mapping[str, str] | None = None) -> None:
         self.sample_name = family + "_bucket"
@@ -163,11 +164,60 @@ class Fold:
         self._sums: dict[float, float] = {}
         self._lines: dict[float, int] = {}
         self._series: dict[SeriesKey, None] = {}
+        # The bucket lines the extractor hands over as it reads a page, in page order (its
+        # label set, its value): two appends a line, summed once the page is read (settle).
+        self.labels: list[dict[str, str]] = []
+        self.values: list[float] = []
+
+    def settle(self) -> None:
+        """Sum the bucket lines handed over: by whole columns where the page lists every
+        series' buckets in one block each, bounds in the same order (as client libraries
+        write them), else line by line (``add``). Both add each bound's values in page order,
+        so they give the same sums to the last bit."""
+        labels, values = self.labels, self.values
+        if labels and not self._by_columns(labels, values):
+            for line_labels, value in zip(labels, values, strict=True):
+                self.add(line_labels, value)
+        labels.clear()
+        values.clear()
+
+    def _by_columns(self, labels: list[dict[str, str]], values: list[float]) -> bool:
+        """``settle``'s sums done in C, a column of values per bound, or ``False`` (nothing
+        done) where the page is not laid out for it: a ``keep`` to match, a label set the
+        extractor has not worked out (``Labels.derived``), a bound given twice or no number,
+        a series in two blocks, blocks of different bounds."""
+        if self._keep or self._sums or type(labels[0]) is not Labels:
+            return False
+        try:
+            keys = list(map(_SERIES, labels))
+            bounds = list(map(_BOUND, labels))
+        except AttributeError:  # not worked out, or not our Labels at all
+            return False
+        try:  # a block is as wide as the first bound comes round again
+            width = bounds.index(bounds[0], 1)
+        except ValueError:
+            width = len(bounds)
+        columns = bounds[:width]
+        if len(bounds) % width or None in columns or len(set(columns)) != width:
+            return False
+        series = keys[::width]
+        if len(set(series)) != len(series) or bounds != columns * len(series):
+            return False
+        if keys != list(chain.from_iterable(map(repeat, series, repeat(width)))):
+            return False
+        sums = values[:width]
+        for start in range(width, len(values), width):  # a series' block at a time, in order
+            sums = list(map(add, sums, values[start : start + width]))
+        self._series = dict.fromkeys(series)
+        self._sums = dict(zip(columns, sums, strict=True))
+        self._lines = dict.fromkeys(columns, len(series))
+        return True
 
     def add(self, labels: Mapping[str, str], value: float) -> None:
         """One bucket sample; one of a series other than ``keep``'s, or whose ``le`` bounds
-        nothing, is passed over (as ``collect`` does). Called once per bucket line of a page,
-        so it works from what the extractor's label set already knows."""
+        nothing, is passed over (as ``collect`` does). Called once per bucket line of a page
+        that ``settle`` cannot sum by columns, so it works from what the extractor's label
+        set already knows."""
         for name, wanted in self._keep:  # a loop, not any(): no generator per sample
             if labels.get(name) != wanted:
                 return
@@ -198,6 +248,7 @@ class Fold:
     def folded(self, by_name: Mapping[str, list[Sample]]) -> Folded | None:
         """The fold with the page's ``_count`` and ``_sum`` of its family; ``None`` when no
         series was folded, or one has no ``_count``."""
+        self.settle()
         family = self.sample_name.removesuffix("_bucket")
         series = tuple(self._series)
         if not series:
@@ -216,6 +267,9 @@ class Fold:
             sum(sums.get(key, math.nan) for key in series),
         )
         return Folded(histogram, series, array("d", [counts[key] for key in series]))
+
+
+_SERIES, _BOUND = attrgetter("series"), attrgetter("bound")  # Labels' worked-out slots
 
 
 def increase(previous: Histogram, current: Histogram) -> Histogram:

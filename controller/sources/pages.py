@@ -112,7 +112,10 @@ def page_of(url: str, stream: PageStream) -> Page:
         raise ScrapeParseError(
             url, f"{found.invalid_lines} malformed line(s), first: {found.first_error}"
         )
-    return Page(url, found.by_name(), found.fold if isinstance(found.fold, Fold) else None)
+    fold = found.fold if isinstance(found.fold, Fold) else None
+    if fold is not None:
+        fold.settle()  # while the page's numbers are still in the CPU's caches
+    return Page(url, found.by_name(), fold)
 
 
 def _kept(samples: Sequence[Sample], keep: Mapping[str, str] | None) -> list[Sample]:
