@@ -1,7 +1,12 @@
 """A large vLLM V1-style /metrics page: three engines, LoRA adapters, HELP/TYPE, _created.
 
 Shaped after a real vLLM 0.10+ server (family names and bucket layouts from vLLM's
-``v1/metrics/loggers.py``); the numbers are made up but plausible.
+``v1/metrics/loggers.py``); the numbers are made up but plausible. Its series are heavier than
+vLLM's: each engine's series come once per model name, the base model's and each LoRA
+adapter's, nine a family by default. vLLM labels a series with the served model's name and the
+engine only (``labelnames = ["model_name", "engine"]`` in that file), and counts a LoRA
+adapter's requests under the base model (vllm-project/vllm#10504). ``adapters=0`` gives vLLM's
+own shape; the benchmarks keep the heavier page, on which #24's goals were set.
 """
 
 from __future__ import annotations

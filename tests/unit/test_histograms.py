@@ -178,7 +178,7 @@ def _same(a: Read, b: Read) -> None:
 
 @pytest.mark.parametrize("keep", [None, {"model_name": "sql-lora"}], ids=["all", "one-model"])
 def test_a_folded_page_reads_as_its_series_merged(keep: dict[str, str] | None) -> None:
-    """Real-shaped V1 pages (3 engines × 3 models: 9 series each), three pods growing at
+    """V1-style pages (3 engines × 3 model names: 9 series each), three pods growing at
     different rates, one not answering for a tick and one restarting: latency, its request
     count and whether a count fell are what reading each series gives, tick by tick."""
     base = [vllm_v1_page(seed=i) for i in range(3)]
