@@ -173,7 +173,8 @@ class Fold:
         """Sum the bucket lines handed over: by whole columns where the page lists every
         series' buckets in one block each, bounds in the same order (as client libraries
         write them), else line by line (``add``). Both add each bound's values in page order,
-        so they give the same sums to the last bit."""
+        so they give the same sums to the last bit (a NaN's sign aside: the C compiler may
+        order the two NaNs of one addition either way)."""
         labels, values = self.labels, self.values
         if labels and not self._by_columns(labels, values):
             for line_labels, value in zip(labels, values, strict=True):
@@ -186,12 +187,12 @@ class Fold:
         done) where the page is not laid out for it: a ``keep`` to match, a label set the
         extractor has not worked out (``Labels.derived``), a bound given twice or no number,
         a series in two blocks, blocks of different bounds."""
-        if self._keep or self._sums or type(labels[0]) is not Labels:
+        if self._keep or self._sums:
             return False
         try:
             keys = list(map(_SERIES, labels))
             bounds = list(map(_BOUND, labels))
-        except AttributeError:  # not worked out, or not our Labels at all
+        except AttributeError:  # not worked out, or not a Labels at all
             return False
         try:  # a block is as wide as the first bound comes round again
             width = bounds.index(bounds[0], 1)

@@ -299,8 +299,8 @@ _BOUNDS = ("0.3", "0.5", "1.0", "2.5", "10.0", "+Inf")
 
 
 def _laid_out(rng: random.Random, layout: str) -> tuple[str, list[str]]:
-    """Bucket lines of a few series laid out as ``layout`` says, with their counts, and
-    what the fold then keeps per series (from which ``folded`` needs a count)."""
+    """Bucket lines of a few series laid out as ``layout`` says, then a count for each
+    series (``folded`` needs one), and the series' engines."""
     engines = [str(e) for e in range(rng.randint(1, 6))]
     values = _HOSTILE if rng.random() < 0.2 else _ORDERED
     rows = [(e, b, rng.choice(values)) for e in engines for b in _BOUNDS]
@@ -341,7 +341,7 @@ def test_a_fold_summed_by_columns_is_the_line_by_line_sum_to_the_last_bit(layout
         by_columns = layout == "blocks" or (
             len(engines) == 1 and layout in ("split", "missing", "bucket-major")
         )
-        for _ in range(2):  # the second time, every label set is the extractor's known one
+        for _ in range(2):  # the second time, every label text is one parsed before
             stream = PageStream(EXTRACTOR, fold=histograms.Fold(E2E))
             stream.feed(text)
             fold = stream.result.fold
