@@ -115,6 +115,10 @@ class Folding(Protocol):
     @property
     def values(self) -> list[float]: ...
 
+    def settle(self) -> None:
+        """Sum what was handed over so far: at the page's end, and every ``FOLD_BATCH``
+        lines of a long page, so no page holds more than that many bucket lines."""
+
 
 @dataclass(slots=True)
 class Extraction:
@@ -371,6 +375,9 @@ MAX_LINE = 1024 * 1024
 # The text is handed on in pieces of at most this size, so no single step holds the event
 # loop for long whatever the page is like.
 PIECE = 64 * 1024
+# A fold's bucket lines are summed once this many wait (a real page has a few hundred; a
+# hostile one of 10 MiB of bucket lines would otherwise hold 200,000 until its end).
+FOLD_BATCH = 4096
 
 
 class PageStream:
@@ -399,8 +406,11 @@ class PageStream:
         self.after_eof = False
 
     def feed(self, text: str) -> None:
+        fold = self.result.fold
         for start in range(0, len(text), PIECE):
             self._piece(text[start : start + PIECE])
+            if fold is not None and len(fold.values) >= FOLD_BATCH:
+                fold.settle()
 
     def _piece(self, text: str) -> None:
         if not text:

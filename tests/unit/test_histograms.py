@@ -6,12 +6,13 @@ from __future__ import annotations
 import math
 import random
 from array import array
+from itertools import pairwise
 
 import pytest
 
 from benchmarks.vllm_page import vllm_v1_page
 from controller import histograms
-from controller.exposition import Extractor, PageStream, Sample
+from controller.exposition import FOLD_BATCH, PIECE, Extractor, PageStream, Sample
 from controller.histograms import Histogram
 from controller.model import Latency
 from controller.sources.pages import VLLM_EXTRACTOR, LatencyWindow, Page, read_page
@@ -360,3 +361,34 @@ def _bits(values: array[float]) -> list[str]:
     """Each double's exact bits; every NaN alike (which sign the sum of two NaNs has depends
     on how the C compiler ordered one addition, in the interpreter's ``+=`` as in ``add``)."""
     return ["nan" if math.isnan(v) else v.hex() for v in values]
+
+
+def test_a_long_page_of_buckets_is_summed_as_it_streams_and_the_same_as_line_by_line() -> None:
+    """A page of far more bucket lines than a real one (2,000 series, 12,000 lines: a hostile
+    or broken exporter) never has more than ``FOLD_BATCH`` lines and one piece's waiting to be
+    summed, and sums as the whole page read line by line does."""
+    rng = random.Random("long")
+    engines = [str(e) for e in range(2000)]
+    lines = [
+        f'{E2E}_bucket{{engine="{e}",le="{b}"}} {rng.choice(_ORDERED)}'
+        for e in engines
+        for b in _BOUNDS
+    ]
+    lines += [f'{E2E}_count{{engine="{e}"}} 1' for e in engines]
+    text = "\n".join(lines) + "\n"
+    stream = PageStream(EXTRACTOR, fold=histograms.Fold(E2E))
+    fold = stream.result.fold
+    assert isinstance(fold, histograms.Fold)
+    waiting = []
+    for start in range(0, len(text), PIECE):
+        stream.feed(text[start : start + PIECE])
+        waiting.append(len(fold.values))
+    per_piece = PIECE // len(lines[0])  # bucket lines are no shorter than the first
+    assert max(waiting) < FOLD_BATCH + per_piece
+    assert sum(1 for a, b in pairwise(waiting) if b < a) >= 2  # summed along the way
+    whole = EXTRACTOR.extract(text).by_name()
+    a = fold.folded(whole)
+    b = histograms.Fold(E2E).add_all(whole[f"{E2E}_bucket"]).folded(whole)
+    assert a is not None and b is not None
+    assert (a.series, a.histogram.bounds) == (b.series, b.histogram.bounds)
+    assert _bits(a.histogram.counts) == _bits(b.histogram.counts)
