@@ -156,11 +156,28 @@ class Fold:
     alone would be left out); a bucket line given twice makes its bound one not every series
     has."""
 
-    __slots__ = ("_keep", "_lines", "_series", "_sums", "labels", "sample_name", "values")
+    __slots__ = (
+        "_keep",
+        "_layouts",
+        "_lines",
+        "_series",
+        "_sums",
+        "labels",
+        "sample_name",
+        "values",
+    )
 
-    def __init__(self, family: str, keep: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        family: str,
+        keep: Mapping[str, str] | None = None,
+        layouts: Layouts | None = None,
+    ) -> None:
+        """``layouts``: where the layouts of pages folded before are kept (one per reader),
+        so a page laid out as one of them is summed without working its layout out again."""
         self.sample_name = family + "_bucket"
         self._keep = tuple(keep.items()) if keep else ()
+        self._layouts = layouts
         self._sums: dict[float, float] = {}
         self._lines: dict[float, int] = {}
         self._series: dict[SeriesKey, None] = {}
@@ -184,28 +201,19 @@ class Fold:
 
     def _by_columns(self, labels: list[dict[str, str]], values: list[float]) -> bool:
         """``settle``'s sums done in C, a column of values per bound, or ``False`` (nothing
-        done) where the page is not laid out for it: a ``keep`` to match, a label set the
-        extractor has not worked out (``Labels.derived``), a bound given twice or no number,
-        a series in two blocks, blocks of different bounds."""
+        done) where the page is not laid out for it (``_Layout.of``) or a ``keep`` is to be
+        matched."""
         if self._keep or self._sums:
             return False
-        try:
-            keys = list(map(_SERIES, labels))
-            bounds = list(map(_BOUND, labels))
-        except AttributeError:  # not worked out, or not a Labels at all
-            return False
-        try:  # a block is as wide as the first bound comes round again
-            width = bounds.index(bounds[0], 1)
-        except ValueError:
-            width = len(bounds)
-        columns = bounds[:width]
-        if len(bounds) % width or None in columns or len(set(columns)) != width:
-            return False
-        series = keys[::width]
-        if len(set(series)) != len(series) or bounds != columns * len(series):
-            return False
-        if keys != list(chain.from_iterable(map(repeat, series, repeat(width)))):
-            return False
+        layouts = self._layouts
+        layout = layouts.get(labels) if layouts is not None else None
+        if layout is None:
+            layout = _Layout.of(labels)
+            if layout is None:
+                return False
+            if layouts is not None:
+                layouts.keep(labels, layout)
+        width, series, columns = layout.width, layout.series, layout.columns
         sums = values[:width]
         for start in range(width, len(values), width):  # a series' block at a time, in order
             sums = list(map(add, sums, values[start : start + width]))
@@ -271,6 +279,71 @@ class Fold:
 
 
 _SERIES, _BOUND = attrgetter("series"), attrgetter("bound")  # Labels' worked-out slots
+
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """How a page lists a histogram's bucket lines when they can be summed by columns: every
+    series (``series``, in page order) in one block of ``width`` lines, each block with the
+    same bounds in the same order (``columns``)."""
+
+    width: int
+    series: tuple[SeriesKey, ...]
+    columns: tuple[float, ...]
+
+    @staticmethod
+    def of(labels: list[dict[str, str]]) -> _Layout | None:
+        """The layout of bucket lines with these label sets, or ``None`` where they are not
+        laid out so: a label set the extractor has not worked out (``Labels.derived``), a
+        bound given twice or no number, a series in two blocks, blocks of different
+        bounds."""
+        try:
+            keys = list(map(_SERIES, labels))
+            bounds = list(map(_BOUND, labels))
+        except AttributeError:  # not worked out, or not a Labels at all
+            return None
+        try:  # a block is as wide as the first bound comes round again
+            width = bounds.index(bounds[0], 1)
+        except ValueError:
+            width = len(bounds)
+        columns = bounds[:width]
+        if len(bounds) % width or None in columns or len(set(columns)) != width:
+            return None
+        series = keys[::width]
+        if len(set(series)) != len(series) or bounds != columns * len(series):
+            return None
+        if keys != list(chain.from_iterable(map(repeat, series, repeat(width)))):
+            return None
+        return _Layout(width, tuple(series), tuple(columns))
+
+
+class Layouts:
+    """The layouts (``_Layout``) of the pages one reader folds, by their bucket lines' label
+    sets. A reader's pages (the pods of one deployment, scrape after scrape) are laid out
+    alike, and the extractor hands out one label-set object per label text, so a page laid
+    out as one before is known by comparing its list of label sets with a kept one: equal
+    sets have equal series and bounds. Working the layout out again costs more than the
+    sums (benchmarks/README.md). Holds a few layouts, the latest per number of lines."""
+
+    __slots__ = ("_by_lines",)
+    LIMIT = 4
+
+    def __init__(self) -> None:
+        self._by_lines: dict[int, tuple[list[dict[str, str]], _Layout]] = {}
+
+    def get(self, labels: list[dict[str, str]]) -> _Layout | None:
+        kept = self._by_lines.get(len(labels))
+        if kept is None or kept[0] != labels:  # the same objects mostly: a pointer each
+            return None
+        return kept[1]
+
+    def keep(self, labels: list[dict[str, str]], layout: _Layout) -> None:
+        if len(self._by_lines) >= self.LIMIT and len(labels) not in self._by_lines:
+            self._by_lines.clear()
+        self._by_lines[len(labels)] = (list(labels), layout)
+
+    def __len__(self) -> int:
+        return len(self._by_lines)
 
 
 def increase(previous: Histogram, current: Histogram) -> Histogram:

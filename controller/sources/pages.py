@@ -46,7 +46,7 @@ from controller.families import (
     VLLM_RUNNING,
     VLLM_WAITING,
 )
-from controller.histograms import Fold, Folded, Histogram, SeriesKey
+from controller.histograms import Fold, Folded, Histogram, Layouts, SeriesKey
 from controller.model import CapacityFrom, ClusterMetrics, Latency, PodError, Reason
 from controller.settings import ClusterSettings
 
@@ -393,6 +393,7 @@ class PageReader:
         self._model_keep = {"model_name": cluster.model_name} if cluster.model_name else None
         self._pool_keep = {"name": cluster.pool_name} if cluster.pool_name else None
         self._latency = LatencyWindow(min_latency_requests)
+        self._layouts = Layouts()  # how this cluster's pods lay out their e2e buckets
         self._requests = Counters()
         self._continuity = Continuity()
         # the EPP's last page carried the request-duration histogram (see ``pod_extractor``)
@@ -412,7 +413,7 @@ class PageReader:
         extractor = self.pod_extractor
         if extractor is VLLM_LEAN_EXTRACTOR:
             return PageStream(extractor)
-        return PageStream(extractor, fold=Fold(VLLM_E2E, self._model_keep))
+        return PageStream(extractor, fold=Fold(VLLM_E2E, self._model_keep, self._layouts))
 
     def read(
         self,

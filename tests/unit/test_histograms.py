@@ -357,6 +357,32 @@ def test_a_fold_summed_by_columns_is_the_line_by_line_sum_to_the_last_bit(layout
             assert _bits(a.histogram.counts) == _bits(b.histogram.counts)
 
 
+def test_a_layout_kept_from_earlier_pages_sums_only_a_page_laid_out_the_same() -> None:
+    """One reader's ``Layouts`` over pages of every layout, mixed: those of one number of
+    lines may hold the same label sets in another order ("split", "bucket-major"), or
+    another label set ("stray"); each is summed to the same bits as line by line, so a kept
+    layout is only ever used for a page laid out as it was."""
+    rng = random.Random("layouts")
+    kinds = ["blocks", "split", "twice", "missing", "bucket-major", "no-number", "stray"]
+    layouts = histograms.Layouts()
+    reused = 0
+    for _ in range(300):
+        text, _ = _laid_out(rng, rng.choice(kinds))
+        stream = PageStream(EXTRACTOR, fold=histograms.Fold(E2E, layouts=layouts))
+        stream.feed(text)
+        fold = stream.result.fold
+        assert isinstance(fold, histograms.Fold)
+        reused += layouts.get(fold.labels) is not None
+        whole = EXTRACTOR.extract(text).by_name()
+        a = fold.folded(whole)
+        b = histograms.Fold(E2E).add_all(whole[f"{E2E}_bucket"]).folded(whole)
+        assert a is not None and b is not None
+        assert (a.series, a.histogram.bounds) == (b.series, b.histogram.bounds)
+        assert _bits(a.histogram.counts) == _bits(b.histogram.counts)
+        assert len(layouts) <= histograms.Layouts.LIMIT
+    assert reused >= 20  # pages laid out as an earlier one were summed by its layout
+
+
 def _bits(values: array[float]) -> list[str]:
     """Each double's exact bits; every NaN alike (which sign the sum of two NaNs has depends
     on how the C compiler ordered one addition, in the interpreter's ``+=`` as in ``add``)."""
