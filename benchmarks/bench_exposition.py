@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.vllm_page import vllm_v1_page
-from controller.exposition import Extractor, Labels
+from controller.exposition import Extractor
 from controller.families import VLLM_E2E, VLLM_GAUGES
 from controller.sources.pages import VLLM_EXTRACTOR
 
@@ -68,7 +68,7 @@ def measure(page: str, repeat: int) -> dict[str, float]:
     fresh = Extractor(VLLM_GAUGES, [VLLM_E2E])
 
     def cold_extract() -> None:
-        fresh._labels, fresh._old_labels, fresh._bounds = {"": Labels()}, {}, {}
+        fresh.forget()
         fresh.extract(page)
 
     work: dict[str, tuple[Callable[[], object], int]] = {

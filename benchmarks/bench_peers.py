@@ -89,8 +89,7 @@ async def measure(endpoints: int, rounds: int, epp: bool) -> dict[str, tuple[flo
             async def least(url: str, extractor: Extractor) -> int:
                 async with slots, session.get(url) as response:
                     text = "\n" + (await response.read()).decode()
-                    rests = [rest for _, rest in extractor.find(text)]
-                    return len([float(rest.rpartition(" ")[2]) for rest in rests])
+                    return len([float(line.rpartition(" ")[2]) for line in extractor.find(text)])
 
             async def floor_all() -> None:
                 await floor_round(urls)

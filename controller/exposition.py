@@ -17,7 +17,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 __all__ = [
     "Extraction",
@@ -47,19 +47,65 @@ _BODY_OK_RE = re.compile(rf"(?:{_PAIR},)*(?:{_PAIR},?)?[ \t]*")
 _PAIR_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"')
 _ESCAPE_RE = re.compile(r'\\[\\n"]')
 _UNESCAPE = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
-# Label sets repeat on every scrape and across the pods of one deployment; parsing each body
-# once keeps the per-line cost at one regex match. Bounded, with two generations: when the
-# young one is full it becomes the old one and the oldest is dropped, so label sets still in
-# use survive (a hit in the old generation moves back), and a page of a million distinct
-# series cannot evict the fleet's working set all at once.
+# Label sets and line heads repeat on every scrape and across the pods of one deployment;
+# working each out once keeps the per-line cost at one regex match and a lookup. Kept in two
+# generations (_Kept), each of at most this many entries ...
 _CACHE_LIMIT = 16384
-# ... and in bytes: a generation holds at most this much label text (real ones are a few
-# hundred characters; 16,384 of them fit), and a text longer than _CACHED_CHARS is not kept.
+# ... and this much text (real label texts are a few hundred characters; 16,384 of them
+# fit); a text longer than _CACHED_CHARS is not kept.
 _CACHE_BYTES = 4 * 1024 * 1024
 _CACHED_CHARS = 4096
 # Real label texts are a few hundred characters at most; a longer one (hostile, or broken) is
 # parsed whole, never through the bucket shortcut, which would parse its series once more.
 _SHORTCUT_CHARS = 4096
+
+
+_T = TypeVar("_T")
+
+
+class _Kept(Generic[_T]):
+    """What was worked out from a text, kept for the next page: two generations, each
+    bounded in entries and in bytes of text (``_CACHE_LIMIT``, ``_CACHE_BYTES``; what is
+    kept for a text holds about as much again). When the young one is full it becomes the
+    old one and the oldest is dropped; a hit in the old one moves back, so what is still in
+    use survives and a page of a million new texts cannot evict the fleet's working set at
+    once. A text longer than ``_CACHED_CHARS`` is never kept: worked out each time it is
+    seen, it costs time, never memory. ``young`` is read directly on the hot path (a dict's
+    ``get``); it is a new dict after each rotation."""
+
+    __slots__ = ("old", "rotations", "size", "young")
+
+    def __init__(self, seed: dict[str, _T] | None = None) -> None:
+        self.young: dict[str, _T] = dict(seed or {})
+        self.old: dict[str, _T] = {}
+        self.size = 0  # text held by the young generation
+        self.rotations = 0  # generations dropped: churn, for tests and benchmarks
+
+    def recall(self, text: str) -> _T | None:
+        found = self.young.get(text)
+        if found is None:
+            found = self.old.get(text)
+            if found is not None:
+                self.keep(text, found)
+        return found
+
+    def keep(self, text: str, value: _T) -> None:
+        if len(text) > _CACHED_CHARS:
+            return
+        if len(self.young) >= _CACHE_LIMIT or self.size + len(text) > _CACHE_BYTES:
+            self.old, self.young = self.young, {}
+            self.rotations += 1
+            self.size = 0
+        self.young[text] = value
+        self.size += len(text)
+
+    @property
+    def entries(self) -> int:
+        return len(self.young) + len(self.old)
+
+    @property
+    def bytes(self) -> int:
+        return self.size + sum(map(len, self.old))
 
 
 class Labels(dict[str, str]):
@@ -162,16 +208,19 @@ class Extractor:
                 for spelled in _spellings(family):
                     canonical[spelled + suffix] = family + suffix
         self._canonical = canonical
+        names = _trie_pattern(canonical)
         # One pattern finds every wanted line: it is anchored at a newline (the regex engine
         # skips to the next one in C), so each line is tried once and a hostile line that
-        # repeats a wanted name costs its length, not its length squared. What follows the
-        # name is taken whole and split in Python (see extract_into).
-        self._line_re = re.compile(rf"\n[ \t]*({_trie_pattern(canonical)})(?=[{{ \t])([^\n]*)")
-        # Keyed by the label text as the line writes it, braces included ("" for none).
-        self._labels: dict[str, Labels] = {"": Labels()}
-        self._old_labels: dict[str, Labels] = {}
-        self._bytes = 0  # label text in the current generation
-        self.rotations = 0  # generations dropped: churn, for tests and benchmarks
+        # repeats a wanted name costs its length, not its length squared. The line is taken
+        # whole, from its name on, and split in Python (see extract_lines).
+        self._line_re = re.compile(rf"\n[ \t]*((?:{names})(?=[{{ \t])[^\n]*)")
+        # Where the name ends, in a found line or in its head (the line up to its last space).
+        self._name_re = re.compile(rf"(?:{names})(?=[{{ \t]|\Z)")
+        # Label sets, keyed by the label text as the line writes it, braces included ("" for
+        # none); and in front of them, a line's head (its name and label text, as written)
+        # to its sample name and label set, so a line seen before is one lookup.
+        self._labels: _Kept[Labels] = _Kept({"": Labels()})
+        self._heads: _Kept[tuple[str, Labels]] = _Kept()
         # le text → bound, shared by every series of a histogram; capped (past the cap a
         # bound is parsed each time, so a flood of odd bounds costs speed, never memory).
         self._bounds: dict[str, float | None] = {}
@@ -198,47 +247,44 @@ class Extractor:
         """``extract_into`` for the lines of ``text[start:end]``, which starts with the newline
         before its first line: ``PageStream`` reads its pieces in place, never copying them.
 
-        Nearly every line is ``name{labels} value`` with a label text seen before: split at
-        its last space, the label text is a cache hit and the value a plain number, and the
-        line is read without a regular expression of its own. That is exact, not a guess: a
-        cached text parsed as a whole label set, so a line of that shape reads only one way.
-        Anything else (a timestamp, an exemplar, CRLF, odd spacing, a new label text, a bad
-        line) goes through the full grammar in ``_read``."""
-        canonical, cache, labels_of = self._canonical, self._labels, self._labels_of
+        Nearly every line is ``name{labels} value`` with a head (``name{labels}``) seen
+        before: split at its last space, the head is a cache hit and the value a plain number,
+        and the line is read without a regular expression of its own. That is exact, not a
+        guess: a cached head's label text parsed as a whole label set, so a line of that shape
+        reads only one way. Anything else (a timestamp, an exemplar, CRLF, odd spacing, a new
+        label text, a bad line) goes through the full grammar in ``_read``."""
+        heads, head_of = self._heads.young, self._head_of
         grouped, fold = result.grouped, result.fold
         folded = fold.sample_name if fold is not None else None
         fold_labels, fold_values = (fold.labels, fold.values) if fold is not None else ([], [])
         take_labels, take_value = fold_labels.append, fold_values.append
-        for name, rest in self.find(text, start, end):
-            # No space at all gives head "" and the whole rest as the value, which then starts
-            # with "{" or a tab (the pattern's lookahead) and is never a number.
-            head, _, value = rest.rpartition(" ")
-            labels = cache.get(head)
-            if labels is None and head[-1:] == "}" and head[:1] == "{":
-                try:  # a new label text: parsed here and remembered
-                    labels = labels_of(head)
-                except ValueError:  # not a label set; the line may still be one: _read decides
-                    labels = None
-                cache = self._labels  # a new label set may have started a new generation
+        for line in self.find(text, start, end):
+            # No space at all gives head "" and the whole line as the value, which is then
+            # never a number.
+            head, _, value = line.rpartition(" ")
+            known = heads.get(head)
+            if known is None:
+                known = head_of(head)
+                heads = self._heads.young  # a new head may have started a new generation
             sample: Sample | None = None
             # printable and without '_': exactly the characters the grammar allows a value
-            if labels is not None and value.isprintable() and "_" not in value:
+            if known is not None and value.isprintable() and "_" not in value:
                 try:  # not contextlib.suppress: a context manager per line costs more than this
                     number = float(value)
                 except ValueError:  # "zero": _read says why
                     pass
                 else:
-                    sample_name = canonical[name]
+                    sample_name, labels = known
                     if sample_name == folded:
                         take_labels(labels)
                         take_value(number)
                         continue
                     sample = _new_sample(Sample, (sample_name, labels, number, None))
             if sample is None:
-                sample = self._read(name, rest, result)
+                sample = self._read(line, result)
                 if sample is None:
                     continue
-                cache = self._labels  # a miss may have started a new generation
+                heads = self._heads.young  # reading it may have started a new generation
                 if sample.name == folded:
                     take_labels(sample.labels)
                     take_value(sample.value)
@@ -249,19 +295,42 @@ class Extractor:
             else:
                 group.append(sample)
 
-    def find(self, text: str, start: int = 0, end: int | None = None) -> list[tuple[str, str]]:
+    def find(self, text: str, start: int = 0, end: int | None = None) -> list[str]:
         """The wanted lines of ``text[start:end]`` (which starts with the newline before its
-        first line), found and not read: each line's name as written and the rest of it."""
-        found: list[tuple[str, str]] = self._line_re.findall(
-            text, start, len(text) if end is None else end
-        )
+        first line), found and not read: each from its name on."""
+        found: list[str] = self._line_re.findall(text, start, len(text) if end is None else end)
         return found
 
-    def _read(self, name: str, rest: str, result: Extraction) -> Sample | None:
-        """One wanted line by the full grammar; ``None`` (and counted) when it is not one."""
+    def _head_of(self, head: str) -> tuple[str, Labels] | None:
+        """A line's sample name and label set from its head (``name{labels}`` or ``name``),
+        kept for the next time; ``None`` when the head is not that shape or its label text
+        is not a label set (the line may still be one: ``_read`` decides)."""
+        known = self._heads.recall(head)
+        if known is not None:
+            return known
+        named = self._name_re.match(head)
+        if named is None:
+            return None
+        text = head[named.end() :]
+        if text and (text[0] != "{" or text[-1] != "}"):
+            return None
+        try:
+            labels = self._labels_of(text)
+        except ValueError:
+            return None
+        known = (self._canonical[named.group()], labels)
+        self._heads.keep(head, known)
+        return known
+
+    def _read(self, line: str, result: Extraction) -> Sample | None:
+        """One wanted line (from its name on) by the full grammar; ``None`` (and counted) when
+        it is not one."""
+        named = self._name_re.match(line)
+        assert named is not None  # the line was found by its name
+        name, rest = named.group(), line[named.end() :]
         match = _REST_RE.fullmatch(rest)
         if match is None:
-            self._invalid(result, name + rest, "not 'name{labels} value [timestamp]'")
+            self._invalid(result, line, "not 'name{labels} value [timestamp]'")
             return None
         body, value, stamp = match.groups()
         try:
@@ -276,7 +345,7 @@ class Extractor:
                 ),
             )
         except ValueError as exc:
-            self._invalid(result, name + rest, str(exc))
+            self._invalid(result, line, str(exc))
             return None
 
     @staticmethod
@@ -289,44 +358,40 @@ class Extractor:
         """The label set written ``text`` (``{…}``, or ``""`` for none), from the cache or
         parsed; a ValueError says what is wrong with it. ``split=False`` never takes the bucket
         shortcut (a bucket's own series is parsed whole)."""
-        labels = self._labels.get(text)
+        labels = self._labels.recall(text)
         if labels is not None:
             return labels
-        labels = self._old_labels.get(text)
-        if labels is None:
-            bad, why = self._refused
-            if text == bad:  # the same text just failed (a line's head, then the line): once
-                raise ValueError(why)
-            try:
-                shortcut = self._bucket_labels(text) if split else None
-                labels = shortcut or _parse_labels(text[1:-1])
-            except ValueError as exc:
-                self._refused = (text, str(exc))
-                raise
-        self._remember(text, labels)
+        bad, why = self._refused
+        if text == bad:  # the same text just failed (a line's head, then the line): once
+            raise ValueError(why)
+        try:
+            shortcut = self._bucket_labels(text) if split else None
+            labels = shortcut or _parse_labels(text[1:-1])
+        except ValueError as exc:
+            self._refused = (text, str(exc))
+            raise
+        self._labels.keep(text, labels)
         return labels
-
-    def _remember(self, text: str, labels: Labels) -> None:
-        """Keep a parsed label set for the next page: two generations, each bounded in
-        entries and in bytes of label text (the parsed values hold about as much again), so
-        label values that are huge and change every scrape cost parsing, never memory."""
-        if len(text) > _CACHED_CHARS:
-            return  # a label set this large is parsed each time it is seen
-        if len(self._labels) >= _CACHE_LIMIT or self._bytes + len(text) > _CACHE_BYTES:
-            self._old_labels, self._labels = self._labels, {}
-            self.rotations += 1
-            self._bytes = 0
-        self._labels[text] = labels
-        self._bytes += len(text)
 
     @property
     def cached_entries(self) -> int:
-        return len(self._labels) + len(self._old_labels)
+        return self._labels.entries + self._heads.entries
 
     @property
     def cached_bytes(self) -> int:
-        """Label text held by the cache (both generations' keys; the values hold about as much)."""
-        return self._bytes + sum(len(t) for t in self._old_labels)
+        """Text held by the caches (both generations' keys; the values hold about as much)."""
+        return self._labels.bytes + self._heads.bytes
+
+    @property
+    def rotations(self) -> int:
+        """Generations the label cache has dropped: churn, for tests and benchmarks."""
+        return self._labels.rotations
+
+    def forget(self) -> None:
+        """Drop every label set and head kept: the next page reads as the first after a
+        start does (benchmarks time that)."""
+        self._labels, self._heads = _Kept({"": Labels()}), _Kept()
+        self._bounds = {}
 
     def _bucket_labels(self, text: str) -> Labels | None:
         """A bucket's label set (``{…,le="0.5"}``) from its series' (``{…}``): the series is

@@ -302,6 +302,37 @@ def test_label_sets_seen_again_after_a_new_generation_starts_on_the_same_page_mo
     assert extractor.extract(working).samples[0].labels is first
 
 
+def test_a_kept_text_survives_one_rotation_and_moves_back_when_used() -> None:
+    from controller.exposition import _CACHE_LIMIT, _CACHED_CHARS, _Kept
+
+    kept: _Kept[int] = _Kept()
+    kept.keep("working", 1)
+    for i in range(_CACHE_LIMIT):  # fills the young generation: "working" goes to the old
+        kept.keep(f"new{i}", i)
+    assert kept.rotations == 1 and kept.recall("working") == 1  # found, and moved back
+    for i in range(_CACHE_LIMIT):  # another rotation drops the old generation
+        kept.keep(f"newer{i}", i)
+    assert kept.recall("working") == 1 and kept.recall("new0") is None
+    kept.keep("x" * (_CACHED_CHARS + 1), 2)  # too long to keep: worked out each time
+    assert kept.recall("x" * (_CACHED_CHARS + 1)) is None
+
+
+def test_a_flood_of_new_series_holds_both_caches_to_two_generations() -> None:
+    """Label sets and line heads are each kept in two bounded generations, in entries and
+    in bytes, however many new series a page brings (here three generations' worth, each
+    line a new head and a new label text)."""
+    from controller import exposition
+
+    extractor = exposition.Extractor(gauges=["g", "h"])
+    flood = "".join(
+        f'{name}{{x="{i:0200}"}} 1\n' for i in range(3 * exposition._CACHE_LIMIT) for name in "gh"
+    )
+    found = extractor.extract(flood)
+    assert len(found.samples) == 6 * exposition._CACHE_LIMIT and found.invalid_lines == 0
+    assert extractor.cached_entries <= 4 * exposition._CACHE_LIMIT + 1
+    assert extractor.cached_bytes <= 4 * exposition._CACHE_BYTES
+
+
 # ---- the shortcuts: a cached label text split at the last space, a bucket from its series ----
 
 HIST = "vllm:e2e_request_latency_seconds"
