@@ -323,7 +323,9 @@ class Layouts:
     alike, and the extractor hands out one label-set object per label text, so a page laid
     out as one before is known by comparing its list of label sets with a kept one: equal
     sets have equal series and bounds. Working the layout out again costs more than the
-    sums (benchmarks/README.md). Holds a few layouts, the latest per number of lines."""
+    sums (benchmarks/README.md). Holds ``LIMIT`` layouts at most, the latest per number of
+    lines, so it keeps alive no more label sets than ``LIMIT`` batches of one page's bucket
+    lines (``FOLD_BATCH``) held while they were read."""
 
     __slots__ = ("_by_lines",)
     LIMIT = 4
