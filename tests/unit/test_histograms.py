@@ -349,12 +349,7 @@ def test_a_fold_summed_by_columns_is_the_line_by_line_sum_to_the_last_bit(layout
             assert isinstance(fold, histograms.Fold) and stream.result.invalid_lines == 0
             columns = histograms.Fold(E2E)._by_columns(list(fold.labels), list(fold.values))
             assert columns is by_columns
-            whole = EXTRACTOR.extract(text).by_name()
-            line_by_line = histograms.Fold(E2E).add_all(whole[f"{E2E}_bucket"])
-            a, b = fold.folded(whole), line_by_line.folded(whole)
-            assert a is not None and b is not None
-            assert (a.series, a.histogram.bounds) == (b.series, b.histogram.bounds)
-            assert _bits(a.histogram.counts) == _bits(b.histogram.counts)
+            _sums_as_line_by_line(fold, text)
 
 
 def test_a_layout_kept_from_earlier_pages_sums_only_a_page_laid_out_the_same() -> None:
@@ -373,14 +368,20 @@ def test_a_layout_kept_from_earlier_pages_sums_only_a_page_laid_out_the_same() -
         fold = stream.result.fold
         assert isinstance(fold, histograms.Fold)
         reused += layouts.get(fold.labels) is not None
-        whole = EXTRACTOR.extract(text).by_name()
-        a = fold.folded(whole)
-        b = histograms.Fold(E2E).add_all(whole[f"{E2E}_bucket"]).folded(whole)
-        assert a is not None and b is not None
-        assert (a.series, a.histogram.bounds) == (b.series, b.histogram.bounds)
-        assert _bits(a.histogram.counts) == _bits(b.histogram.counts)
+        _sums_as_line_by_line(fold, text)
         assert len(layouts) <= histograms.Layouts.LIMIT
     assert reused >= 20  # pages laid out as an earlier one were summed by its layout
+
+
+def _sums_as_line_by_line(fold: histograms.Fold, text: str) -> None:
+    """``fold``, fed ``text``, sums as the page read whole and folded line by line does: the
+    same series and bounds, and counts of the same bits."""
+    whole = EXTRACTOR.extract(text).by_name()
+    a = fold.folded(whole)
+    b = histograms.Fold(E2E).add_all(whole[f"{E2E}_bucket"]).folded(whole)
+    assert a is not None and b is not None
+    assert (a.series, a.histogram.bounds) == (b.series, b.histogram.bounds)
+    assert _bits(a.histogram.counts) == _bits(b.histogram.counts)
 
 
 def _bits(values: array[float]) -> list[str]:
@@ -412,9 +413,4 @@ def test_a_long_page_of_buckets_is_summed_as_it_streams_and_the_same_as_line_by_
     per_piece = PIECE // len(lines[0])  # bucket lines are no shorter than the first
     assert max(waiting) < FOLD_BATCH + per_piece
     assert sum(1 for a, b in pairwise(waiting) if b < a) >= 2  # summed along the way
-    whole = EXTRACTOR.extract(text).by_name()
-    a = fold.folded(whole)
-    b = histograms.Fold(E2E).add_all(whole[f"{E2E}_bucket"]).folded(whole)
-    assert a is not None and b is not None
-    assert (a.series, a.histogram.bounds) == (b.series, b.histogram.bounds)
-    assert _bits(a.histogram.counts) == _bits(b.histogram.counts)
+    _sums_as_line_by_line(fold, text)
