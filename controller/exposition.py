@@ -65,13 +65,14 @@ _T = TypeVar("_T")
 
 class _Kept(Generic[_T]):
     """What was worked out from a text, kept for the next page: two generations, each
-    bounded in entries and in bytes of text (``_CACHE_LIMIT``, ``_CACHE_BYTES``; what is
-    kept for a text holds about as much again). When the young one is full it becomes the
-    old one and the oldest is dropped; a hit in the old one moves back, so what is still in
-    use survives and a page of a million new texts cannot evict the fleet's working set at
-    once. A text longer than ``_CACHED_CHARS`` is never kept: worked out each time it is
-    seen, it costs time, never memory. ``young`` is read directly on the hot path (a dict's
-    ``get``); it is a new dict after each rotation."""
+    bounded in entries and in bytes of text (``_CACHE_LIMIT``, ``_CACHE_BYTES``; a label set
+    kept for a text holds about as much again, while a head's entry refers to a label set it
+    shares with that cache). When the young one is full it becomes the old one and the
+    oldest is dropped; a hit in the old one moves back, so what is still in use survives and
+    a page of a million new texts cannot evict the fleet's working set at once. A text longer
+    than ``_CACHED_CHARS`` is never kept: worked out each time it is seen, it costs time,
+    never memory. ``young`` is read directly on the hot path (a dict's ``get``); it is a new
+    dict after each rotation."""
 
     __slots__ = ("old", "rotations", "size", "young")
 
@@ -379,7 +380,8 @@ class Extractor:
 
     @property
     def cached_bytes(self) -> int:
-        """Text held by the caches (both generations' keys; the values hold about as much)."""
+        """Text held by the caches (both generations' keys; the label sets kept hold about as
+        much again, the heads' entries little: they refer to those label sets)."""
         return self._labels.bytes + self._heads.bytes
 
     @property
