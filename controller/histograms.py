@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import chain, pairwise, repeat
 from operator import add, attrgetter, sub
 
@@ -83,7 +83,7 @@ def collect(
         labels = sample.labels
         if keep is not None and not _matches(labels, keep):
             continue
-        # An EPP's page, once per cluster: Fold.add has the inlined form for pods' pages.
+        # An EPP's page, once per cluster: Fold._add has the inlined form for pods' pages.
         key, bound = series_key(labels), _bound(labels)
         if bound is None:
             continue
@@ -157,6 +157,7 @@ class Fold:
     has."""
 
     __slots__ = (
+        "_column",
         "_keep",
         "_layouts",
         "_lines",
@@ -181,6 +182,9 @@ class Fold:
         self._sums: dict[float, float] = {}
         self._lines: dict[float, int] = {}
         self._series: dict[SeriesKey, None] = {}
+        # A page summed by columns keeps its layout and column sums as they are (``folded``
+        # reads them so); they become the three dicts above only if more lines follow.
+        self._column: tuple[_Layout, list[float]] | None = None
         # The bucket lines the extractor hands over as it reads a page, in page order (its
         # label set, its value): two appends a line, summed once the page is read (settle).
         self.labels: list[dict[str, str]] = []
@@ -189,13 +193,14 @@ class Fold:
     def settle(self) -> None:
         """Sum the bucket lines handed over: by whole columns where the page lists every
         series' buckets in one block each, bounds in the same order (as client libraries
-        write them), else line by line (``add``). Both add each bound's values in page order,
+        write them), else line by line (``_add``). Both add each bound's values in page order,
         so they give the same sums to the last bit (a NaN's sign aside: the C compiler may
         order the two NaNs of one addition either way)."""
         labels, values = self.labels, self.values
         if labels and not self._by_columns(labels, values):
+            self._spread()
             for line_labels, value in zip(labels, values, strict=True):
-                self.add(line_labels, value)
+                self._add(line_labels, value)
         labels.clear()
         values.clear()
 
@@ -203,7 +208,7 @@ class Fold:
         """``settle``'s sums done in C, a column of values per bound, or ``False`` (nothing
         done) where the page is not laid out for it (``_Layout.of``) or a ``keep`` is to be
         matched."""
-        if self._keep or self._sums:
+        if self._keep or self._sums or self._column is not None:
             return False
         layouts = self._layouts
         layout = layouts.get(labels) if layouts is not None else None
@@ -213,16 +218,25 @@ class Fold:
                 return False
             if layouts is not None:
                 layouts.keep(labels, layout)
-        width, series, columns = layout.width, layout.series, layout.columns
+        width = layout.width
         sums = values[:width]
         for start in range(width, len(values), width):  # a series' block at a time, in order
             sums = list(map(add, sums, values[start : start + width]))
-        self._series = dict.fromkeys(series)
-        self._sums = dict(zip(columns, sums, strict=True))
-        self._lines = dict.fromkeys(columns, len(series))
+        self._column = (layout, sums)
         return True
 
-    def add(self, labels: Mapping[str, str], value: float) -> None:
+    def _spread(self) -> None:
+        """Column sums kept as they were (``_by_columns``) made the per-bound sums that
+        ``_add`` goes on from."""
+        if self._column is None:
+            return
+        layout, sums = self._column
+        self._column = None
+        self._series = dict.fromkeys(layout.series)
+        self._sums = dict(zip(layout.columns, sums, strict=True))
+        self._lines = dict.fromkeys(layout.columns, len(layout.series))
+
+    def _add(self, labels: Mapping[str, str], value: float) -> None:
         """One bucket sample; one of a series other than ``keep``'s, or whose ``le`` bounds
         nothing, is passed over (as ``collect`` does). Called once per bucket line of a page
         that ``settle`` cannot sum by columns, so it works from what the extractor's label
@@ -249,9 +263,10 @@ class Fold:
         self._series[key] = None
 
     def add_all(self, samples: Iterable[Sample]) -> Fold:
-        """``add`` for each of ``samples`` (``_bucket`` samples of the one histogram)."""
+        """``_add`` for each of ``samples`` (``_bucket`` samples of the one histogram)."""
+        self._spread()
         for _, labels, value, _ in samples:
-            self.add(labels, value)
+            self._add(labels, value)
         return self
 
     def folded(self, by_name: Mapping[str, list[Sample]]) -> Folded | None:
@@ -259,23 +274,31 @@ class Fold:
         series was folded, or one has no ``_count``."""
         self.settle()
         family = self.sample_name.removesuffix("_bucket")
-        series = tuple(self._series)
+        if self._column is not None:  # every series has every column: the layout's bounds
+            layout, column_sums = self._column
+            series, bounds = layout.series, layout.bounds
+            totals = column_sums if layout.order is None else [column_sums[i] for i in layout.order]
+        else:
+            series = tuple(self._series)
+            every = len(series)
+            bounds = _shared(tuple(sorted(b for b, n in self._lines.items() if n == every)))
+            totals = [self._sums[b] for b in bounds]
         if not series:
             return None
         keep = dict(self._keep) or None
         counts = _by_series(by_name.get(family + "_count", ()), keep)
-        if any(key not in counts for key in series):
+        try:
+            per_series = [counts[key] for key in series]
+        except KeyError:
             return None
         sums = _by_series(by_name.get(family + "_sum", ()), keep)
-        every = len(series)
-        bounds = tuple(sorted(b for b, lines in self._lines.items() if lines == every))
         histogram = Histogram(
-            _shared(bounds),
-            array("d", [self._sums[b] for b in bounds]),
-            sum(counts[key] for key in series),
+            bounds,
+            array("d", totals),
+            sum(per_series),
             sum(sums.get(key, math.nan) for key in series),
         )
-        return Folded(histogram, series, array("d", [counts[key] for key in series]))
+        return Folded(histogram, series, array("d", per_series))
 
 
 _SERIES, _BOUND = attrgetter("series"), attrgetter("bound")  # Labels' worked-out slots
@@ -290,6 +313,16 @@ class _Layout:
     width: int
     series: tuple[SeriesKey, ...]
     columns: tuple[float, ...]
+    # Worked out once for every page summed by the layout: the bounds ascending (one shared
+    # tuple), and the columns in that order (``None``: they are already).
+    bounds: Bounds = field(init=False)
+    order: tuple[int, ...] | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        order = tuple(sorted(range(self.width), key=self.columns.__getitem__))
+        ascending = order == tuple(range(self.width))
+        object.__setattr__(self, "bounds", _shared(tuple(sorted(self.columns))))
+        object.__setattr__(self, "order", None if ascending else order)
 
     @staticmethod
     def of(labels: list[dict[str, str]]) -> _Layout | None:

@@ -313,6 +313,8 @@ def _laid_out(rng: random.Random, layout: str) -> tuple[str, list[str]]:
         rows.insert(at, rows[at])
     elif layout == "missing":  # one series without one of its bounds
         rows.pop(rng.randrange(len(rows)))
+    elif layout == "descending":  # blocks still, each with its bounds from the top down
+        rows = [r for e in engines for r in reversed([r for r in rows if r[0] == e])]
     elif layout == "bucket-major":  # every series' first bucket, then every second, ...
         rows.sort(key=lambda r: _BOUNDS.index(r[1]))
     elif layout == "no-number":  # a bound that bounds nothing
@@ -328,7 +330,8 @@ def _laid_out(rng: random.Random, layout: str) -> tuple[str, list[str]]:
 
 
 @pytest.mark.parametrize(
-    "layout", ["blocks", "split", "twice", "missing", "bucket-major", "no-number", "stray"]
+    "layout",
+    ["blocks", "descending", "split", "twice", "missing", "bucket-major", "no-number", "stray"],
 )
 def test_a_fold_summed_by_columns_is_the_line_by_line_sum_to_the_last_bit(layout: str) -> None:
     """What the extractor hands a ``Fold`` is summed a column per bound where the page lists
@@ -339,7 +342,7 @@ def test_a_fold_summed_by_columns_is_the_line_by_line_sum_to_the_last_bit(layout
     for _ in range(40):
         text, engines = _laid_out(rng, layout)
         # one series alone is one block whatever was moved or dropped
-        by_columns = layout == "blocks" or (
+        by_columns = layout in ("blocks", "descending") or (
             len(engines) == 1 and layout in ("split", "missing", "bucket-major")
         )
         for _ in range(2):  # the second time, every label text is one parsed before
@@ -358,7 +361,16 @@ def test_a_layout_kept_from_earlier_pages_sums_only_a_page_laid_out_the_same() -
     another label set ("stray"); each is summed to the same bits as line by line, so a kept
     layout is only ever used for a page laid out as it was."""
     rng = random.Random("layouts")
-    kinds = ["blocks", "split", "twice", "missing", "bucket-major", "no-number", "stray"]
+    kinds = [
+        "blocks",
+        "descending",
+        "split",
+        "twice",
+        "missing",
+        "bucket-major",
+        "no-number",
+        "stray",
+    ]
     layouts = histograms.Layouts()
     reused = 0
     for _ in range(300):
@@ -371,6 +383,31 @@ def test_a_layout_kept_from_earlier_pages_sums_only_a_page_laid_out_the_same() -
         _sums_as_line_by_line(fold, text)
         assert len(layouts) <= histograms.Layouts.LIMIT
     assert reused >= 20  # pages laid out as an earlier one were summed by its layout
+
+
+def test_lines_after_a_batch_summed_by_columns_are_added_to_its_sums() -> None:
+    """A long page is summed a batch at a time: a first batch laid out in blocks is summed by
+    columns and kept so, and the lines of the next batch go on from its sums, to the same
+    bits as the whole page folded line by line."""
+    rng = random.Random("batches")
+    for _ in range(20):
+        engines = [str(e) for e in range(rng.randint(2, 8))]
+        cut = rng.randint(1, len(engines) - 1)  # the first batch: whole series, in blocks
+        rows = [(e, b, rng.choice(_ORDERED)) for e in engines for b in _BOUNDS]
+        if rng.random() < 0.5:  # the second batch another layout: line by line either way
+            rows[cut * len(_BOUNDS) :] = sorted(rows[cut * len(_BOUNDS) :], key=lambda r: r[1])
+        lines = [f'{E2E}_bucket{{engine="{e}",le="{b}"}} {v}' for e, b, v in rows]
+        lines += [f'{E2E}_count{{engine="{e}"}} 1' for e in engines]
+        first = "".join(f"{line}\n" for line in lines[: cut * len(_BOUNDS)])
+        text = "\n".join(lines) + "\n"
+        stream = PageStream(EXTRACTOR, fold=histograms.Fold(E2E))
+        fold = stream.result.fold
+        assert isinstance(fold, histograms.Fold)
+        stream.feed(first)
+        fold.settle()  # as PageStream does once FOLD_BATCH lines wait
+        assert fold._column is not None  # summed by columns, not yet spread
+        stream.feed(text[len(first) :])
+        _sums_as_line_by_line(fold, text)
 
 
 def _sums_as_line_by_line(fold: histograms.Fold, text: str) -> None:
@@ -386,7 +423,7 @@ def _sums_as_line_by_line(fold: histograms.Fold, text: str) -> None:
 
 def _bits(values: array[float]) -> list[str]:
     """Each double's exact bits; every NaN alike (which sign the sum of two NaNs has depends
-    on how the C compiler ordered one addition, in the interpreter's ``+=`` as in ``add``)."""
+    on how the C compiler ordered one addition, in the interpreter's ``+=`` as in ``Fold._add``)."""
     return ["nan" if math.isnan(v) else v.hex() for v in values]
 
 
