@@ -12,7 +12,7 @@ from array import array
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import chain, pairwise, repeat
-from operator import add, attrgetter, sub
+from operator import add, attrgetter, ge, lt, sub
 
 from controller.exposition import Labels, Sample, bound_or_none
 
@@ -131,13 +131,11 @@ class Folded:
         ``None`` when the series differ (one appeared or went: the page counts from the next
         scrape, as a new page does); ``False`` when a count fell (a restart)."""
         if self.series == previous.series:  # the same keys, mostly the same objects
-            pairs = zip(self.counts, previous.counts, strict=True)
-        else:
-            before = dict(zip(previous.series, previous.counts, strict=True))
-            if len(before) != len(self.series) or any(k not in before for k in self.series):
-                return None
-            pairs = zip(self.counts, (before[k] for k in self.series), strict=True)
-        return all(now >= then for now, then in pairs)
+            return all(map(ge, self.counts, previous.counts))  # one count per series each
+        before = dict(zip(previous.series, previous.counts, strict=True))
+        if len(before) != len(self.series) or any(k not in before for k in self.series):
+            return None
+        return all(map(ge, self.counts, [before[k] for k in self.series]))
 
 
 class Fold:
@@ -391,7 +389,7 @@ def increase(previous: Histogram, current: Histogram) -> Histogram:
         return current
     if current.bounds == previous.bounds:  # shared, so usually the same object
         before = previous.counts
-        if any(now < then for now, then in zip(current.counts, before, strict=True)):
+        if any(map(lt, current.counts, before)):  # the same bounds: as many counts
             return current
         counts = array("d", map(sub, current.counts, before))
     else:
