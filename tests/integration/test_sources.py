@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 from collections.abc import AsyncIterator, Awaitable, Callable
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -333,6 +334,43 @@ async def test_invalid_kv_values_are_counted_never_used(
     metrics = await source(session, vllm_urls=[server.url("/p")]).fetch()
     assert metrics.kv_mean == 0.4 and metrics.kv_max == 0.4
     assert metrics.invalid_samples == 3
+
+
+async def test_a_character_cut_between_two_pieces_of_the_body_is_read_whole(
+    serve: Serve, session: aiohttp.ClientSession
+) -> None:
+    """The body arrives in pieces that cut 2-, 3- and 4-byte UTF-8 characters in two (and one
+    byte that is no UTF-8 at all): each cut character is decoded once both halves are in, so
+    the model filter, which only the exact name passes, keeps every engine; the bad byte
+    becomes U+FFFD in a series of its own, which the filter drops."""
+    model = "é€😀" * 50
+    kv = [0.1 * (1 + i) for i in range(8)]  # a value each: an engine lost moves the mean
+    lines = [
+        f'vllm:kv_cache_usage_perc{{engine="{i}",model_name="{model}"}} {v}'
+        for i, v in enumerate(kv)
+    ]
+    lines.append('vllm:kv_cache_usage_perc{engine="x",model_name="bad\udcff"} 0.9')
+    body = ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape")
+    emoji = body.index("😀".encode())
+    euro = body.index("€".encode(), emoji + 1000)
+    accent = body.index("é".encode(), euro + 1000)
+    cuts = [emoji + 1, emoji + 3, euro + 2, accent + 1, body.index(b"\xff")]
+    assert all(body[cut] >> 6 == 0b10 for cut in cuts[:-1])  # each inside a character
+
+    async def in_pieces(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        await response.prepare(request)
+        for start, end in pairwise([0, *cuts, len(body)]):
+            await response.write(body[start:end])
+            await asyncio.sleep(0.02)  # each piece its own read (it would still read whole)
+        return response
+
+    server = await serve({"/p": in_pieces})
+    metrics = await source(session, vllm_urls=[server.url("/p")], model_name=model).fetch()
+    assert metrics.kv_mean == pytest.approx(sum(kv) / len(kv))
+    assert (metrics.errors, metrics.invalid_samples) == ((), 0)
+    metrics = await source(session, vllm_urls=[server.url("/p")]).fetch()
+    assert metrics.kv_max == 0.9  # the line with the bad byte was read, as U+FFFD
 
 
 @pytest.mark.parametrize("page", ["vllm:kv_cache_usage_ratio 0.5\n", "# nothing here\n"])
