@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import statistics
 import sys
 import time
@@ -44,6 +43,7 @@ from benchmarks.bench_daemon import (  # noqa: E402
     fleet_servers,
     floor_round,
 )
+from controller.app import settle_collector  # noqa: E402
 from controller.exposition import Extractor  # noqa: E402
 from controller.settings import ClusterSettings, ScrapeSettings  # noqa: E402
 from controller.sources.limiter import Limiter  # noqa: E402
@@ -113,7 +113,9 @@ async def measure(endpoints: int, rounds: int, epp: bool) -> dict[str, tuple[flo
                 "ours (ScrapeSource.fetch)": ours_all,
             }
             spent: dict[str, list[float]] = {name: [] for name in readers}
-            gc.freeze()  # as the daemon does once started (controller.app.settle_collector)
+            # as the daemon once started: what exists is frozen, and young passes come
+            # GC_THRESHOLD[0] new containers apart (every reader in this process alike)
+            settle_collector()
             for round_ in range(WARM_ROUNDS + rounds):
                 for name, read_all in readers.items():
                     cpu = time.process_time()
