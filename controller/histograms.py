@@ -318,9 +318,9 @@ class _Layout:
 
     def __post_init__(self) -> None:
         order = tuple(sorted(range(self.width), key=self.columns.__getitem__))
-        ascending = order == tuple(range(self.width))
-        object.__setattr__(self, "bounds", _shared(tuple(sorted(self.columns))))
-        object.__setattr__(self, "order", None if ascending else order)
+        bounds = tuple(self.columns[i] for i in order)
+        object.__setattr__(self, "bounds", _shared(bounds))
+        object.__setattr__(self, "order", None if bounds == self.columns else order)
 
     @staticmethod
     def of(labels: list[dict[str, str]]) -> _Layout | None:

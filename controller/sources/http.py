@@ -213,8 +213,8 @@ async def _read_capped(
     if declared is not None and declared > limit:
         raise ScrapeTooLargeError(endpoint.url, f"Content-Length {declared} > {limit}")
     # UTF-8 decoded piece by piece as codecs' incremental decoder does (a character cut
-    # between two chunks waits for the next), with its C function called directly: the
-    # decoder object is Python, about a microsecond a call.
+    # between two chunks waits for the next), with the C function it wraps called directly
+    # (what the wrapper costs: benchmarks/README.md).
     undecoded = b""
     size = since_yield = 0
     # Counted after decompression, so a small gzip bomb is refused too.
