@@ -222,11 +222,14 @@ async def _read_capped(
         size += len(chunk)
         if size > limit:
             raise ScrapeTooLargeError(endpoint.url, f"body larger than {limit} bytes")
+        since_yield += len(chunk)
         data = undecoded + chunk if undecoded else chunk
         text, used = codecs.utf_8_decode(data, "replace", False)
         undecoded = data[used:]
         sink(text)
-        since_yield += len(chunk)
+        # Nothing of this chunk is held while the next is awaited: at a peak every slot
+        # waits so, and would hold a chunk and its text each.
+        del chunk, data, text
         if since_yield >= _YIELD_EVERY:  # /healthz and other pages go on between pieces
             since_yield = 0
             await asyncio.sleep(0)
