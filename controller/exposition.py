@@ -213,8 +213,11 @@ class Extractor:
         # One pattern finds every wanted line: it is anchored at a newline (the regex engine
         # skips to the next one in C), so each line is tried once and a hostile line that
         # repeats a wanted name costs its length, not its length squared. The line is taken
-        # whole, from its name on, and split in Python (see extract_lines).
-        self._line_re = re.compile(rf"\n[ \t]*((?:{names})(?=[{{ \t])[^\n]*)")
+        # whole, with the newline and blanks before its name, and split in Python (see
+        # extract_lines). The pattern does nothing at a line that the engine may skip: no
+        # group (a group is marked at every line tried), blanks taken possessively (a
+        # backtracking repeat enters what follows it as a branch).
+        self._line_re = re.compile(rf"\n[ \t]*+(?:{names})(?=[{{ \t])[^\n]*")
         # Where the name ends, in a found line or in its head (the line up to its last space).
         self._name_re = re.compile(rf"(?:{names})(?=[{{ \t]|\Z)")
         # Label sets, keyed by the label text as the line writes it, braces included ("" for
@@ -298,7 +301,8 @@ class Extractor:
 
     def find(self, text: str, start: int = 0, end: int | None = None) -> list[str]:
         """The wanted lines of ``text[start:end]`` (which starts with the newline before its
-        first line), found and not read: each from its name on."""
+        first line), found and not read: each with the newline before it and any blanks
+        before its name (``_bare``)."""
         found: list[str] = self._line_re.findall(text, start, len(text) if end is None else end)
         return found
 
@@ -309,10 +313,11 @@ class Extractor:
         known = self._heads.recall(head)
         if known is not None:
             return known
-        named = self._name_re.match(head)
+        bare = _bare(head)
+        named = self._name_re.match(bare)
         if named is None:
             return None
-        text = head[named.end() :]
+        text = bare[named.end() :]
         if text and (text[0] != "{" or text[-1] != "}"):
             return None
         try:
@@ -326,6 +331,7 @@ class Extractor:
     def _read(self, line: str, result: Extraction) -> Sample | None:
         """One wanted line (from its name on) by the full grammar; ``None`` (and counted) when
         it is not one."""
+        line = _bare(line)
         named = self._name_re.match(line)
         assert named is not None  # the line was found by its name
         name, rest = named.group(), line[named.end() :]
@@ -591,9 +597,16 @@ def _eof_search(text: str, start: int, end: int) -> int | None:
     return None
 
 
+def _bare(found: str) -> str:
+    """A line as ``Extractor.find`` gives it, from its name on."""
+    return found[1:].lstrip(" \t")
+
+
 def _trie_pattern(words: Iterable[str]) -> str:
-    """An alternation with shared prefixes factored out (``vllm(?::(?:kv…|num…)|_(?:…))``):
-    the regex engine then never re-reads a prefix once per alternative."""
+    """An alternation with shared prefixes factored out (``vllm[:_](?:kv…|num…)``): the regex
+    engine then never re-reads a prefix once per alternative. Branches that go on alike are
+    one branch led by a character class (``vllm:`` and ``vllm_`` names, spelled both ways):
+    the engine tries a class in place, where it enters each branch it may take."""
     trie: dict[str, dict[str, Any]] = {}
     for word in words:
         node = trie
@@ -602,7 +615,14 @@ def _trie_pattern(words: Iterable[str]) -> str:
         node[""] = {}
 
     def build(node: dict[str, dict[str, Any]]) -> str:
-        branches = [re.escape(ch) + build(child) for ch, child in sorted(node.items()) if ch]
+        leads: dict[str, list[str]] = {}  # what follows → the characters it follows
+        for ch, child in sorted(node.items()):
+            if ch:
+                leads.setdefault(build(child), []).append(re.escape(ch))
+        branches = [
+            (chars[0] if len(chars) == 1 else "[" + "".join(chars) + "]") + rest
+            for rest, chars in leads.items()
+        ]
         if not branches:
             return ""
         body = branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"

@@ -230,6 +230,33 @@ def test_generated_pages_match_the_reference(page: str) -> None:
     assert ours(found.samples) == reference(page, wanted_names(extractor))
 
 
+NAME_CHARS = "ab:_"
+short_names = st.text(alphabet=NAME_CHARS, min_size=0, max_size=5).map(lambda rest: "a" + rest)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    wanted=st.sets(short_names, min_size=1, max_size=8),
+    others=st.lists(short_names, max_size=12),
+    indents=st.lists(st.sampled_from(["", " ", "\t", " \t "]), min_size=1, max_size=4),
+)
+def test_exactly_the_wanted_names_are_read_whatever_they_share(
+    wanted: set[str], others: list[str], indents: list[str]
+) -> None:
+    """The line pattern folds what names share (prefixes; branches that go on alike, as
+    ``vllm:`` and ``vllm_`` spellings do, into one led by a character class): names that
+    share a start, an end or both, their prefixes, names one character apart and longer ones
+    are each read exactly when wanted, indented or not."""
+    crossed = {w[:i] + c + w[i + 1 :] for w in wanted for i in range(len(w)) for c in NAME_CHARS}
+    prefixes = {w[:i] for w in wanted for i in range(1, len(w))}
+    candidates = sorted({*wanted, *others, *crossed, *prefixes, *(w + "b" for w in wanted)})
+    lines = [f"{indents[i % len(indents)]}{name} {i}" for i, name in enumerate(candidates)]
+    found = Extractor(gauges=sorted(wanted)).extract("\n".join(lines) + "\n")
+    assert found.invalid_lines == 0
+    read = {(s.name, s.value) for s in found.samples}
+    assert read == {(name, float(i)) for i, name in enumerate(candidates) if name in wanted}
+
+
 def test_wanted_name_inside_comments_or_label_values_is_not_a_sample() -> None:
     page = (
         "# HELP vllm:kv_cache_usage_perc KV-cache usage.\n"
