@@ -129,7 +129,10 @@ def _series(sample: Sample) -> tuple[tuple[str, str], ...]:
     (``Labels.derived``, shared by every sample and scrape that carries it)."""
     labels = sample.labels
     if isinstance(labels, Labels) and "le" not in labels:
-        return labels.derived()[0]
+        try:
+            return labels.series
+        except AttributeError:  # not worked out yet
+            return labels.derived()[0]
     return tuple(sorted(labels.items()))
 
 
@@ -137,10 +140,10 @@ def _labels_text(series: tuple[tuple[str, str], ...]) -> str:
     return ",".join(f'{k}="{v}"' for k, v in series)
 
 
-def pod_kv(page: ByName, keep: Mapping[str, str] | None) -> tuple[str | None, list[Sample]]:
-    """A pod's KV series: the newer name's, each replaced by the older name's same series
-    when its own value is unusable (NaN, out of range) and the older one is good."""
-    newer, older = (_kept(page.get(f, ()), keep) for f in VLLM_KV)
+def pod_kv(newer: list[Sample], older: list[Sample]) -> tuple[str | None, list[Sample]]:
+    """A pod's KV series from those of the newer and the older name (``VLLM_KV``): the newer
+    name's, each replaced by the older name's same series when its own value is unusable
+    (NaN, out of range) and the older one is good."""
     if not newer:
         return (VLLM_KV[1], older) if older else (None, [])
     if all(valid_fraction(s.value) for s in newer):  # nothing to replace: the usual page
@@ -161,7 +164,7 @@ def first_family(
 
 
 def valid_fraction(value: float) -> bool:
-    return math.isfinite(value) and 0.0 <= value <= 1.0
+    return 0.0 <= value <= 1.0  # NaN and the infinities compare false
 
 
 def _finite(samples: Sequence[Sample]) -> list[float]:
@@ -505,14 +508,14 @@ class PageReader:
         """A vLLM page whose KV series repeat, or are all out of range, is an error of its
         own: its pod does not count as answering. So is one URL that is several processes.
         An answering pod comes back with its KV series (``pod_kv``), worked out once."""
-        for family in VLLM_KV:
-            samples = _kept(page.samples.get(family, ()), self._model_keep)
+        newer, older = kept = [_kept(page.samples.get(f, ()), self._model_keep) for f in VLLM_KV]
+        for family, samples in zip(VLLM_KV, kept, strict=True):
             keys = [_series(s) for s in samples]
             if len(set(keys)) != len(keys):
                 twice = next(k for k in keys if keys.count(k) > 1)
                 detail = f"{family}{{{_labels_text(twice)}}} appears more than once"
                 return PodError(page.url, Reason.DUPLICATE_SERIES, detail)
-        name, chosen = pod_kv(page.samples, self._model_keep)
+        name, chosen = pod_kv(newer, older)
         if name is not None and chosen and not any(valid_fraction(s.value) for s in chosen):
             bad = chosen[0]
             hint = " (a percentage? it must be a fraction 0..1)" if 1 < bad.value <= 100 else ""
