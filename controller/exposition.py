@@ -307,9 +307,10 @@ class Extractor:
         return found
 
     def _head_of(self, head: str) -> tuple[str, Labels] | None:
-        """A line's sample name and label set from its head (``name{labels}`` or ``name``),
-        kept for the next time; ``None`` when the head is not that shape or its label text
-        is not a label set (the line may still be one: ``_read`` decides)."""
+        """A line's sample name and label set from its head (the newline and blanks before
+        it, then ``name{labels}`` or ``name``), kept for the next time; ``None`` when the head
+        is not that shape or its label text is not a label set (the line may still be one:
+        ``_read`` decides)."""
         known = self._heads.recall(head)
         if known is not None:
             return known
@@ -329,8 +330,8 @@ class Extractor:
         return known
 
     def _read(self, line: str, result: Extraction) -> Sample | None:
-        """One wanted line (from its name on) by the full grammar; ``None`` (and counted) when
-        it is not one."""
+        """One wanted line (as ``find`` gives it) by the full grammar; ``None`` (and counted)
+        when it is not one."""
         line = _bare(line)
         named = self._name_re.match(line)
         assert named is not None  # the line was found by its name
