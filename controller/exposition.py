@@ -130,6 +130,13 @@ class Labels(dict[str, str]):
         self.bound = bound_or_none(self["le"]) if "le" in self else None
         return self.series, self.bound
 
+    def key(self) -> tuple[tuple[str, str], ...]:
+        """``series`` alone, from its slot once worked out: what a series is keyed by."""
+        try:
+            return self.series
+        except AttributeError:
+            return self.derived()[0]
+
 
 class Sample(NamedTuple):
     """One sample line. ``timestamp`` is in seconds (the page carries milliseconds).

@@ -58,10 +58,7 @@ def series_key(labels: Mapping[str, str]) -> SeriesKey:
     """The labels without ``le``, sorted: one histogram series (worked out once per label
     set when the labels came from the extractor)."""
     if isinstance(labels, Labels):
-        try:
-            return labels.series
-        except AttributeError:  # not worked out yet
-            return labels.derived()[0]
+        return labels.key()
     return tuple(sorted((k, v) for k, v in labels.items() if k != "le"))
 
 

@@ -129,10 +129,7 @@ def _series(sample: Sample) -> tuple[tuple[str, str], ...]:
     (``Labels.derived``, shared by every sample and scrape that carries it)."""
     labels = sample.labels
     if isinstance(labels, Labels) and "le" not in labels:
-        try:
-            return labels.series
-        except AttributeError:  # not worked out yet
-            return labels.derived()[0]
+        return labels.key()
     return tuple(sorted(labels.items()))
 
 
