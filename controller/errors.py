@@ -7,7 +7,11 @@ WeightControllerError
     ├── ScrapeConnectError
     │   └── ScrapeRefusedError
     ├── ScrapeHTTPStatusError
+    ├── ScrapeTruncatedError
+    ├── ScrapeAuthError
+    ├── ScrapeRedirectError
     ├── ScrapeTooLargeError
+    ├── ScrapeContentTypeError
     └── ScrapeParseError
 """
 
@@ -83,3 +87,11 @@ class ScrapeTooLargeError(ScrapeError):
 
 class ScrapeParseError(ScrapeError):
     reason = Reason.PARSE
+
+
+class ScrapeContentTypeError(ScrapeError):
+    """The answer is not a metrics format (its ``Content-Type``), or its body contradicts the
+    format it was served as (OpenMetrics without ``# EOF``): named, never read by a guess at
+    what was meant."""
+
+    reason = Reason.CONTENT_TYPE

@@ -13,6 +13,7 @@ prometheus-client >= 0.23 rewrites ``vllm:`` names to ``vllm_`` for OpenMetrics 
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from itertools import repeat
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 __all__ = [
+    "OPENMETRICS",
     "Extraction",
     "Extractor",
     "Folding",
@@ -27,6 +29,8 @@ __all__ = [
     "PageStream",
     "Sample",
     "bound_or_none",
+    "first_of_each",
+    "go_float",
     "parse_le",
 ]
 
@@ -37,13 +41,24 @@ _BODY = r'[^"}\n]*(?:' + _QUOTED + r'[^"}\n]*)*'
 # A value or timestamp; float() would also take "1_000", which the format does not.
 _NUMBER = r"[^ \t\r\n_]+"
 # After the name: [{labels}] value [timestamp] [# exemplar], to the end of the line.
+# A value may follow the closing brace with no blank (``x{a="b"}6``: valid in both formats,
+# as Prometheus's and client_python's parsers read it); a bare name needs one.
 _REST = (
-    r"[ \t]*(?:\{(" + _BODY + r")\})?[ \t]+(" + _NUMBER + r")"
+    r"(?:[ \t]*\{(" + _BODY + r")\}[ \t]*|[ \t]+)(" + _NUMBER + r")"
     r"(?:[ \t]+(" + _NUMBER + r"))??(?:[ \t]+#[^\n]*)?[ \t]*\r?$"
 )
 _REST_RE = re.compile(_REST)
-_PAIR = r'[ \t]*[a-zA-Z_][a-zA-Z0-9_]*[ \t]*=[ \t]*"(?:[^"\\]|\\.)*"[ \t]*'
-_BODY_OK_RE = re.compile(rf"(?:{_PAIR},)*(?:{_PAIR},?)?[ \t]*")
+# A native histogram's value written in text (``{count:24,sum:100,…}``, client_python's
+# OpenMetrics parser reads it): not a classic sample, so skipped, never a malformed page.
+_NATIVE_RE = re.compile(r"[ \t]*(?:\{" + _BODY + r"\})?[ \t]*\{[a-z_]+:")
+# Pairs are separated by a comma, and Prometheus's text lexer also takes blanks alone
+# (``{quantile="2.0" a="b"}``: promparse_test.go reads it; client_python refuses pairs with
+# nothing between them, and so does this). A trailing comma, and a lone one (``{,}``,
+# client_python's test_commas) are allowed. Every repeat is possessive, so a label text that
+# fails is refused in linear time.
+_PAIR = r'[a-zA-Z_][a-zA-Z0-9_]*[ \t]*=[ \t]*"(?:[^"\\]|\\.)*+"'
+_SEP = r"(?:[ \t]*+,[ \t]*+|[ \t]++)"
+_BODY_OK_RE = re.compile(rf"[ \t]*+(?:{_PAIR}(?:{_SEP}{_PAIR})*+[ \t]*+,?|,)?[ \t]*")
 _PAIR_RE = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"')
 _ESCAPE_RE = re.compile(r'\\[\\n"]')
 _UNESCAPE = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
@@ -139,7 +154,8 @@ class Labels(dict[str, str]):
 
 
 class Sample(NamedTuple):
-    """One sample line. ``timestamp`` is in seconds (the page carries milliseconds).
+    """One sample line. ``timestamp`` is in seconds (a text-format page writes milliseconds,
+    an OpenMetrics page seconds: ``Extraction.openmetrics``).
 
     A NamedTuple: immutable like a frozen dataclass, and several times cheaper to build, which
     matters at a few hundred samples per page and thousands of pages per tick.
@@ -177,12 +193,22 @@ class Folding(Protocol):
 @dataclass(slots=True)
 class Extraction:
     """The wanted samples of a page by sample name, each in page order, and how many
-    wanted-looking lines could not be read; the samples ``fold`` takes go to it instead."""
+    wanted-looking lines could not be read; the samples ``fold`` takes go to it instead.
+
+    ``openmetrics``: the page is read by OpenMetrics' rules (timestamps in seconds), not the
+    text format's (milliseconds). ``skipped``: lines of the grammar whose value would be
+    wrong, so not a value: a NaN or infinite timestamp, a bucket whose ``le`` bounds
+    nothing, a native histogram (``first_skipped`` says the first and why). ``stamped``:
+    some wanted line carried a timestamp."""
 
     grouped: dict[str, list[Sample]] = field(default_factory=dict)
     invalid_lines: int = 0
     first_error: str | None = None
     fold: Folding | None = None
+    openmetrics: bool = False
+    skipped: int = 0
+    first_skipped: str | None = None
+    stamped: bool = False
 
     @property
     def samples(self) -> list[Sample]:
@@ -216,7 +242,9 @@ class Extractor:
                 for spelled in _spellings(family):
                     canonical[spelled + suffix] = family + suffix
         self._canonical = canonical
-        names = _trie_pattern(canonical)
+        # a bucket whose le bounds nothing is skipped, never read as another bucket
+        self._buckets = frozenset(n for n in canonical.values() if n.endswith("_bucket"))
+        names = _trie_pattern(canonical) or "(?!)"  # no names: a pattern that finds nothing
         # One pattern finds every wanted line: it is anchored at a newline (the regex engine
         # skips to the next one in C), so each line is tried once and a hostile line that
         # repeats a wanted name costs its length, not its length squared. The line is taken
@@ -278,8 +306,9 @@ class Extractor:
                 known = head_of(head)
                 heads = self._heads.young  # a new head may have started a new generation
             sample: Sample | None = None
-            # printable and without '_': exactly the characters the grammar allows a value
-            if known is not None and value.isprintable() and "_" not in value:
+            # ASCII, printable and without '_': the characters Go's ParseFloat allows a value
+            # (float() would also take other scripts' digits, and "1_0")
+            if known is not None and value.isascii() and value.isprintable() and "_" not in value:
                 try:  # not contextlib.suppress: a context manager per line costs more than this
                     number = float(value)
                 except ValueError:  # "zero": _read says why
@@ -333,6 +362,8 @@ class Extractor:
         except ValueError:
             return None
         known = (self._canonical[named.group()], labels)
+        if known[0] in self._buckets and labels.derived()[1] is None:
+            return None  # not a bucket: _read skips each such line and says why
         self._heads.keep(head, known)
         return known
 
@@ -345,29 +376,45 @@ class Extractor:
         name, rest = named.group(), line[named.end() :]
         match = _REST_RE.fullmatch(rest)
         if match is None:
-            self._invalid(result, line, "not 'name{labels} value [timestamp]'")
+            if _NATIVE_RE.match(rest) is not None:
+                self._skip(result, line, "a native histogram, not a classic sample")
+            else:
+                self._invalid(result, line, "not 'name{labels} value [timestamp]'")
             return None
         body, value, stamp = match.groups()
+        if value.startswith("{"):
+            self._skip(result, line, "a native histogram, not a classic sample")
+            return None
         try:
             labels = self._labels_of("" if body is None else "{" + body + "}")
-            return _new_sample(
-                Sample,
-                (
-                    self._canonical[name],
-                    labels,
-                    float(value),
-                    float(stamp) / 1000 if stamp else None,
-                ),
-            )
+            number = _value(value)
+            timestamp = _value(stamp) if stamp else None
         except ValueError as exc:
             self._invalid(result, line, str(exc))
             return None
+        sample_name = self._canonical[name]
+        if timestamp is not None:
+            if not math.isfinite(timestamp):  # Prometheus refuses it; no time at all
+                self._skip(result, line, "a timestamp that is not a time")
+                return None
+            result.stamped = True
+            timestamp = timestamp if result.openmetrics else timestamp / 1000
+        if sample_name in self._buckets and labels.derived()[1] is None:
+            self._skip(result, line, "a bucket whose le is not a number Go reads")
+            return None
+        return _new_sample(Sample, (sample_name, labels, number, timestamp))
 
     @staticmethod
     def _invalid(result: Extraction, line: str, why: str) -> None:
         result.invalid_lines += 1
         if result.first_error is None:
             result.first_error = f"{why}: {line[:120]!r}"
+
+    @staticmethod
+    def _skip(result: Extraction, line: str, why: str) -> None:
+        result.skipped += 1
+        if result.first_skipped is None:
+            result.first_skipped = f"{why}: {line[:120]!r}"
 
     def _labels_of(self, text: str, split: bool = True) -> Labels:
         """The label set written ``text`` (``{…}``, or ``""`` for none), from the cache or
@@ -450,6 +497,40 @@ class Extractor:
         return bound
 
 
+def first_of_each(samples: list[Sample]) -> tuple[list[Sample], Sample | None, int]:
+    """The samples of one name with each series kept once, at its first sample (as a
+    Prometheus scrape stores a repeated series once, and counts the repeat), the first
+    repeat, and how many were dropped. A series is its label set with ``le`` read as a
+    number where it is one, so ``le="1"`` and ``le="1.0"`` are one bucket, as Prometheus
+    normalises them."""
+    if len(samples) < 2:
+        return samples, None, 0
+    if type(samples[0].labels) is Labels and "le" not in samples[0].labels:
+        # the usual group, a gauge's series: distinct cached keys say there is no repeat
+        try:
+            if len({s.labels.key() for s in samples}) == len(samples):  # type: ignore[attr-defined]
+                return samples, None, 0
+        except AttributeError:  # a plain dict among them: the general path decides
+            pass
+    seen: set[tuple[tuple[tuple[str, str], ...], object]] = set()
+    kept: list[Sample] = []
+    first: Sample | None = None
+    for sample in samples:
+        labels = sample.labels
+        series, bound = labels.derived() if type(labels) is Labels else _derived(labels)
+        key = (series, labels.get("le") if bound is None else bound)
+        if key in seen:
+            first = first or sample
+            continue
+        seen.add(key)
+        kept.append(sample)
+    return kept, first, len(samples) - len(kept)
+
+
+def _derived(labels: dict[str, str]) -> tuple[tuple[tuple[str, str], ...], float | None]:
+    return Labels(labels).derived()
+
+
 # No real sample line comes near this (labels are short); a longer "line" is a hostile or
 # broken page, refused without being scanned.
 MAX_LINE = 1024 * 1024
@@ -461,16 +542,28 @@ PIECE = 64 * 1024
 FOLD_BATCH = 4096
 
 
+OPENMETRICS = "application/openmetrics-text"
+TEXT = "text/plain"
+
+
 class PageStream:
     """A page fed in pieces as it arrives: each complete line is extracted once, so memory
     holds only the wanted samples and the one incomplete line, never the page.
 
-    ``finish`` says what a whole page would: whether it was empty, whether it ended with a
-    newline (a cut page does not), whether a line was over-long, and its first bytes (to tell
-    text format from an HTML error page)."""
+    It is read by the rules of the format the server says it sent (``declare``): OpenMetrics
+    (timestamps in seconds; ``# EOF`` required, final, its newline optional) or the text format
+    (timestamps in milliseconds; ``# EOF`` is a comment like any other, and what follows it is
+    read). ``finish`` reads a last line without a newline where the transport vouches that the
+    body is whole, and says what a whole page would: whether it was empty, whether it ended as
+    its format ends a page, whether a line was over-long, and its first bytes (to tell a metrics
+    page from an HTML error page)."""
 
     def __init__(
-        self, extractor: Extractor, max_line: int = MAX_LINE, fold: Folding | None = None
+        self,
+        extractor: Extractor,
+        max_line: int = MAX_LINE,
+        fold: Folding | None = None,
+        content_type: str | None = None,
     ) -> None:
         self._extractor = extractor
         self._max_line = max_line
@@ -479,12 +572,29 @@ class PageStream:
         self._skipping = False
         self.result = Extraction(fold=fold)
         self.head = ""
+        self.tail = ""  # the page's last few characters (``ends_with_eof``)
         self.size = 0
         self.long_line = False
         self.last_char = ""
-        # OpenMetrics ends a page with "# EOF" (its newline optional); nothing may follow it.
-        self.eof = False
+        self.eof = False  # OpenMetrics: "# EOF" was read; nothing may follow it
         self.after_eof = False
+        # The transport knows the body is whole (a Content-Length or chunked framing it
+        # checked): a last line without a newline is then the page's own, not a cut one.
+        self.whole = True
+        self.media_type: str | None = None
+        self.declare(content_type)
+
+    def declare(self, content_type: str | None, whole: bool = True) -> None:
+        """What the server said it sent (its ``Content-Type``; ``None``: nothing, read as the
+        text format), and whether the transport framed the body; before the first piece."""
+        media = (content_type or "").partition(";")[0].strip().lower()
+        self.media_type = media or None
+        self.result.openmetrics = media == OPENMETRICS
+        self.whole = whole
+
+    @property
+    def openmetrics(self) -> bool:
+        return self.result.openmetrics
 
     def feed(self, text: str) -> None:
         fold = self.result.fold
@@ -496,12 +606,12 @@ class PageStream:
     def _piece(self, text: str) -> None:
         if not text:
             return
+        self.size += len(text)
         if self.eof:  # past "# EOF": not read, and the page is not valid OpenMetrics
-            self.size += len(text)
             self.after_eof = True
             return
-        self.size += len(text)
         self.last_char = text[-1]
+        self.tail = (self.tail + text[-16:])[-16:]
         if len(self.head) < 4096:
             self.head += text[: 4096 - len(self.head)]
         if self._skipping:  # inside an over-long line: drop it up to its end
@@ -528,7 +638,9 @@ class PageStream:
         if len(line) - 2 > self._max_line:  # only the first line can exceed a piece
             self.long_line = True
             return
-        if _eof_at(line) is None and _eof_at(text, first, newline + 1) is None:
+        if not self.openmetrics or (
+            _eof_at(line) is None and _eof_at(text, first, newline + 1) is None
+        ):
             self._extractor.extract_lines(line, self.result)
             self._extractor.extract_lines(text, self.result, first, newline + 1)
             return
@@ -543,17 +655,37 @@ class PageStream:
         self._parts, self._pending = [], 0
         self._extractor.extract_lines(complete, self.result)
 
+    def finish(self) -> None:
+        """The page has all arrived: a text-format page's last line without a newline is read
+        where the transport vouches that the body is whole. The format ends every line with a
+        newline, and a cut line's value may be a prefix of the real one (``0.`` of ``0.97``);
+        but Prometheus and client_python read such a page whole, and a body that HTTP framed
+        (Content-Length, chunked) and that arrived whole was not cut in transit. An unframed
+        body (read until the connection closed) may have been: its last line is not read, and
+        the page is refused as cut short (``ended``)."""
+        if self._parts and self.whole and not self.openmetrics and not self.long_line:
+            last = "".join(["\n", *self._parts])
+            self._parts, self._pending = [], 0
+            self._extractor.extract_lines(last, self.result)
+            self.last_char = "\n"  # read as if it had its newline
+
     @property
     def ended_with_newline(self) -> bool:
         return self.last_char == "\n"
 
     @property
     def ended(self) -> bool:
-        """The page ended as a whole page does: with a newline, or with OpenMetrics' final
-        ``# EOF`` (whose newline the format makes optional)."""
-        if self.eof:
-            return True
-        return "".join(self._parts).rstrip("\r") == EOF_LINE or self.ended_with_newline
+        """The page ended as a whole page of its format does: a text page with a newline (or
+        a last line ``finish`` read), an OpenMetrics page with its final ``# EOF`` (whose
+        newline the format makes optional)."""
+        if not self.openmetrics:
+            return self.ended_with_newline
+        return self.eof or "".join(self._parts).rstrip("\r") == EOF_LINE
+
+    @property
+    def ends_with_eof(self) -> bool:
+        """The page's last line is OpenMetrics' ``# EOF`` (read as a comment in a text page)."""
+        return self.tail.rstrip("\r\n").endswith("\n" + EOF_LINE) or self.tail.strip() == EOF_LINE
 
 
 EOF_LINE = "# EOF"
@@ -669,10 +801,42 @@ def _unescape(match: re.Match[str]) -> str:
     return _UNESCAPE[match.group(0)]
 
 
+# A number as Go's strconv.ParseFloat reads it, which is what Prometheus compares ``le``
+# bounds with (histogram_quantile, and its scrape's normalisation of ``le``): decimal, or
+# hexadecimal with a binary exponent, or Inf/Infinity/NaN in any case, each with an optional
+# sign. Python's float() also takes blanks around the number, digits of other scripts and
+# ``_`` between digits ("1_0" is 10 to it); Go refuses those (atof.go: readFloat, special),
+# and a bound that Go cannot read is no bound at all, never another one.
+_GO_DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_GO_HEX = re.compile(r"[+-]?0[xX](?:[0-9a-fA-F]+\.?[0-9a-fA-F]*|\.[0-9a-fA-F]+)[pP][+-]?[0-9]+")
+_GO_SPECIAL = frozenset(
+    ("nan", *(sign + w for sign in ("", "+", "-") for w in ("inf", "infinity")))
+)
+
+
+def _value(text: str) -> float:
+    """A sample's value or timestamp: ``float`` on what Go's ParseFloat also takes (ASCII,
+    no ``_``; the line's grammar already keeps blanks out)."""
+    if not text.isascii() or "_" in text:
+        raise ValueError(f"{text[:40]!r} is not a number")
+    return float(text)
+
+
+def go_float(text: str) -> float:
+    """``text`` as Go's ``strconv.ParseFloat(text, 64)`` reads it; a ValueError where Go
+    refuses it (any case of Inf, Infinity and NaN; a sign on Inf only)."""
+    if _GO_DECIMAL.fullmatch(text) is not None or text.lower() in _GO_SPECIAL:
+        return float(text)
+    if _GO_HEX.fullmatch(text) is not None:
+        return float.fromhex(text)
+    raise ValueError(f"{text!r} is not a number")
+
+
 def parse_le(text: str) -> float:
     """A histogram bound as a number, so ``"1"`` and ``"1.0"`` name the same bucket. ``NaN``
-    bounds nothing (and is never equal to itself): a ValueError, like any other non-number."""
-    bound = float(text)
+    bounds nothing (and is never equal to itself), nor does a text Go cannot read as a number
+    (``go_float``): a ValueError."""
+    bound = go_float(text)
     if bound != bound:
         raise ValueError(f"le={text!r} is not a bound")
     return bound

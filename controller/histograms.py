@@ -152,15 +152,21 @@ class Fold:
     falls, leaves the whole page out for that interval (per series, the others would still be
     counted); a series without ``_count`` makes the page's histogram unknown (per series, it
     alone would be left out); a bucket line given twice makes its bound one not every series
-    has."""
+    has.
+
+    A bucket line repeated on the page (the same series and bound) is kept at its first value,
+    as a Prometheus scrape keeps a repeated series, and counted in ``duplicates``."""
 
     __slots__ = (
         "_column",
         "_keep",
         "_layouts",
         "_lines",
+        "_seen",
         "_series",
         "_sums",
+        "duplicates",
+        "first_duplicate",
         "labels",
         "sample_name",
         "values",
@@ -180,6 +186,9 @@ class Fold:
         self._sums: dict[float, float] = {}
         self._lines: dict[float, int] = {}
         self._series: dict[SeriesKey, None] = {}
+        self._seen: set[tuple[SeriesKey, float]] = set()  # the buckets summed line by line
+        self.duplicates = 0
+        self.first_duplicate: SeriesKey = ()
         # A page summed by columns keeps its layout and column sums as they are (``folded``
         # reads them so); they become the three dicts above only if more lines follow.
         self._column: tuple[_Layout, list[float]] | None = None
@@ -231,6 +240,7 @@ class Fold:
         layout, sums = self._column
         self._column = None
         self._series = dict.fromkeys(layout.series)
+        self._seen = {(key, bound) for key in layout.series for bound in layout.columns}
         self._sums = dict(zip(layout.columns, sums, strict=True))
         self._lines = dict.fromkeys(layout.columns, len(layout.series))
 
@@ -251,6 +261,11 @@ class Fold:
             key, bound = series_key(labels), _bound(labels)
         if bound is None:
             return
+        if (key, bound) in self._seen:
+            self.duplicates += 1
+            self.first_duplicate = self.first_duplicate or (*key, ("le", str(bound)))
+            return
+        self._seen.add((key, bound))
         sums = self._sums
         if bound in sums:
             sums[bound] += value

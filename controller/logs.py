@@ -125,8 +125,11 @@ class Conditions:
     def active(self, key: Hashable) -> bool:
         return key in self._open
 
-    def observe(self, event: str, key: Hashable, level: str = "warning", **fields: Any) -> None:
-        """The condition ``key`` holds now; log ``event`` if it just started or is due again."""
+    def observe(
+        self, event: str, key: Hashable, level: str = "warning", once: bool = False, **fields: Any
+    ) -> None:
+        """The condition ``key`` holds now; log ``event`` if it just started or is due again
+        (``once``: only when it starts, for a condition that is one line while it lasts)."""
         now = self._clock()
         found = self._open.get(key)
         if found is None:
@@ -135,7 +138,7 @@ class Conditions:
             return
         found.occurrences += 1
         found.fields = dict(fields)
-        if now - found.logged >= self._repeat:
+        if not once and now - found.logged >= self._repeat:
             found.logged = now
             fields.pop("exc_info", None)  # one traceback per condition is enough
             getattr(self._log, level)(

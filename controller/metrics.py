@@ -70,7 +70,15 @@ class ControllerMetrics:
         )
         self.invalid_samples = new.counter(
             "invalid_samples_total",
-            "KV-cache samples ignored because they were NaN, infinite or outside 0..1.",
+            "Samples ignored: KV-cache values NaN, infinite or outside 0..1, and lines skipped "
+            "as not values (a NaN timestamp, a bucket whose le bounds nothing, a native "
+            "histogram).",
+            "cluster",
+        )
+        self.duplicate_samples = new.counter(
+            "duplicate_samples_total",
+            "Samples dropped because their series had already appeared on the same page (the "
+            "first is kept, as Prometheus keeps it).",
             "cluster",
         )
         self.reconcile_duration = new.histogram(
@@ -147,6 +155,7 @@ class ControllerMetrics:
             self.health_transitions.labels(cluster, to)
         self.scrape_pages.labels(cluster)
         self.invalid_samples.labels(cluster)
+        self.duplicate_samples.labels(cluster)
 
     def add_target(self, target: str) -> None:
         for result in Write:
@@ -160,3 +169,5 @@ class ControllerMetrics:
             self.scrape_errors.labels(metrics.cluster, error.reason.value).inc()
         if metrics.invalid_samples:
             self.invalid_samples.labels(metrics.cluster).inc(metrics.invalid_samples)
+        if metrics.duplicate_samples:
+            self.duplicate_samples.labels(metrics.cluster).inc(metrics.duplicate_samples)

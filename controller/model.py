@@ -16,10 +16,15 @@ class Reason(StrEnum):
     HTTP_STATUS = "http_status"
     REDIRECT = "redirect"
     PARSE = "parse"
+    CONTENT_TYPE = "content_type"  # not a metrics format, or a body its type contradicts
     TRUNCATED = "truncated"
     TOO_LARGE = "too_large"
     OUT_OF_RANGE = "out_of_range"
+    # Read past on a usable page (``ClusterMetrics.notices``): a series repeated on the page
+    # (kept at its first sample), lines whose value would be wrong (a NaN timestamp, an le
+    # that bounds nothing, a native histogram)
     DUPLICATE_SERIES = "duplicate_series"
+    SKIPPED_LINES = "skipped_lines"
     AUTH = "auth"
     MISSING_METRIC = "missing_metric"
     STALE = "stale"
@@ -80,6 +85,10 @@ class ClusterMetrics:
     observed_newest: float | None = None  # the newest: one from the future is not fresh
     invalid_samples: int = 0
     errors: tuple[PodError, ...] = ()
+    # What was read past on pages that were read (a repeated series, kept at its first
+    # sample; lines skipped as not values): one per page and kind, naming the first.
+    notices: tuple[PodError, ...] = ()
+    duplicate_samples: int = 0  # samples dropped as repeats of a series on the same page
     pages: int = 1  # pages (or queries) this fetch asked for: the denominator of error ratios
     # Requests the cluster completed since this source's previous fetch (None: unknown, e.g.
     # on the first fetch): what realised share counts, whatever window latency is taken over.

@@ -38,6 +38,7 @@ class Journal:
             self._pods(name, cluster)
         self._conditions.retain(("pod",), self._pod_keys(current))
         self._conditions.retain(("lb",), self._balanced_keys(current))
+        self._conditions.retain(("read past",), self._notice_keys(current))
         for target in current.targets.values():
             self._control(target)
         for target in current.targets.values():
@@ -83,6 +84,16 @@ class Journal:
                     pod=error.url,
                     detail=error.detail,
                 )
+        for notice in view.metrics.notices if view.metrics else ():
+            self._conditions.observe(
+                "page read past",
+                ("read past", name, notice.url, notice.reason),
+                once=True,
+                cluster=name,
+                pod=notice.url,
+                reason=notice.reason.value,
+                detail=notice.detail,
+            )
         if view.health is None or not view.health.healthy or view.metrics is None:
             return
         for error in view.metrics.errors:
@@ -102,6 +113,14 @@ class Journal:
             for name, view in report.clusters.items()
             if view.health is not None and view.health.healthy and view.metrics is not None
             for error in view.metrics.errors
+        }
+
+    @staticmethod
+    def _notice_keys(report: TickReport) -> set[tuple[str, str, str, Reason]]:
+        return {
+            ("read past", name, notice.url, notice.reason)
+            for name, view in report.clusters.items()
+            for notice in (view.metrics.notices if view.metrics else ())
         }
 
     @staticmethod

@@ -110,8 +110,9 @@ async def get_text(session: aiohttp.ClientSession, endpoint: Endpoint, accept: s
 async def get_page(
     session: aiohttp.ClientSession, endpoint: Endpoint, accept: str, stream: PageStream
 ) -> PageStream:
-    """A 200 response fed into ``stream`` as it arrives (the page is never held whole)."""
-    await _get(session, endpoint, accept, stream.feed)
+    """A 200 response fed into ``stream`` as it arrives (the page is never held whole), read
+    by the format its ``Content-Type`` names."""
+    await _get(session, endpoint, accept, stream.feed, stream.declare)
     return stream
 
 
@@ -120,15 +121,22 @@ async def _get(
     endpoint: Endpoint,
     accept: str,
     sink: Callable[[str], None],
+    declare: Declare | None = None,
 ) -> None:
-    """GET ``endpoint`` and hand its decoded body to ``sink`` piece by piece. The request's
-    timeout starts once the limiter lets it run, so time spent queued behind other pages
-    never counts against it (the tick deadline bounds the whole)."""
+    """GET ``endpoint`` and hand its decoded body to ``sink`` piece by piece (and, first, its
+    Content-Type and whether HTTP framed it to ``declare``). The request's timeout starts
+    once the limiter lets it run, so time spent queued behind other pages never counts
+    against it (the tick deadline bounds the whole)."""
     if endpoint.limiter is None:
-        await _request(session, endpoint, accept, sink)
+        await _request(session, endpoint, accept, sink, declare)
         return
     async with endpoint.limiter:
-        await _request(session, endpoint, accept, sink)
+        await _request(session, endpoint, accept, sink, declare)
+
+
+# What a body was served as (its Content-Type, if any), and whether HTTP framed it
+# (Content-Length or chunked: a body cut in transit is then an error, not a shorter page).
+Declare = Callable[[str | None, bool], None]
 
 
 async def _request(
@@ -136,6 +144,7 @@ async def _request(
     endpoint: Endpoint,
     accept: str,
     sink: Callable[[str], None],
+    declare: Declare | None = None,
 ) -> None:
     url = endpoint.url
     headers = {"Accept": accept, "Accept-Encoding": "gzip"}
@@ -162,6 +171,8 @@ async def _request(
                     raise ScrapeAuthError(url, f"{detail} (is the bearer token valid and allowed?)")
                 if response.status != 200:
                     raise ScrapeHTTPStatusError(url, await _status_detail(response))
+                if declare is not None:
+                    declare(response.headers.get("Content-Type"), _framed(response))
                 await _read_capped(response, endpoint, sink)
     except TimeoutError as exc:
         raise ScrapeTimeoutError(url, f"no complete answer within {endpoint.timeout:g}s") from exc
@@ -174,6 +185,13 @@ async def _request(
         raise ScrapeConnectError(url, f"{type(exc).__name__}: {exc}") from exc
     except aiohttp.ClientError as exc:
         raise ScrapeError(url, f"{type(exc).__name__}: {exc}") from exc
+
+
+def _framed(response: aiohttp.ClientResponse) -> bool:
+    """The body's end is known to HTTP (aiohttp then raises ClientPayloadError on a cut
+    one), rather than read until the connection closes."""
+    chunked = "chunked" in response.headers.get("Transfer-Encoding", "").lower()
+    return response.content_length is not None or chunked
 
 
 def _refused(exc: BaseException) -> bool:

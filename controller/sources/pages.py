@@ -26,8 +26,23 @@ from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from controller import histograms
-from controller.errors import ScrapeError, ScrapeParseError, ScrapeTruncatedError
-from controller.exposition import MAX_LINE, Extractor, Labels, PageStream, Sample
+from controller.errors import (
+    ScrapeContentTypeError,
+    ScrapeError,
+    ScrapeParseError,
+    ScrapeTruncatedError,
+)
+from controller.exposition import (
+    MAX_LINE,
+    OPENMETRICS,
+    TEXT,
+    Extraction,
+    Extractor,
+    Labels,
+    PageStream,
+    Sample,
+    first_of_each,
+)
 from controller.families import (
     EPP_GAUGES,
     EPP_HISTOGRAMS,
@@ -67,6 +82,11 @@ class Page:
     url: str
     samples: ByName
     fold: Fold | None = None  # its e2e buckets, summed as it was read (``PageReader.pod_stream``)
+    # What was read past, the page still usable: repeated series (each kept at its first
+    # sample) and lines skipped as not values, counted, and a notice naming the first of each.
+    duplicates: int = 0
+    skipped: int = 0
+    notices: tuple[PodError, ...] = ()
 
 
 # ---- one page ---------------------------------------------------------------------------------
@@ -82,9 +102,11 @@ def looks_like_exposition(text: str) -> bool:
     return head == "#" or (head.isascii() and (head.isalpha() or head in "_:"))
 
 
-def read_page(url: str, text: str, extractor: Extractor) -> Page | PodError:
+def read_page(
+    url: str, text: str, extractor: Extractor, content_type: str | None = None
+) -> Page | PodError:
     """One page's text → its wanted samples, or the PodError a scrape would report."""
-    stream = PageStream(extractor)
+    stream = PageStream(extractor, content_type=content_type)
     stream.feed(text)
     try:
         return page_of(url, stream)
@@ -94,19 +116,18 @@ def read_page(url: str, text: str, extractor: Extractor) -> Page | PodError:
 
 def page_of(url: str, stream: PageStream) -> Page:
     """What a whole page fed through ``stream`` amounts to, or why it is unusable."""
+    if stream.media_type not in _METRICS_TYPES:
+        raise ScrapeContentTypeError(
+            url, f"served as {stream.media_type!r}, which is not a Prometheus metrics format"
+        )
+    stream.finish()
     if stream.size == 0:
         raise ScrapeTruncatedError(url, "empty body")
     if not looks_like_exposition(stream.head):
         raise ScrapeParseError(url, "not Prometheus text format")
     if stream.long_line:
         raise ScrapeParseError(url, f"a line longer than {MAX_LINE} bytes: not a metrics page")
-    if not stream.ended:
-        # The text format ends every line with a newline (OpenMetrics: with "# EOF"): a last
-        # line without one was cut, and its value may be a prefix of the real one (``0.`` of
-        # ``0.97``).
-        raise ScrapeTruncatedError(url, f"no final newline after {stream.size} bytes: cut short")
-    if stream.after_eof:  # as Prometheus's OpenMetrics parser: "data after # EOF"
-        raise ScrapeParseError(url, "data after '# EOF': not an OpenMetrics page")
+    _check_ending(url, stream)
     found = stream.result
     if found.invalid_lines:
         raise ScrapeParseError(
@@ -115,7 +136,59 @@ def page_of(url: str, stream: PageStream) -> Page:
     fold = found.fold if isinstance(found.fold, Fold) else None
     if fold is not None:
         fold.settle()  # while the page's numbers are still in the CPU's caches
-    return Page(url, found.by_name(), fold)
+    return _deduplicated(url, found.by_name(), fold, found)
+
+
+# What a metrics page may be served as: text format (0.0.4, or Prometheus 3's 1.0.0),
+# OpenMetrics, or nothing said (read as the text format, as every client library's
+# text-format page can be).
+_METRICS_TYPES = frozenset((None, TEXT, OPENMETRICS))
+
+
+def _check_ending(url: str, stream: PageStream) -> None:
+    """A page ends as its format says, or says why not: cut short, or a body that
+    contradicts its Content-Type (named, never guessed at)."""
+    if stream.openmetrics and stream.after_eof:  # Prometheus's parser: "data after # EOF"
+        raise ScrapeParseError(url, "data after '# EOF': not an OpenMetrics page")
+    if stream.openmetrics and not stream.ended:
+        if stream.whole:
+            raise ScrapeContentTypeError(
+                url, "served as OpenMetrics, but the whole body has no final '# EOF'"
+            )
+        raise ScrapeTruncatedError(url, f"no '# EOF' after {stream.size} bytes: cut short")
+    if not stream.ended:
+        # A last line without its newline on a body that may have been cut in transit
+        # (PageStream.finish): its value may be a prefix of the real one (0. of 0.97).
+        raise ScrapeTruncatedError(url, f"no final newline after {stream.size} bytes: cut short")
+    if not stream.openmetrics and stream.result.stamped and stream.ends_with_eof:
+        raise ScrapeContentTypeError(
+            url,
+            "served as text/plain, but the body ends with OpenMetrics' '# EOF' and its samples "
+            "carry timestamps: whether they are seconds (OpenMetrics) or milliseconds (text) "
+            "cannot be told",
+        )
+
+
+def _deduplicated(url: str, by_name: ByName, fold: Fold | None, found: Extraction) -> Page:
+    """The page with each series kept at its first sample, and what was read past named."""
+    duplicates, first = 0, ""
+    if fold is not None and fold.duplicates:
+        duplicates = fold.duplicates
+        first = f"{fold.sample_name}{{{_labels_text(fold.first_duplicate)}}}"
+    for name, samples in by_name.items():
+        kept, repeat, dropped = first_of_each(samples)
+        if repeat is not None:
+            by_name[name] = kept
+            duplicates += dropped
+            first = first or f"{name}{{{_labels_text(tuple(sorted(repeat.labels.items())))}}}"
+    notices = []
+    if duplicates:
+        detail = f"{duplicates} repeated series, each kept at its first sample; first: {first}"
+        notices.append(PodError(url, Reason.DUPLICATE_SERIES, detail))
+    if found.skipped:
+        detail = f"{found.skipped} line(s) skipped as not values; first: {found.first_skipped}"
+        notices.append(PodError(url, Reason.SKIPPED_LINES, detail))
+    return Page(url, by_name, fold, duplicates, found.skipped, tuple(notices))
 
 
 def _kept(samples: Sequence[Sample], keep: Mapping[str, str] | None) -> list[Sample]:
@@ -443,6 +516,7 @@ class PageReader:
         if answered and values.kv_mean is None:
             errors.append(self._missing(len(answered)))
         latency, fell = self._latency_from(epp_page, pods)
+        read = [*pods, *([epp_page] if epp_page else [])]
         return ClusterMetrics(
             cluster=self._name,
             scraped_at=started,
@@ -458,8 +532,10 @@ class PageReader:
             latency=latency,
             observed_at=values.observed_at,
             observed_newest=values.observed_newest,
-            invalid_samples=values.invalid_samples,
+            invalid_samples=values.invalid_samples + sum(p.skipped for p in read),
+            duplicate_samples=sum(p.duplicates for p in read),
             errors=tuple(errors),
+            notices=tuple(n for p in read for n in p.notices),
             pages=len(results) + (epp is not None),
             # the increase between two scrapes: what completed since the last one (unknown
             # when a counter fell: a restart, or another process behind the URL)
@@ -502,16 +578,11 @@ class PageReader:
         return summary
 
     def _check(self, page: Page) -> _PodKV | PodError:
-        """A vLLM page whose KV series repeat, or are all out of range, is an error of its
-        own: its pod does not count as answering. So is one URL that is several processes.
-        An answering pod comes back with its KV series (``pod_kv``), worked out once."""
-        newer, older = kept = [_kept(page.samples.get(f, ()), self._model_keep) for f in VLLM_KV]
-        for family, samples in zip(VLLM_KV, kept, strict=True):
-            keys = [_series(s) for s in samples]
-            if len(set(keys)) != len(keys):
-                twice = next(k for k in keys if keys.count(k) > 1)
-                detail = f"{family}{{{_labels_text(twice)}}} appears more than once"
-                return PodError(page.url, Reason.DUPLICATE_SERIES, detail)
+        """A vLLM page whose KV series are all out of range is an error of its own: its pod
+        does not count as answering. So is one URL that is several processes. An answering
+        pod comes back with its KV series (``pod_kv``), worked out once; a series repeated on
+        the page was kept at its first sample when the page was read (``page_of``)."""
+        newer, older = [_kept(page.samples.get(f, ()), self._model_keep) for f in VLLM_KV]
         name, chosen = pod_kv(newer, older)
         if name is not None and chosen and not any(valid_fraction(s.value) for s in chosen):
             bad = chosen[0]

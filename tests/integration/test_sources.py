@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from itertools import pairwise
 from pathlib import Path
@@ -263,17 +264,25 @@ FAILURES: list[tuple[str, Handler | None, Reason]] = [
     (
         "garbage-html",
         text_handler("<html><body>Bad Gateway</body></html>", content_type="text/html"),
+        Reason.CONTENT_TYPE,
+    ),
+    (
+        "html-as-text",  # a proxy's error page served as text/plain
+        text_handler("<html><body>Bad Gateway</body></html>"),
         Reason.PARSE,
     ),
     (
-        "cut-mid-line",
-        text_handler('vllm:kv_cache_usage_perc{engine="0"} 0.5\nvllm:kv_cache_usage_perc{engi'),
-        Reason.TRUNCATED,
+        "openmetrics-without-eof",
+        text_handler(
+            'vllm:kv_cache_usage_perc{engine="0"} 0.5\n',
+            content_type="application/openmetrics-text",
+        ),
+        Reason.CONTENT_TYPE,
     ),
     (
-        "cut-mid-value",  # '0.' of '0.97', with the connection closed: never read as 0.0
-        text_handler('vllm:kv_cache_usage_perc{engine="0"} 0.'),
-        Reason.TRUNCATED,
+        "malformed-last-line",  # whole (Content-Length), its last line without a newline
+        text_handler('vllm:kv_cache_usage_perc{engine="0"} 0.5\nvllm:kv_cache_usage_perc{engi'),
+        Reason.PARSE,
     ),
     ("empty", text_handler(""), Reason.TRUNCATED),
     ("cut-body", _truncated, Reason.TRUNCATED),
@@ -294,13 +303,6 @@ FAILURES: list[tuple[str, Handler | None, Reason]] = [
         "negative",
         text_handler('vllm:kv_cache_usage_perc{engine="0"} -0.1\n'),
         Reason.OUT_OF_RANGE,
-    ),
-    (
-        "duplicate",
-        text_handler(
-            'vllm:kv_cache_usage_perc{engine="0"} 0.1\nvllm:kv_cache_usage_perc{engine="0"} 0.99\n'
-        ),
-        Reason.DUPLICATE_SERIES,
     ),
     (
         "oversized",
@@ -325,6 +327,78 @@ async def test_failure_modes_become_pod_errors(
     assert [e.reason for e in metrics.errors] == [reason]
     assert metrics.errors[0].url == url and metrics.errors[0].detail
     assert metrics.kv_mean is None
+
+
+async def _unframed(body: bytes) -> tuple[asyncio.Server, str]:
+    """A server that answers 200 with neither Content-Length nor chunked framing: the body
+    ends where the connection closes, so a cut one cannot be told from a whole one."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\n")
+        writer.write(body)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    return server, f"http://127.0.0.1:{port}/metrics"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'vllm:kv_cache_usage_perc{engine="0"} 0.5\nvllm:kv_cache_usage_perc{engi',
+        b'vllm:kv_cache_usage_perc{engine="0"} 0.',  # '0.' of '0.97': never read as 0.0
+    ],
+    ids=["cut-mid-line", "cut-mid-value"],
+)
+async def test_an_unframed_body_without_its_final_newline_is_cut_short(
+    session: aiohttp.ClientSession, body: bytes
+) -> None:
+    server, url = await _unframed(body)
+    async with server:
+        metrics = await source(session, vllm_urls=[url]).fetch()
+    assert metrics.pods_answering == 0
+    assert [e.reason for e in metrics.errors] == [Reason.TRUNCATED]
+
+
+async def test_an_unframed_whole_page_is_read(session: aiohttp.ClientSession) -> None:
+    server, url = await _unframed(v1_page([0.4], waiting=2).encode())
+    async with server:
+        metrics = await source(session, vllm_urls=[url]).fetch()
+    assert (metrics.kv_mean, metrics.queue_depth, metrics.errors) == (0.4, 2, ())
+
+
+async def test_an_openmetrics_page_is_read_by_its_own_rules(
+    serve: Serve, session: aiohttp.ClientSession
+) -> None:
+    """Its timestamps are seconds: read as milliseconds, a fresh sample was 55 years old and
+    its healthy cluster stale. Its "# EOF" ends it."""
+    now = time.time()
+    page = f'vllm:kv_cache_usage_perc{{engine="0"}} 0.3 {now:.3f}\n# EOF\n'
+    kind = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+
+    async def typed(_: web.Request) -> web.Response:
+        return web.Response(body=page.encode(), headers={"Content-Type": kind})
+
+    server = await serve({"/om": typed})
+    metrics = await source(session, vllm_urls=[server.url("/om")]).fetch()
+    assert metrics.errors == () and metrics.kv_mean == 0.3
+    assert metrics.observed_at == pytest.approx(now, abs=0.01)
+
+
+async def test_a_repeated_series_keeps_its_first_sample_and_is_counted(
+    serve: Serve, session: aiohttp.ClientSession
+) -> None:
+    kv = 'vllm:kv_cache_usage_perc{engine="0",model_name="m"}'
+    waiting = 'vllm:num_requests_waiting{engine="0",model_name="m"}'
+    page = f"{kv} 0.1\n{kv} 0.99\n{waiting} 3\n{waiting} 3\n"
+    server = await serve({"/p": text_handler(page)})
+    metrics = await source(session, vllm_urls=[server.url("/p")]).fetch()
+    assert (metrics.kv_mean, metrics.queue_depth, metrics.pods_answering) == (0.1, 3, 1)
+    assert metrics.duplicate_samples == 2
+    assert [n.reason for n in metrics.notices] == [Reason.DUPLICATE_SERIES]
 
 
 async def test_invalid_kv_values_are_counted_never_used(

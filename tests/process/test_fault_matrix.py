@@ -61,13 +61,25 @@ async def slow_body(request: web.Request) -> web.StreamResponse:
     return response
 
 
-async def cut_mid_value(request: web.Request) -> web.StreamResponse:
-    response = web.StreamResponse(headers={"Content-Length": "4096"})
-    await response.prepare(request)
-    await response.write(f"{KV} 0.".encode())  # the connection closes mid-value
-    assert request.transport is not None
-    request.transport.close()
-    return response
+def cut(body: str) -> Handler:
+    """A body that promises 4,096 bytes and stops: the connection closes mid-way."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Length": "4096"})
+        await response.prepare(request)
+        await response.write(body.encode())
+        assert request.transport is not None
+        request.transport.close()
+        return response
+
+    return handler
+
+
+def openmetrics(text: str) -> Handler:
+    async def handler(_: web.Request) -> web.Response:
+        return web.Response(body=text.encode(), content_type="application/openmetrics-text")
+
+    return handler
 
 
 def histogram(buckets: list[tuple[str, float]], count: float) -> str:
@@ -106,9 +118,10 @@ ROWS: list[tuple[str, Handler | str, str | None]] = [
     ("redirect-loop", page("", status=302, Location="/redirect-loop"), "redirect"),
     ("redirect-cross-host", page("", status=302, Location="http://169.254.169.254/"), "redirect"),
     ("garbage", page("<html><body>Bad Gateway</body></html>\n"), "parse"),
-    ("binary", raw(bytes(range(256)) * 8), "parse"),
-    ("cut-mid-line", page(f"{KV} 0.3\nvllm:kv_cache_us"), "truncated"),
-    ("cut-mid-value", cut_mid_value, "truncated"),
+    ("binary", raw(bytes(range(256)) * 8), "content_type"),  # application/octet-stream
+    ("binary-as-text", page(bytes(range(256)).decode("latin-1") * 8), "parse"),
+    ("cut-mid-line", cut(f"{KV} 0.3\nvllm:kv_cache_us"), "truncated"),
+    ("cut-mid-value", cut(f"{KV} 0."), "truncated"),
     ("empty", page(""), "truncated"),
     ("oversized", page(GOOD + "# pad " + "x" * MAX_BODY + "\n"), "too_large"),
     (
@@ -122,15 +135,17 @@ ROWS: list[tuple[str, Handler | str, str | None]] = [
     ("negative", page(f"{KV} -0.2\n"), "out_of_range"),
     ("above-one", page(f"{KV} 1.5\n"), "out_of_range"),
     ("percent", page(f"{KV} 95\n"), "out_of_range"),
-    ("duplicate-series", page(f"{KV} 0.1\n{KV} 0.99\n"), "duplicate_series"),
+    # a series repeated on a page: kept at its first sample (as Prometheus does), counted
+    ("duplicate-series", page(f"{KV} 0.1\n{KV} 0.99\n"), None),
     ("renamed-metric", page('vllm:kv_cache_usage_ratio{engine="0"} 0.3\n'), "missing_metric"),
     ("counter-reset", reset(), None),
     ("non-monotonic-buckets", page(histogram([("1.0", 50), ("2.0", 10), ("+Inf", 40)], 40)), None),
     ("token-rotation", rotating_token, None),
     ("token-missing", page(GOOD), "auth"),  # its token file is deleted while it runs
     # OpenMetrics: a series after "# EOF" was used; a page ending "# EOF" unterminated refused
-    ("after-eof", page(f"{GOOD}# EOF\n{KV} 0.99\n"), "parse"),
-    ("eof-unterminated", page(f"{GOOD}# EOF"), None),
+    ("after-eof", openmetrics(f"{GOOD}# EOF\n{KV} 0.99\n"), "parse"),
+    ("eof-unterminated", openmetrics(f"{GOOD}# EOF"), None),
+    ("openmetrics-without-eof", openmetrics(GOOD), "content_type"),
     ("future-timestamp", page(f"{KV} 0.3 {FUTURE_MS}\n"), "stale"),  # never aged, never stale
     ("listed-200-times", page(GOOD), None),  # one pod, not 200 (its URL is listed 200 times)
 ]

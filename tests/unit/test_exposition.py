@@ -12,7 +12,14 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.errors import ScrapeError
-from controller.exposition import Extractor, Labels, PageStream, Sample
+from controller.exposition import (
+    OPENMETRICS,
+    Extractor,
+    Labels,
+    PageStream,
+    Sample,
+    bound_or_none,
+)
 from controller.model import PodError, Reason
 from controller.sources.pages import EPP_EXTRACTOR, VLLM_EXTRACTOR, Page, kv_tokens, page_of
 from tests.support.pages import fixture_names, fixture_text
@@ -33,10 +40,16 @@ def reference(text: str, wanted: Iterable[str]) -> list[Row]:
         _row(s.name, s.labels, s.value, None if s.timestamp is None else float(s.timestamp))
         for family in text_string_to_metric_families(text)
         for s in family.samples
-        if s.name in names
+        if s.name in names and not _unbounded(s.name, s.labels)
     ]
     first = {row[0]: index for index, row in reversed(list(enumerate(rows)))}
     return sorted(rows, key=lambda row: first[row[0]])
+
+
+def _unbounded(name: str, labels: dict[str, str]) -> bool:
+    """A bucket whose ``le`` bounds nothing is skipped by our reader (and named), not read as
+    a sample: it would be no bucket, or another one."""
+    return name.endswith("_bucket") and bound_or_none(labels.get("le", "")) is None
 
 
 def ours(samples: list[Sample]) -> list[Row]:
@@ -441,17 +454,17 @@ def test_a_bucket_label_set_comes_from_its_series_and_carries_its_bound() -> Non
         'other{a="} 5"} 1\n'
         'vllm:num_requests_running{a="} 5"} 7\n'  # a brace and a space inside a value
     )
-    grouped = extractor.extract(page).grouped
+    extraction = extractor.extract(page)
+    grouped = extraction.grouped
     (gauge, odd) = grouped["vllm:num_requests_running"]
-    half, inf, oops = grouped[HIST + "_bucket"]
+    half, inf = grouped[HIST + "_bucket"]
     (count,) = grouped[HIST + "_count"]
     assert gauge.labels is count.labels  # one label set, parsed once
     assert isinstance(half.labels, Labels) and isinstance(inf.labels, Labels)
-    assert isinstance(oops.labels, Labels)
     assert half.labels == {"engine": "0", "model_name": "m", "le": "0.5"}
     assert half.labels.derived() == ((("engine", "0"), ("model_name", "m")), 0.5)
     assert inf.labels.derived()[1] == math.inf
-    assert oops.labels.derived()[1] is None  # kept as a sample, not a bucket
+    assert extraction.skipped == 1  # le="oops" bounds nothing: skipped, not another bucket
     assert (odd.labels, odd.value) == ({"a": "} 5"}, 7.0)
     assert ours(list(extractor.extract(page).samples)) == reference(page, extractor.sample_names)
 
@@ -503,8 +516,9 @@ KV_LINE = 'vllm:kv_cache_usage_perc{engine="0"} 0.5\n'
 LATE_LINE = 'vllm:kv_cache_usage_perc{engine="1"} 0.9\n'
 
 
-def _fed(text: str, piece: int) -> Page | PodError:
+def _fed(text: str, piece: int, whole: bool = True) -> Page | PodError:
     stream = PageStream(VLLM_EXTRACTOR)
+    stream.declare(OPENMETRICS, whole)  # "# EOF" ends only an OpenMetrics page
     for start in range(0, len(text), piece):  # the page as the network hands it over
         stream.feed(text[start : start + piece])
     try:
@@ -522,8 +536,9 @@ def _fed(text: str, piece: int) -> Page | PodError:
         (KV_LINE + "# EOF\r\n", None),
         (KV_LINE + "# EOF\n" + LATE_LINE, Reason.PARSE),  # a series after # EOF was used
         (KV_LINE + "# EOF" + "\n" + "# HELP x\n", Reason.PARSE),
-        (KV_LINE + "# EOFX\n", None),  # a comment, not the end
-        (KV_LINE[:-3], Reason.TRUNCATED),  # cut: "0." of "0.5"
+        # a comment, not the end: a whole body without it contradicts its type
+        (KV_LINE + "# EOFX\n", Reason.CONTENT_TYPE),
+        (KV_LINE[:-3], Reason.CONTENT_TYPE),
     ],
 )
 def test_eof_ends_the_page_exactly(text: str, reason: Reason | None, piece: int) -> None:
@@ -533,6 +548,13 @@ def test_eof_ends_the_page_exactly(text: str, reason: Reason | None, piece: int)
         assert [s.value for s in read.samples["vllm:kv_cache_usage_perc"]] == [0.5]
     else:
         assert isinstance(read, PodError) and read.reason is reason, read
+
+
+@pytest.mark.parametrize("piece", [1, 3, 4096])
+def test_an_openmetrics_page_cut_in_transit_is_cut_short(piece: int) -> None:
+    """Without framing a missing "# EOF" may be a cut ("0." of "0.5"), not a contradiction."""
+    read = _fed(KV_LINE[:-3], piece, whole=False)
+    assert isinstance(read, PodError) and read.reason is Reason.TRUNCATED, read
 
 
 def _eof_reference(text: str) -> int | None:

@@ -342,8 +342,9 @@ def test_a_fold_summed_by_columns_is_the_line_by_line_sum_to_the_last_bit(layout
     for _ in range(40):
         text, engines = _laid_out(rng, layout)
         # one series alone is one block whatever was moved or dropped
+        # (a bucket whose le is no number is skipped as it is read: its series is one short)
         by_columns = layout in ("blocks", "descending") or (
-            len(engines) == 1 and layout in ("split", "missing", "bucket-major")
+            len(engines) == 1 and layout in ("split", "missing", "bucket-major", "no-number")
         )
         for _ in range(2):  # the second time, every label text is one parsed before
             stream = PageStream(EXTRACTOR, fold=histograms.Fold(E2E))
