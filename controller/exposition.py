@@ -18,6 +18,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import repeat
+from operator import attrgetter, itemgetter
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 __all__ = [
@@ -50,7 +51,8 @@ _REST = (
 _REST_RE = re.compile(_REST)
 # A native histogram's value written in text (``{count:24,sum:100,…}``, client_python's
 # OpenMetrics parser reads it): not a classic sample, so skipped, never a malformed page.
-_NATIVE_RE = re.compile(r"[ \t]*(?:\{" + _BODY + r"\})?[ \t]*\{[a-z_]+:")
+# It follows the name or label set after a blank, as a value does.
+_NATIVE_RE = re.compile(r"[ \t]*(?:\{" + _BODY + r"\})?[ \t]+\{[a-z_]+:")
 # Pairs are separated by a comma, and Prometheus's text lexer also takes blanks alone
 # (``{quantile="2.0" a="b"}``: promparse_test.go reads it; client_python refuses pairs with
 # nothing between them, and so does this). A trailing comma, and a lone one (``{,}``,
@@ -306,8 +308,8 @@ class Extractor:
                 known = head_of(head)
                 heads = self._heads.young  # a new head may have started a new generation
             sample: Sample | None = None
-            # ASCII, printable and without '_': the characters Go's ParseFloat allows a value
-            # (float() would also take other scripts' digits, and "1_0")
+            # ASCII, printable and without '_': the characters Prometheus's parser allows a
+            # value (float() would also take other scripts' digits, and "1_0"; see _value)
             if known is not None and value.isascii() and value.isprintable() and "_" not in value:
                 try:  # not contextlib.suppress: a context manager per line costs more than this
                     number = float(value)
@@ -374,17 +376,14 @@ class Extractor:
         named = self._name_re.match(line)
         assert named is not None  # the line was found by its name
         name, rest = named.group(), line[named.end() :]
-        match = _REST_RE.fullmatch(rest)
-        if match is None:
-            if _NATIVE_RE.match(rest) is not None:
-                self._skip(result, line, "a native histogram, not a classic sample")
-            else:
-                self._invalid(result, line, "not 'name{labels} value [timestamp]'")
-            return None
-        body, value, stamp = match.groups()
-        if value.startswith("{"):
+        if _NATIVE_RE.match(rest) is not None:
             self._skip(result, line, "a native histogram, not a classic sample")
             return None
+        match = _REST_RE.fullmatch(rest)
+        if match is None:
+            self._invalid(result, line, "not 'name{labels} value [timestamp]'")
+            return None
+        body, value, stamp = match.groups()
         try:
             labels = self._labels_of("" if body is None else "{" + body + "}")
             number = _value(value)
@@ -505,13 +504,11 @@ def first_of_each(samples: list[Sample]) -> tuple[list[Sample], Sample | None, i
     normalises them."""
     if len(samples) < 2:
         return samples, None, 0
-    if type(samples[0].labels) is Labels and "le" not in samples[0].labels:
-        # the usual group, a gauge's series: distinct cached keys say there is no repeat
-        try:
-            if len({s.labels.key() for s in samples}) == len(samples):  # type: ignore[attr-defined]
-                return samples, None, 0
-        except AttributeError:  # a plain dict among them: the general path decides
-            pass
+    try:  # the usual group: as many series (without le) as samples, read in C from the slots
+        if len(set(map(_SERIES, map(_LABELS, samples)))) == len(samples):
+            return samples, None, 0
+    except AttributeError:  # a label set not worked out yet, or a plain dict: read below
+        pass
     seen: set[tuple[tuple[tuple[str, str], ...], object]] = set()
     kept: list[Sample] = []
     first: Sample | None = None
@@ -529,6 +526,9 @@ def first_of_each(samples: list[Sample]) -> tuple[list[Sample], Sample | None, i
 
 def _derived(labels: dict[str, str]) -> tuple[tuple[tuple[str, str], ...], float | None]:
     return Labels(labels).derived()
+
+
+_LABELS, _SERIES = itemgetter(1), attrgetter("series")  # a Sample's labels; their worked-out key
 
 
 # No real sample line comes near this (labels are short); a longer "line" is a hostile or

@@ -180,7 +180,7 @@ def _deduplicated(url: str, by_name: ByName, fold: Fold | None, found: Extractio
         if repeat is not None:
             by_name[name] = kept
             duplicates += dropped
-            first = first or f"{name}{{{_labels_text(tuple(sorted(repeat.labels.items())))}}}"
+            first = first or f"{name}{{{_labels_text(_series(repeat))}}}"
     notices = []
     if duplicates:
         detail = f"{duplicates} repeated series, each kept at its first sample; first: {first}"
