@@ -18,6 +18,7 @@ import yaml
 
 from controller.kube import objects
 from controller.settings import build_settings
+from controller.settings.schema import HTTPRouteTarget
 from tests.support import crds
 from tests.support.manifests import render
 
@@ -310,6 +311,8 @@ def _with_component(tmp_path: Path, component: str) -> list[dict[str, Any]]:
 
 
 MODEL = {
+    "apiVersion": "inference.opendatahub.io/v1alpha1",
+    "kind": "ExternalModel",
     "metadata": {
         "name": "granite",
         "labels": {"weight-controller.opendatahub.io/managed": "true"},
@@ -324,10 +327,57 @@ MODEL = {
 }
 
 
-def _edited(change: Any) -> dict[str, Any]:
-    copy: dict[str, Any] = json.loads(json.dumps(MODEL))
+ROUTE = {
+    "apiVersion": "gateway.networking.k8s.io/v1",
+    "kind": "HTTPRoute",
+    "metadata": {"name": "granite", "annotations": {"owner": "team-a"}},
+    "spec": {
+        "parentRefs": [{"name": "gateway"}],
+        "rules": [
+            {
+                "matches": [{"path": {"type": "PathPrefix", "value": "/a"}}],
+                "backendRefs": [
+                    {"name": "east", "port": 8000, "weight": 50},
+                    {"name": "west", "port": 8000, "weight": 50},
+                ],
+            },
+            {
+                "matches": [{"path": {"type": "PathPrefix", "value": "/b"}}],
+                "backendRefs": [{"name": "east", "port": 8000}, {"name": "west", "port": 8000}],
+            },
+        ],
+    },
+}
+
+
+def _edited(change: Any, original: dict[str, Any] = MODEL) -> dict[str, Any]:
+    copy: dict[str, Any] = json.loads(json.dumps(original))
     change(copy)
     return copy
+
+
+def _policy_verdicts(tmp_path: Path, new: dict[str, Any], old: dict[str, Any]) -> list[bool]:
+    """Each validation of the shipped policy on ``old`` → ``new``, by cel-python."""
+    import celpy
+    from celpy import celtypes
+    from celpy.adapter import json_to_cel
+
+    objects_ = _with_component(tmp_path, "manifests/components/weights-only-policy")
+    (policy,) = [o for o in objects_ if o["kind"] == "ValidatingAdmissionPolicy"]
+    env = celpy.Environment()
+    activation: dict[str, Any] = {"object": json_to_cel(new), "oldObject": json_to_cel(old)}
+    variables = celtypes.MapType({})
+    for variable in policy["spec"].get(
+        "variables", []
+    ):  # in order: a variable may use the ones before
+        program = env.program(env.compile(variable["expression"]))
+        value = program.evaluate({**activation, "variables": variables})
+        variables = celtypes.MapType({**variables, celtypes.StringType(variable["name"]): value})
+    activation["variables"] = variables
+    return [
+        bool(env.program(env.compile(v["expression"])).evaluate(activation))
+        for v in policy["spec"]["validations"]
+    ]
 
 
 LAST_APPLIED = "weight-controller.opendatahub.io/last-applied"
@@ -342,6 +392,25 @@ def _meta(group: str, key: str, value: Any) -> Any:
     return lambda o: o["metadata"][group].__setitem__(key, value)
 
 
+PAUSE = "weight-controller.opendatahub.io/pause"
+
+
+def _paused(value: str) -> Any:
+    return lambda o: o["metadata"]["annotations"].__setitem__(PAUSE, value)
+
+
+def _listed(group: str, value: Any) -> Any:
+    return lambda o: o["metadata"].setdefault(group, []).append(value)
+
+
+def _both(*edits: Any) -> Any:
+    def edit(o: Any) -> None:
+        for one in edits:
+            one(o)
+
+    return edit
+
+
 @pytest.mark.parametrize(
     ("edit", "allowed"),
     [
@@ -354,7 +423,14 @@ def _meta(group: str, key: str, value: Any) -> Any:
         (_meta("labels", MANAGED, "false"), False),
         (_meta("annotations", "owner", "team-b"), False),
         (lambda o: o["metadata"].pop("annotations"), False),
+        # the four gaps found by the #40 attack, and a paused model
+        (_ref(1, "ref", {"name": "east"}), False),  # a copy of another ref: two of one name
+        (_listed("ownerReferences", {"kind": "Secret", "name": "x", "uid": "u"}), False),
+        (_listed("finalizers", "example.com/hold"), False),
+        (_meta("annotations", LAST_APPLIED, "x" * 200_000), False),
+        (_meta("annotations", LAST_APPLIED + "-anything", "{}"), False),
     ],
+    ids=lambda v: v if isinstance(v, bool) else "",
 )
 def test_the_weights_only_policy_lets_the_weights_change_and_nothing_else(
     tmp_path: Path, edit: Any, allowed: bool
@@ -375,34 +451,85 @@ def test_the_weights_only_policy_lets_the_weights_change_and_nothing_else(
     user = "system:serviceaccount:opendatahub:weight-controller"  # the overlay's namespace
     request = json_to_cel({"userInfo": {"username": user}})
     assert env.program(env.compile(condition["expression"])).evaluate({"request": request})
-    activation = {"object": json_to_cel(_edited(edit)), "oldObject": json_to_cel(MODEL)}
-    verdicts = [
-        bool(env.program(env.compile(v["expression"])).evaluate(activation))
-        for v in policy["spec"]["validations"]
-    ]
+    verdicts = _policy_verdicts(tmp_path, _edited(edit), MODEL)
+    assert all(verdicts) is allowed, verdicts
+
+
+@pytest.mark.parametrize(
+    ("pause", "edit", "allowed"),
+    [
+        ("incident 4711", _ref(0, "weight", 20), False),
+        ("true", _ref(0, "weight", 20), False),
+        ("false", _ref(0, "weight", 20), True),
+        ("0", _ref(0, "weight", 20), True),
+        (" false ", _ref(0, "weight", 20), False),  # the policy is the stricter of the two
+        ("incident 4711", _meta("annotations", LAST_APPLIED, "{}"), True),  # weights unmoved
+    ],
+)
+def test_the_policy_refuses_a_weight_change_to_a_paused_model(
+    tmp_path: Path, pause: str, edit: Any, allowed: bool
+) -> None:
+    """Whatever the controller's cache says: the API server holds the pause."""
+    old = _edited(_paused(pause))
+    verdicts = _policy_verdicts(tmp_path, _edited(edit, old), old)
+    assert all(verdicts) is allowed, verdicts
+
+
+def _backend(rule: int, index: int, key: str, value: Any) -> Any:
+    return lambda o: o["spec"]["rules"][rule]["backendRefs"][index].__setitem__(key, value)
+
+
+@pytest.mark.parametrize(
+    ("edit", "allowed"),
+    [
+        (_backend(0, 0, "weight", 20), True),
+        (_backend(1, 1, "weight", 3), True),  # a weight where none was written
+        (_meta("annotations", LAST_APPLIED + ".rule-1", "{}"), True),
+        (_backend(0, 0, "name", "elsewhere"), False),
+        (_backend(0, 1, "name", "east"), False),  # a copy of another backend
+        (_backend(0, 0, "port", 9000), False),
+        (lambda o: o["spec"]["rules"][0]["matches"].clear(), False),
+        (lambda o: o["spec"]["rules"].pop(), False),
+        (lambda o: o["spec"]["parentRefs"].append({"name": "other"}), False),
+        (lambda o: o["spec"]["rules"][0]["backendRefs"].append({"name": "x"}), False),
+        (_meta("annotations", "owner", "team-b"), False),
+        (_listed("finalizers", "example.com/hold"), False),
+        (_both(_paused("incident"), _backend(0, 0, "weight", 20)), False),
+    ],
+    ids=lambda v: v if isinstance(v, bool) else "",
+)
+def test_the_policy_lets_an_httproutes_weights_change_and_nothing_else(
+    tmp_path: Path, edit: Any, allowed: bool
+) -> None:
+    """HTTPRoutes, which the service account may patch too, had no policy."""
+    old = ROUTE
+    if "incident" in json.dumps(_edited(edit, ROUTE)["metadata"]):
+        old = _edited(_paused("incident"), ROUTE)
+    verdicts = _policy_verdicts(tmp_path, _edited(edit, ROUTE), old)
     assert all(verdicts) is allowed, verdicts
 
 
 def test_the_controllers_own_patch_passes_the_weights_only_policy(tmp_path: Path) -> None:
-    """What the controller really sends (objects.weight_patch), on an object with and without
-    annotations of its own."""
-    import celpy
+    """What the controller really sends (objects.weight_patch), on an ExternalModel with and
+    without annotations of its own, and on each rule of an HTTPRoute."""
     import jsonpatch
-    from celpy.adapter import json_to_cel
 
-    objects_ = _with_component(tmp_path, "manifests/components/weights-only-policy")
-    (policy,) = [o for o in objects_ if o["kind"] == "ValidatingAdmissionPolicy"]
-    env = celpy.Environment()
     mapping = objects.ProviderMapping({"east": "east", "west": "west"}, (), ())
+    config = HTTPRouteTarget(
+        namespace="ns", name="granite", backends={"east": "east", "west": "west"}
+    )
     for annotated in (True, False):
         old = json.loads(json.dumps(MODEL))
         if not annotated:
             del old["metadata"]["annotations"]
         old["metadata"]["resourceVersion"] = "7"
-        target = objects.external_model(old, mapping)
-        patch = objects.weight_patch(target, {"east": 30, "west": 70}, "2026-12-02T00:00:00Z")
-        new = jsonpatch.apply_patch(old, patch)
-        activation = {"object": json_to_cel(new), "oldObject": json_to_cel(old)}
-        for validation in policy["spec"]["validations"]:
-            program = env.program(env.compile(validation["expression"]))
-            assert program.evaluate(activation), (annotated, validation["message"])
+        targets = [objects.external_model(old, mapping)]
+        route = json.loads(json.dumps(ROUTE))
+        route["metadata"]["resourceVersion"] = "8"
+        if not annotated:
+            del route["metadata"]["annotations"]
+        for target in [*targets, *objects.httproute(route, config)]:
+            before = old if target.kind == "ExternalModel" else route
+            patch = objects.weight_patch(target, {"east": 30, "west": 70}, "2026-12-02T00:00:00Z")
+            verdicts = _policy_verdicts(tmp_path, jsonpatch.apply_patch(before, patch), before)
+            assert all(verdicts), (annotated, target.key, verdicts)
