@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from typing import Any
 
 
 class Reason(StrEnum):
@@ -216,7 +217,9 @@ class Target:
     uid: str
     resource_version: str
     refs: tuple[Ref, ...]
-    has_annotations: bool = False
+    # metadata.annotations exactly as read (None: the object has none): a write tests that
+    # they are unchanged, so a pause or pin a person set meanwhile refuses it
+    annotations: Mapping[str, Any] | None = None
     last_applied: Mapping[str, int] | None = None
     # (manager, time) of each managedFields entry that changed the object itself (not a
     # subresource such as status): who may have edited the weights, and when
@@ -249,22 +252,7 @@ class Target:
             Ref(r.path, r.name_path, r.name, weights.get(r.name, r.weight), r.cluster)
             for r in self.refs
         )
-        return Target(
-            self.kind,
-            self.namespace,
-            self.name,
-            self.uid,
-            self.resource_version,
-            refs,
-            self.has_annotations,
-            self.last_applied,
-            self.writers,
-            self.rule,
-            self.total,
-            self.minimum,
-            self.paused,
-            self.pinned,
-        )
+        return replace(self, refs=refs)
 
 
 class Write(StrEnum):

@@ -163,7 +163,7 @@ def _target(
         uid=str(meta.get("uid", "")),
         resource_version=str(meta.get("resourceVersion", "")),
         refs=tuple(refs),
-        has_annotations=meta.get("annotations") is not None,
+        annotations=_as_read(meta.get("annotations")),
         last_applied=_last_applied(annotations, last_applied_key(rule)),
         writers=_writers(obj),
         rule=rule,
@@ -172,6 +172,12 @@ def _target(
         paused=_paused(annotations),
         pinned=_pinned(annotations),
     )
+
+
+def _as_read(annotations: Any) -> dict[str, Any] | None:
+    """The annotations as the API server holds them, for a patch to ``test``: a copy, never
+    coerced (a value changed here would make every write a conflict)."""
+    return None if annotations is None else dict(annotations)
 
 
 def _paused(annotations: Mapping[str, str]) -> str | None:
@@ -380,11 +386,12 @@ def _escape(key: str) -> str:
 
 
 def weight_patch(target: Target, desired: Mapping[str, int], stamp: str) -> list[Json]:
-    """A JSON Patch that ``test``s each ref's name at its index, and the weight it was read
-    with, before setting the new weights — if the list was reordered, or someone changed a
-    weight since it was read, the API server rejects the whole patch (422) and the loop
-    re-reads and weighs again, instead of giving a weight to the wrong provider or overwriting
-    a hand edit blind — and records what we applied."""
+    """A JSON Patch that ``test``s each ref's name at its index, the weight it was read with,
+    and the annotations as read (or, where there were none, the resourceVersion), before
+    setting the new weights — if the list was reordered, someone changed a weight, or a person
+    paused or pinned the object since it was read, the API server rejects the whole patch
+    (422) and the loop re-reads and weighs again, instead of giving a weight to the wrong
+    provider or overwriting a hand edit or a pause blind — and records what we applied."""
     ops: list[Json] = []
     for ref in target.refs:
         if ref.name not in desired:
@@ -396,7 +403,10 @@ def weight_patch(target: Target, desired: Mapping[str, int], stamp: str) -> list
             ops.append({"op": "add", "path": ref.path + "/weight", "value": desired[ref.name]})
     record = json.dumps({"weights": dict(sorted(desired.items())), "time": stamp})
     key = last_applied_key(target.rule)
-    if target.has_annotations:
+    if target.annotations is not None:
+        # A person's pause or pin set since the read (a watch that lags) refuses the write:
+        # the annotations must still be as read, or the API server rejects the whole patch.
+        ops.append({"op": "test", "path": "/metadata/annotations", "value": target.annotations})
         ops.append({"op": "add", "path": f"/metadata/annotations/{_escape(key)}", "value": record})
     else:
         # Creating the map would replace one written meanwhile: only if nothing changed.

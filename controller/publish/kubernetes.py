@@ -20,10 +20,11 @@ run wraps this publisher in ``publish.dryrun.DryRun`` and never reaches ``write`
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import structlog
 
@@ -69,10 +70,18 @@ class KubernetesPublisher:
         # per target: the mode of its last Event, when it went out, writes since
         self._told: dict[str, tuple[str, float, int]] = {}
         self._clock = time.monotonic
+        # This tick's own writes: (kind, namespace, name, the resourceVersion a write moved
+        # the object from) → the object it left. Another rule of an HTTPRoute read before
+        # that write is written from what the write left, not refused as changed since.
+        self._wrote: dict[tuple[str, str, str, str], Mapping[str, Any]] = {}
+        # The rules of one HTTPRoute are written one after another (the loop writes targets
+        # in parallel): each sees what the one before left.
+        self._objects: dict[tuple[str, str, str], asyncio.Lock] = {}
 
     async def discover(self) -> Discovery:
         """The targets; an object newly refused (unreadable, owned by another controller) is
         told by a Warning Event on it, once while it stays refused, by the leader only."""
+        self._wrote, self._objects = {}, {}
         found = await self.discovery.discover()
         refused = {(key, why) for key, why in found.refused.items()}
         if self._is_leader(self._kube.api_timeout):
@@ -92,7 +101,8 @@ class KubernetesPublisher:
         if not self._is_leader(self._kube.api_timeout):
             return WriteResult(Write.FOLLOWER, target)
         try:
-            return WriteResult(Write.DONE, await self._patch(target, desired, why))
+            async with self._objects.setdefault(_object(target), asyncio.Lock()):
+                return WriteResult(Write.DONE, await self._patch(target, desired, why))
         except APISchemaError as exc:  # the same body would be refused again: no retry
             self.discovery.count(exc)
             for cause in exc.causes:
@@ -144,6 +154,7 @@ class KubernetesPublisher:
         return WriteResult(Write.CONFLICT, fresh)
 
     async def _patch(self, target: Target, desired: Mapping[str, int], why: str) -> Target:
+        target = await self._after_own_writes(target)
         self._note_foreign_change(target, desired)
         stamp = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
         patch = objects.weight_patch(target, desired, stamp)
@@ -160,10 +171,22 @@ class KubernetesPublisher:
                 field_manager=self._kube.field_manager,
             ),
         )
+        self._wrote[_version(target)] = obj
         written = await self.discovery.parse(obj, target) or target.holding(desired)
         await self._tell(target, why)
         self.discovery.remember(written)
         return written
+
+    async def _after_own_writes(self, target: Target) -> Target:
+        """``target`` as this tick's own writes to its object left it: another rule of the
+        same HTTPRoute, read before them, would fail the patch's ``test`` of the annotations
+        and resourceVersion on changes that are ours alone."""
+        for _ in range(len(self._wrote)):  # each step follows one write, never in a circle
+            obj = self._wrote.get(_version(target))
+            if obj is None:
+                break
+            target = await self.discovery.parse(obj, target) or target
+        return target
 
     async def _tell(self, target: Target, why: str) -> None:
         """An Event for this write if its mode is new for the target, or the last Event is
@@ -242,6 +265,16 @@ class KubernetesPublisher:
 
     async def _call(self, doing: str, request: Callable[[], Awaitable[T]]) -> T:
         return await call(doing, request, self._kube.api_timeout, self.discovery.gate)
+
+
+def _object(target: Target) -> tuple[str, str, str]:
+    """The object a target is in (an HTTPRoute holds one target per rule)."""
+    return target.kind, target.namespace, target.name
+
+
+def _version(target: Target) -> tuple[str, str, str, str]:
+    """One version of that object."""
+    return (*_object(target), target.resource_version)
 
 
 def _gvp(target: Target) -> tuple[str, str, str]:

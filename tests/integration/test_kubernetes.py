@@ -56,7 +56,7 @@ def test_weigh_keeps_unmapped_refs_and_shares_the_rest() -> None:
         Ref("/spec/externalProviderRefs/1", "/ref/name", "west", 40, "west"),
         Ref("/spec/externalProviderRefs/2", "/ref/name", "saas", 20, None),
     )
-    target = Target("ExternalModel", NS, "m", "uid", "1", refs, True, None)
+    target = Target("ExternalModel", NS, "m", "uid", "1", refs, {}, None)
     signals: dict[str, Signals | None] = {"east": Signals(kv=0.95), "west": Signals(kv=0.1)}
     desired, decision = weights.weigh(
         target,
@@ -938,6 +938,52 @@ async def test_a_paused_target_holds_its_weights_until_unpaused(
     ]
     assert len(paused) == 1 and paused[0]["note"] == "INC-42: investigating east"
     assert len(ended) == 1
+
+
+@pytest.mark.parametrize("annotated", [True, False], ids=["annotated", "no-annotations"])
+async def test_a_pause_set_after_the_read_is_never_written_over(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet, annotated: bool
+) -> None:
+    """A person pauses the model between the controller's read and its patch (a watch that
+    lags): the patch's test of the annotations as read (or of the resourceVersion, where
+    there were none) refuses it, and the fresh read shows the pause: nothing is written."""
+    from controller.kube.objects import PAUSE_ANNOTATION
+
+    seed(apiserver, [("east", 50), ("west", 50)])
+    if annotated:
+        annotate(apiserver, "owner", "team-a")  # someone else's annotation
+    sims["east"].kv = 0.95
+    apiserver.before(
+        "PATCH", "externalmodels", lambda: annotate(apiserver, PAUSE_ANNOTATION, "INC-7")
+    )
+    async with Controller(settings_for(sims), serve=False, api=api) as controller:
+        report = await controller.once()
+        await ticks(controller, 2)
+    obj = apiserver.get(CRD, "externalmodels", NS, "llama")
+    assert obj is not None
+    assert weights_of(apiserver) == {"east": 50, "west": 50}
+    assert obj["metadata"]["annotations"][PAUSE_ANNOTATION] == "INC-7"
+    assert LAST_APPLIED not in obj["metadata"]["annotations"]  # not one write landed
+    assert len(apiserver.writes("PATCH")) == 1  # the refused one; none after the re-read
+    view = report.targets["ExternalModel/maas-system/llama"].outcome
+    assert view.decision.mode.value == "paused"  # decided again from the fresh read
+
+
+async def test_two_rules_of_one_route_are_written_in_one_tick(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
+) -> None:
+    """The second rule was read before the first rule's write changed the object's
+    annotations: it is written from what that write left, not refused as a change."""
+    rules = [[("svc-east", 500), ("svc-west", 500)], [("svc-east", 1), ("svc-west", 1)]]
+    apiserver.put_object(GATEWAY, "httproutes", route(rules))
+    sims["west"].kv = 0.95
+    async with Controller(route_settings(sims), serve=False, api=api) as controller:
+        report = await controller.once()
+    writes = {key: view.outcome.write.value for key, view in report.targets.items()}
+    assert writes == {"HTTPRoute/apps/llama/rule-0": "done", "HTTPRoute/apps/llama/rule-1": "done"}
+    assert len(apiserver.writes("PATCH")) == 2  # no conflict, no re-read
+    first, second = rules_of(apiserver)
+    assert first["svc-east"] > first["svc-west"] and second["svc-east"] > second["svc-west"]
 
 
 async def test_a_pin_sets_the_weights_and_a_bad_pin_holds(
