@@ -32,12 +32,30 @@ class ConfigError(WeightControllerError):
         self.lines = lines
 
 
+# What one peer's answer may cost us in an error's detail: a hostile answer (3 MB where a
+# sample value belongs) was copied into every cluster's error and the log whole.
+DETAIL_MAX = 1024
+
+
+def capped(text: str, limit: int, keep_end: bool = False) -> str:
+    """``text`` at most ``limit`` characters, saying how much was cut (and where: its head,
+    or with ``keep_end`` its tail, as a traceback's last frames are what matter)."""
+    if len(text) <= limit:
+        return text
+    room = max(0, limit - 40)  # what the note takes
+    kept, cut = (text[-room:], text[:-room]) if keep_end else (text[:room], text[room:])
+    note = f"… ({len(cut.encode('utf-8', 'replace'))} more bytes cut)"
+    return note + kept if keep_end else kept + note
+
+
 class ScrapeError(WeightControllerError):
-    """A page could not be fetched or read. ``reason`` feeds health and the error counter."""
+    """A page could not be fetched or read. ``reason`` feeds health and the error counter;
+    ``detail`` is capped (``DETAIL_MAX``), whatever the peer sent."""
 
     reason: Reason = Reason.PARSE
 
     def __init__(self, url: str, detail: str) -> None:
+        detail = capped(detail, DETAIL_MAX)
         super().__init__(f"{url}: {detail}")
         self.url = url
         self.detail = detail

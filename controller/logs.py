@@ -22,6 +22,8 @@ from typing import Any, TextIO
 
 import structlog
 
+from controller.errors import capped
+
 _SECRET_KEYS = frozenset({"token", "authorization", "password", "bearer_token"})
 _URL_CREDENTIALS = re.compile(r"(?<=://)[^/@\s]+@")
 
@@ -41,6 +43,38 @@ def redact(_: object, __: str, event: MutableMapping[str, Any]) -> MutableMappin
         elif isinstance(value, list):
             event[key] = [mask_url(v) if isinstance(v, str) else v for v in value]
     return event
+
+
+# No field of a log line renders longer than this (a list: this many items, each shorter),
+# so no peer can make a line of megabytes; a traceback keeps its last frames. Sizes are of the
+# text as JSON escapes it (a control character is six), so either renderer stays within them.
+FIELD_MAX = 1024
+ITEMS_MAX = 16
+ITEM_MAX = 128
+TRACEBACK_MAX = 3072
+
+
+def bound(_: object, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """Cap every string field, and every list's length and items, saying what was cut."""
+    for key, value in event.items():
+        if isinstance(value, str):
+            limit = TRACEBACK_MAX if key == "exception" else FIELD_MAX
+            event[key] = _fit(value, limit, keep_end=key == "exception")
+        elif isinstance(value, list | tuple):
+            items = [_fit(v, ITEM_MAX) if isinstance(v, str) else v for v in value[:ITEMS_MAX]]
+            if len(value) > ITEMS_MAX:
+                items.append(f"(+{len(value) - ITEMS_MAX} more)")
+            event[key] = items
+    return event
+
+
+def _fit(text: str, limit: int, keep_end: bool = False) -> str:
+    """``text`` capped so that it renders within ``limit`` characters once escaped."""
+    if len(text) * 6 > limit:  # only a long text can escape past the limit
+        escaped = len(json.dumps(text)) - 2
+        if escaped > limit:
+            limit = max(64, limit * len(text) // escaped)
+    return capped(text, limit, keep_end)
 
 
 def _compact_json(_: object, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
@@ -86,7 +120,12 @@ def configure(level: str = "info", fmt: str = "auto", stream: TextIO | None = No
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=shared,
-            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *renderers],
+            # bounded here, where ours and the standard library's lines meet
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                bound,
+                *renderers,
+            ],
         )
     )
     root = logging.getLogger()

@@ -64,6 +64,7 @@ from controller.families import (
 from controller.histograms import Fold, Folded, Histogram, Layouts, SeriesKey
 from controller.model import CapacityFrom, ClusterMetrics, Latency, PodError, Reason
 from controller.settings import ClusterSettings
+from controller.sources import pod_count_problem
 
 # Preference order matters (controller.families): the first name present on a page wins.
 VLLM_EXTRACTOR = Extractor(gauges=VLLM_GAUGES, histograms=VLLM_HISTOGRAMS)
@@ -613,6 +614,8 @@ class PageReader:
             return _summary(kv, [], [], per_pod=None), None
         ready = first_family(page.samples, EPP_READY, self._pool_keep)
         endpoints = sum(_finite(ready[1])) if ready else None
+        if ready and endpoints is not None and (why := pod_count_problem(endpoints, ready[0])):
+            return _summary(kv, [], [], per_pod=None), PodError(page.url, Reason.OUT_OF_RANGE, why)
         if endpoints is not None and endpoints <= 0:
             detail = (
                 f"{ready[0] if ready else ''} is 0: no endpoint of the pool has fresh metrics, "

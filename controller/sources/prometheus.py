@@ -31,6 +31,7 @@ from controller.model import CapacityFrom, ClusterMetrics, Latency, PodError, Re
 from controller.settings import ClusterSettings, PrometheusQueries, ScrapeSettings
 from controller.settings import Querier as QuerierSettings
 from controller.settings.durations import seconds
+from controller.sources import kv_tokens_problem, pod_count_problem
 from controller.sources.http import Endpoint, TokenFile, get_text, ssl_context
 
 ACCEPT_JSON = "application/json"
@@ -106,13 +107,14 @@ def queries_for(
     return built
 
 
-def vectors(body: str, url: str, label: str) -> dict[str, float]:
+def vectors(body: str, url: str, label: str, finite: bool = True) -> dict[str, float]:
     """An instant query's answer by the value of ``label`` (``""`` when it is not grouped);
-    NaN and infinities are unknown, so left out."""
+    NaN and infinities are unknown, so left out (``finite=False``: kept, for a check that
+    names them)."""
     found: dict[str, float] = {}
     for metric, value in answer_series(body, url):
         key = str(metric.get(label, "")) if label else ""
-        if math.isfinite(value):
+        if not finite or math.isfinite(value):
             found.setdefault(key, value)
     return found
 
@@ -241,7 +243,8 @@ class Querier:
         if name == "kv_pools":
             tokens, pods = pools(body, self.base, label)
             return {name: tokens, POOL_PODS: pods}
-        return {name: vectors(body, self.base, label)}
+        # a pod count NaN or infinite is refused by name (PrometheusQuerySource._checked)
+        return {name: vectors(body, self.base, label, finite=name != "pods")}
 
     async def _ask(self, promql: str) -> str:
         self.sent += 1
@@ -375,7 +378,8 @@ class PrometheusQuerySource:
         if any(name not in values for name in REQUIRED):
             failed = tuple(errors[:1])
             return ClusterMetrics(self._name, started, duration, 1, 0, errors=failed, pages=pages)
-        metrics = self._metrics(values, started, duration, tuple(errors))
+        values, refused = self._checked(values)
+        metrics = self._metrics(values, started, duration, (*errors, *refused))
         return replace(metrics, pages=pages, completed=self._completed(values, since, started))
 
     def _completed(
@@ -389,6 +393,22 @@ class PrometheusQuerySource:
         if requests is None or since is None:
             return None
         return requests * min(max(0.0, now - since), window) / window
+
+    def _checked(
+        self, values: dict[str, float | None]
+    ) -> tuple[dict[str, float | None], list[PodError]]:
+        """Pod counts and KV-pool sizes no cluster can have (NaN, negative, 1e12) are refused
+        by name and read as unknown, never as capacity."""
+        refused = []
+        pods = values.get("pods")
+        if pods is not None and (why := pod_count_problem(pods, "pods")):
+            refused.append(PodError(f"{self._querier.base} (pods)", Reason.OUT_OF_RANGE, why))
+            values = {**values, "pods": None}
+        tokens, pool_pods = values.get("kv_pools"), values.get(POOL_PODS) or 0.0
+        if tokens is not None and (why := kv_tokens_problem(tokens, pool_pods, "kv_pools")):
+            refused.append(PodError(f"{self._querier.base} (kv_pools)", Reason.OUT_OF_RANGE, why))
+            values = {**values, "kv_pools": None}
+        return values, refused
 
     def _metrics(
         self,

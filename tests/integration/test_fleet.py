@@ -78,6 +78,22 @@ async def test_an_epp_with_no_ready_endpoint_is_stale_not_idle() -> None:
     assert report["targets"]["configured"]["applied"] == {"frozen": 0, "fine": 100}
 
 
+@pytest.mark.parametrize("ready", [10**12, -5])
+async def test_an_epp_counting_endpoints_no_cluster_has_is_refused_never_capacity(
+    ready: int,
+) -> None:
+    sims = [
+        SimCluster("odd", kv=0.1, epp_only=True, ready_endpoints=ready),
+        SimCluster("fine", kv=0.5, epp_only=True),
+    ]
+    async with Fleet(sims) as fleet, Controller(settings_for(fleet.settings_clusters())) as c:
+        report = report_json(await c.once())
+    odd = report["clusters"]["odd"]
+    assert odd["healthy"] is False and odd["reason"] == "out_of_range"
+    assert odd["errors"][0]["detail"].startswith(f"llm_d_epp_ready_endpoints={ready:g}")
+    assert report["targets"]["configured"]["applied"] == {"odd": 0, "fine": 100}
+
+
 async def test_realised_share_counts_the_epps_arrivals() -> None:
     sims = [SimCluster(n, kv=0.2, epp_only=True, seconds_per_scrape=1.0) for n in ("a", "b")]
     async with Fleet(sims) as fleet, Controller(settings_for(fleet.settings_clusters())) as c:

@@ -339,3 +339,23 @@ def test_the_cookbooks_logql_asks_openshift_loggings_labels_for_the_jq_columns_e
                 assert conditions == re.findall(r'\.condition=="([^"]+)"', jq), row
             else:
                 assert re.fullmatch(events, event), (event, events)
+
+
+@pytest.mark.parametrize("fmt", ["json", "console"])
+def test_no_field_makes_a_line_of_megabytes(fmt: str) -> None:
+    """Ours and the standard library's lines alike: a string capped with the byte count cut,
+    a list capped in length and items, a traceback keeping its last frames."""
+    stream = io.StringIO()
+    logs.configure("info", fmt, stream)
+    try:
+        raise ValueError("x" * 100_000 + "the last frame's words")
+    except ValueError:
+        structlog.get_logger("controller.test").exception(
+            "huge", detail="é" * 3_000_000, pods=[f"http://p{i}" for i in range(5000)]
+        )
+    logging.getLogger("aiohttp.server").warning("peer said %s", "y" * 1_000_000)
+    lines = stream.getvalue().splitlines()
+    assert len(lines) >= 2 and max(map(len, lines)) <= 8 * 1024, max(map(len, lines))
+    assert "more bytes cut" in lines[0] and "(+4984 more)" in lines[0]
+    assert "the last frame's words" in stream.getvalue()
+    assert "more bytes cut" in lines[-1]

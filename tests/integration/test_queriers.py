@@ -123,6 +123,85 @@ async def test_a_failing_query_fails_only_what_it_feeds(serve: Serve) -> None:
     assert blind["targets"]["configured"]["mode"] == "no_data"
 
 
+class HostileHub(HubThanos):
+    """A hub whose pod counts no cluster can have, and a 3 MB string where one KV value
+    belongs (#40: the 1e12 became 96 points of capacity; the string was copied whole into
+    every cluster's error and the log)."""
+
+    def __init__(self, huge: bool = False) -> None:
+        super().__init__()
+        self.pods = {"east": "NaN", "west": "1e12", "north": "-5"}
+        self.huge = huge
+
+    async def handle(self, request: web.Request) -> web.Response:
+        query = request.query["query"]
+        if query.startswith("count by (cluster)"):
+            self.queries.append(query)
+            rows = [
+                {"metric": {"cluster": c}, "value": [1712345678.5, v]} for c, v in self.pods.items()
+            ]
+            return web.json_response(
+                {"status": "success", "data": {"resultType": "vector", "result": rows}}
+            )
+        if query.startswith("count by (job, instance, num_gpu_blocks"):  # the same GPUs
+            self.queries.append(query)
+            return web.json_response(pools(dict.fromkeys(CLUSTERS, 2048)))
+        if self.huge and query.startswith("max by (cluster)"):  # KV max
+            self.queries.append(query)
+            rows = [{"metric": {"cluster": "east"}, "value": [1712345678.5, "9" * 3_000_000 + "x"]}]
+            return web.json_response(
+                {"status": "success", "data": {"resultType": "vector", "result": rows}}
+            )
+        return await super().handle(request)
+
+
+async def test_pod_counts_no_cluster_can_have_are_refused_never_capacity(serve: Serve) -> None:
+    hub = HostileHub()
+    hub_kv = {"east": 0.3, "west": 0.5, "north": 0.7}
+    CLUSTERS.update(hub_kv)
+    try:
+        server = await serve({"/api/v1/query": hub.handle})
+        async with Controller(hub_settings(server.url("")), serve=False) as controller:
+            await controller.once()
+            report = report_json(await controller.once())
+    finally:
+        CLUSTERS.update({"east": 0.2, "west": 0.6, "north": 0.4})
+    applied = report["targets"]["configured"]["applied"]
+    assert max(applied.values()) <= 50, applied
+    for name in hub_kv:
+        details = [
+            e["detail"] for e in report["clusters"][name]["errors"] if e["reason"] == "out_of_range"
+        ]
+        assert len(details) == 1 and details[0].startswith("pods="), report["clusters"][name][
+            "errors"
+        ]
+    assert (
+        "more pods than a Kubernetes cluster holds"
+        in report["clusters"]["west"]["errors"][0]["detail"]
+    )
+
+
+async def test_a_huge_hostile_answer_costs_a_bounded_log(
+    serve: Serve, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The daemon's own logging (JSON lines on stdout), after a 3 MB string where a KV value
+    belongs: no line over 8 KB, under 64 KB of log for the tick."""
+    from controller.logs import configure
+
+    hub = HostileHub(huge=True)
+    server = await serve({"/api/v1/query": hub.handle})
+    configure("debug", "json")
+    capfd.readouterr()
+    async with Controller(hub_settings(server.url("")), serve=False) as controller:
+        report = report_json(await controller.once())
+    out, err = capfd.readouterr()
+    lines = (out + err).splitlines()
+    assert lines and max(map(len, lines)) <= 8 * 1024, max(map(len, lines))
+    assert len(out + err) < 64 * 1024, len(out + err)
+    (error,) = [e for e in report["clusters"]["east"]["errors"] if "(kv_max)" in e["url"]]
+    assert len(error["detail"]) <= 1024 and "more bytes cut" in error["detail"]
+
+
 def test_a_querier_must_exist_and_its_push_interval_fit_the_staleness() -> None:
     cluster = {"name": "a", "prometheus": {"querier": "hub"}}
     with pytest.raises(ConfigError, match="no querier named 'hub'"):
