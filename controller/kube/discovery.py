@@ -81,7 +81,13 @@ class TargetDiscovery:
         self._defined: list[ClusterSettings] = []
         self._cache = _Cache()
         self.gate = APIGate()  # one API server's throttle, shared with the publisher
-        self._lister = Lister(self._custom, self._kube.api_timeout, self._kube.watch, self.gate)
+        self._lister = Lister(
+            self._custom,
+            self._kube.api_timeout,
+            self._kube.watch,
+            self.gate,
+            self._kube.watch_idle,
+        )
         self._configured = {c.name for c in settings.clusters}
         self.routes = {(r.namespace, r.name): r for r in self._kube.httproutes}
         # Provider mappings from the last discovery, reused when a written or re-read object

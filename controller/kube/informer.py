@@ -6,8 +6,14 @@ client-go's reflector does: the tick reads the cache, not the API server.
   changed) applies ADDED/MODIFIED/DELETED as they come.
 - A watch ends after ``WATCH_SECONDS`` (server-side ``timeoutSeconds``) and is opened again from
   the last version seen; ``410 Gone`` (the version was compacted away) means LIST again.
-- Any other failure keeps the cache as it was and LISTs again after a backoff (1 s doubling to
-  30 s); ``error`` says why meanwhile, so discovery can report the API unreadable.
+- A watch that ends having said nothing, not even a bookmark (a proxy answering 200 with an
+  empty body), is an error: the API server sends a bookmark at least every minute and right
+  before a watch's deadline. So is one that says nothing for ``watch_idle`` (it is dropped),
+  and a line that is not a watch event (named by its first bytes).
+- Any failure keeps the cache as it was and LISTs again after a backoff (jittered, doubling
+  from 1 s to ``BACKOFF_MAX``, reset by a watch that heard something). While a LIST fails,
+  ``error`` says why, so discovery can report the API unreadable; while only watches fail, the
+  cache is the last LIST's, never older than a backoff.
 
 Nothing here decides anything: ``controller.kube.discovery`` reads them through ``Lister``,
 which LISTs on every call instead when watching is off (``kubernetes.watch: false``).
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -35,7 +42,11 @@ from controller.kube.sdk import ApiException, client, watch
 log = structlog.get_logger("controller.informer")
 
 WATCH_SECONDS = 300  # a watch is reopened this often, from the last version seen
-BACKOFF_FIRST, BACKOFF_MAX = 1.0, 30.0
+# Every failed watch is followed by a LIST, which is what brings a change a broken watch
+# missed: the cap keeps a model added meanwhile seen within ~10 s of a watch that keeps failing
+# (a LIST every 8 s at worst costs an API server nothing).
+BACKOFF_FIRST, BACKOFF_MAX = 1.0, 8.0
+IDLE_SECONDS = 90.0  # kubernetes.watch_idle's default
 Json = dict[str, Any]
 
 
@@ -48,10 +59,15 @@ class Informer:
         selector: str,
         api_timeout: float,
         gate: APIGate | None = None,
+        idle: float = IDLE_SECONDS,
+        rng: random.Random | None = None,
     ) -> None:
         self._custom, self._gvp = custom, gvp
         self._namespace, self._selector = namespace, selector
         self._timeout, self._gate = api_timeout, gate
+        self._idle = idle
+        self._random = rng or random.Random()
+        self.watches = 0  # watch requests made: for tests and benchmarks
         self._items: dict[tuple[str, str], Json] = {}
         self.synced = asyncio.Event()  # the cache holds a whole LIST (or more)
         self.error: APIError | None = None  # why the last LIST or watch failed, until one works
@@ -79,15 +95,28 @@ class Informer:
     async def _run(self) -> None:
         backoff = BACKOFF_FIRST
         while True:
+            listed = False
             try:
                 since: str | None = await self.relist()
-                backoff = BACKOFF_FIRST
+                listed = True
                 while since is not None:
                     since = await self._watch(since)
+                    backoff = BACKOFF_FIRST  # a watch that heard something
             except APIError as exc:
-                self.error = exc
-                log.warning("watch failed", scope=self.scope, reason=exc.reason, error=str(exc))
-                await asyncio.sleep(backoff)
+                # A LIST that fails leaves the API unreadable (discovery keeps its targets);
+                # a watch that fails after a LIST that worked leaves the cache that LIST gave,
+                # and the next LIST, a backoff later, brings what the watch missed.
+                if not listed:
+                    self.error = exc
+                delay = backoff * self._random.uniform(0.5, 1.0)  # "equal jitter": never 0
+                log.warning(
+                    "watch failed",
+                    scope=self.scope,
+                    reason=exc.reason,
+                    error=str(exc),
+                    retry_seconds=round(delay, 2),
+                )
+                await asyncio.sleep(delay)
                 backoff = min(BACKOFF_MAX, backoff * 2)
 
     def _lister(self) -> tuple[Callable[..., Awaitable[Any]], tuple[str, ...]]:
@@ -121,6 +150,8 @@ class Informer:
         """Apply one watch's events; the version to watch from next, or ``None`` to LIST."""
         func, args = self._lister()
         stream = watch.Watch()
+        self.watches += 1
+        heard = False
         try:
             async with stream.stream(
                 func,
@@ -131,7 +162,8 @@ class Informer:
                 timeout_seconds=WATCH_SECONDS,
                 _request_timeout=WATCH_SECONDS + self._timeout,
             ) as events:
-                async for event in events:
+                while (event := await self._next(events)) is not None:
+                    heard = True
                     self._apply(event["type"], event["raw_object"])
         except ApiException as exc:
             if exc.status == 410:  # compacted: what we hold may have missed changes
@@ -139,9 +171,31 @@ class Informer:
             raise translate(exc, f"watch {self.scope}") from exc
         except (*API_EXCEPTIONS, TimeoutError) as exc:
             raise translate(exc, f"watch {self.scope}") from exc
+        except APIError:
+            raise
         except Exception as exc:  # the library's own: a line that is no watch event
             raise APIError(f"watch {self.scope}: {type(exc).__name__}: {exc}"[:512]) from exc
+        if not heard:
+            raise APIError(
+                f"watch {self.scope}: ended having said nothing, not even a bookmark "
+                "(a proxy that answers watches with an empty body?)"
+            )
         return str(stream.resource_version or since)
+
+    async def _next(self, events: Any) -> Json | None:
+        """The watch's next event (``None``: it ended), within ``watch_idle``."""
+        try:
+            async with asyncio.timeout(self._idle):
+                event = await anext(events)
+        except StopAsyncIteration:
+            return None
+        except TimeoutError:
+            raise APIError(
+                f"watch {self.scope}: no event or bookmark for {self._idle:g}s: dropped"
+            ) from None
+        if not isinstance(event, dict):  # the library hands on a line that is not JSON
+            raise APIError(f"watch {self.scope}: a line that is not a watch event: {event[:64]!r}")
+        return event
 
     def _apply(self, kind: str, obj: Json) -> None:
         if kind in ("ADDED", "MODIFIED"):
@@ -165,9 +219,15 @@ class Lister:
     a LIST on every call when ``watch`` is off."""
 
     def __init__(
-        self, custom: client.CustomObjectsApi, api_timeout: float, watch: bool, gate: APIGate
+        self,
+        custom: client.CustomObjectsApi,
+        api_timeout: float,
+        watch: bool,
+        gate: APIGate,
+        idle: float = IDLE_SECONDS,
     ) -> None:
         self._custom, self._timeout, self._watch, self._gate = custom, api_timeout, watch, gate
+        self._idle = idle
         self._informers: dict[Scope, Informer] = {}
 
     @property
@@ -186,7 +246,9 @@ class Lister:
             return once.objects()
         informer = self._informers.get((gvp, namespace, selector))
         if informer is None:
-            informer = Informer(self._custom, gvp, namespace, selector, self._timeout, self._gate)
+            informer = Informer(
+                self._custom, gvp, namespace, selector, self._timeout, self._gate, self._idle
+            )
             self._informers[(gvp, namespace, selector)] = informer
             informer.start()
         if not informer.synced.is_set():

@@ -692,6 +692,15 @@ class KubernetesSettings(_Group):
         description="Keep ExternalModels and ExternalProviders by LIST then WATCH (a cache the "
         "tick reads; a relist only when the watch is gone) instead of listing them every tick.",
     )
+    watch_idle: Duration = Field(
+        default=90.0,
+        gt=0,
+        le=600,
+        description="A watch that delivers neither an event nor a bookmark for this long is "
+        "dropped and the objects listed again: the API server sends a bookmark at least every "
+        "minute (its watch cache's defaultBookmarkFrequency), so only a stalled watch or a "
+        "proxy that holds it open is this quiet.",
+    )
     max_parallel_writes: int = Field(
         default=8,
         ge=1,

@@ -133,6 +133,9 @@ class FakeAPIServer:
     # start as (resourceVersion, key, before, after) for watches to replay from a version
     listed: list[tuple[str, str]] = field(default_factory=list)
     watches: int = 0
+    # A careless proxy in front of every watch: "empty" (200, an empty body, at once),
+    # "silent" (accepted, then nothing until its timeout), "not-json" (a line of HTML)
+    watch_fault: str | None = None
     changes: list[tuple[int, Key, Json | None, Json | None]] = field(default_factory=list)
     compacted: int = 0  # a watch from a version at or below this gets 410 Gone
     _changed: asyncio.Event | None = None
@@ -407,6 +410,8 @@ class FakeAPIServer:
         seconds = min(float(request.query.get("timeoutSeconds") or 30), 30.0)
         response = web.StreamResponse(headers={"Content-Type": "application/json"})
         await response.prepare(request)
+        if self.watch_fault is not None:
+            return await self._faulty_watch(request, response, seconds)
 
         async def send(kind: str, obj: Json) -> None:
             await response.write((json.dumps({"type": kind, "object": obj}) + "\n").encode())
@@ -446,6 +451,20 @@ class FakeAPIServer:
         if request.query.get("allowWatchBookmarks", "").lower() in ("true", "1"):
             mark = {"metadata": {"resourceVersion": str(next(self._version))}}
             await send("BOOKMARK", {"kind": KINDS.get(scope[1], "Object"), **mark})
+        return response
+
+    async def _faulty_watch(
+        self, request: web.Request, response: web.StreamResponse, seconds: float
+    ) -> web.StreamResponse:
+        if self.watch_fault == "not-json":
+            await response.write(b"<html><body>502 Bad Gateway</body></html>\n")
+        elif self.watch_fault == "silent":  # until the client gives up, or its timeout
+            ends = asyncio.get_running_loop().time() + seconds
+            while asyncio.get_running_loop().time() < ends:
+                transport = request.transport
+                if transport is None or transport.is_closing():
+                    break
+                await asyncio.sleep(0.05)
         return response
 
     def _admit(self, plural: str, obj: Json) -> tuple[Json, list[Json]]:
