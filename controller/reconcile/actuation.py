@@ -81,6 +81,7 @@ class Actuation:
         default_factory=lambda: deque(maxlen=BASELINE_TICKS)
     )
     observed: float | None = None  # the tick last observed (a retried weighing sees it once)
+    given_up: float | None = None  # when the last change given up (``_given_up``) was made
     last_change: float | None = None
     last_observed: float | None = None  # the tick before it: the span this tick's counts cover
 
@@ -94,7 +95,7 @@ class Actuation:
         """The longest of the last few delays (a gateway's delay varies), or ``inf``."""
         return max(self.delays) if self.delays else math.inf
 
-    def observe(self, now: float, arrived: Mapping[str, float | None]) -> None:
+    def observe(self, now: float, arrived: Mapping[str, float | None], interval: float) -> None:
         """This tick's arrivals per cluster of the target (``None``: not counted)."""
         if self.observed == now:
             return
@@ -114,6 +115,8 @@ class Actuation:
         started = _started(change, ticks)
         if started is not None:
             self._acted(change, started)
+        else:
+            self._given_up(interval)
 
     def _acted(self, change: Change, started: float) -> None:
         """``change`` was seen acting from ``started``."""
@@ -157,15 +160,19 @@ class Actuation:
         self.pending = Change(now, cluster, share, moves[cluster], counted)
 
     def _given_up(self, interval: float) -> None:
-        """The followed change, if any, is being replaced. Not seen acting in all the time it
-        was given (its cluster counted meanwhile: a dead one says nothing), it says the delay
-        is longer than the estimate allows for: the time it was given counts as a delay, so
-        an estimate misread short grows back instead of letting every later step stack on
-        the last, and one that is right is moved no further than its own limit."""
+        """The followed change, if any, not seen acting in all the time it was given (its
+        cluster counted meanwhile: a dead one says nothing), is given up, once its time is
+        out or when the next change replaces it. It says the delay is longer than the
+        estimate allows for: the time it was given counts as a delay, so an estimate misread
+        short grows back instead of letting every later step stack on the last, and one that
+        is right is moved no further than its own limit. Given up, it is never confirmed by
+        a move long after (local traffic shifting half an hour later was kept as a 1,796 s
+        delay, and held the next step that long)."""
         change = self.pending
         limit = self.wait_limit(0.0, interval)
         if change is not None and change.ticks and change.ticks[-1][0] - change.at >= limit:
             self.delays.append(min(limit, LONGEST * interval))
+            self.pending, self.given_up = None, change.at
 
     def wait_limit(self, settle: float, interval: float) -> float:
         """How long a change not yet seen acting keeps the target settling at most: twice
@@ -188,6 +195,8 @@ class Actuation:
             return True
         if self.pending is not None and self.pending.at == last_change:
             return elapsed < self.wait_limit(settle, interval)
+        if self.given_up == last_change:  # it had all its time: the law goes on
+            return False
         if self.acted_at is not None and self.acted_at >= last_change:
             return now - self.acted_at + slack < settle
         if not self.delays:  # a change too small to see: as long as they take, at most

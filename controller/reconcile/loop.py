@@ -180,7 +180,9 @@ class Reconciler:
         for target in targets:
             memory = self._memory.setdefault(target.key, TargetMemory())
             clusters = {c for c in target.clusters.values() if c is not None}
-            memory.actuation.observe(now, {c: arrived.get(c) for c in clusters})
+            memory.actuation.observe(
+                now, {c: arrived.get(c) for c in clusters}, self._settings.interval
+            )
 
     def _weigh(
         self, found: Target, inputs: Mapping[str, Signals | None], fresh: bool = False

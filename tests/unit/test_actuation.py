@@ -23,7 +23,7 @@ def at_even_split(seed: int) -> tuple[Actuation, random.Random]:
     """An actuation that has seen three ticks of an even split (the baseline a change needs)."""
     act, rng = Actuation(), random.Random(seed)
     for tick in range(1, 4):
-        act.observe(tick * INTERVAL, arrivals({"a": 50.0, "b": 50.0}, 300, rng))
+        act.observe(tick * INTERVAL, arrivals({"a": 50.0, "b": 50.0}, 300, rng), INTERVAL)
     return act, rng
 
 
@@ -44,7 +44,7 @@ def drive(
         split = {c: before[c] + part * (after[c] - before[c]) for c in before}
         counts = arrivals(split, n, rng)
         counts["b"] = (counts["b"] or 0.0) + local
-        act.observe(now, counts)
+        act.observe(now, counts, INTERVAL)
         settling.append((now, act.settling(now, SETTLE, INTERVAL)))
         if now == 100.0:
             act.changed(now, before, after, INTERVAL)
@@ -69,7 +69,8 @@ def test_the_law_waits_until_the_change_acted_and_settle_is_the_floor() -> None:
 
 def test_a_router_that_ignores_the_weights_does_not_freeze_them() -> None:
     act, settling = drive(10_000.0, 2)  # never acts
-    assert act.estimate is None
+    # given up once its time is out, that time counting as a delay (not seen acting in it)
+    assert act.pending is None and act.estimate == UNKNOWN * INTERVAL
     waiting = [now for now, s in settling if s and now > 100]
     assert max(waiting) < 100 + UNKNOWN * INTERVAL
 
@@ -79,7 +80,7 @@ def test_small_moves_and_uncounted_clusters_are_not_measured() -> None:
     act.changed(30.0, {"a": 50.0, "b": 50.0}, {"a": 47.0, "b": 53.0}, INTERVAL)
     assert act.pending is None  # 3 points drown in the counting noise
     later = 30.0 + UNKNOWN * INTERVAL  # the small one has surely acted by then
-    act.observe(later, {"a": None, "b": 120.0})  # a dead cluster has no count
+    act.observe(later, {"a": None, "b": 120.0}, INTERVAL)  # a dead cluster has no count
     act.changed(later, {"a": 47.0, "b": 53.0}, {"a": 0.0, "b": 100.0}, INTERVAL)
     assert act.pending is not None and act.pending.cluster == "b"
 
@@ -87,7 +88,7 @@ def test_small_moves_and_uncounted_clusters_are_not_measured() -> None:
 def test_a_change_made_before_the_last_one_acted_is_not_measured() -> None:
     act, rng = at_even_split(4)
     act.changed(30.0, {"a": 50.0, "b": 50.0}, {"a": 25.0, "b": 75.0}, INTERVAL)
-    act.observe(40.0, arrivals({"a": 50.0, "b": 50.0}, 300, rng))
+    act.observe(40.0, arrivals({"a": 50.0, "b": 50.0}, 300, rng), INTERVAL)
     act.changed(50.0, {"a": 25.0, "b": 75.0}, {"a": 10.0, "b": 90.0}, INTERVAL)
     assert act.pending is None  # the first one acting would be taken for the second
 
@@ -95,7 +96,7 @@ def test_a_change_made_before_the_last_one_acted_is_not_measured() -> None:
 def test_a_change_soon_after_one_too_small_to_see_is_not_measured_either() -> None:
     act, rng = at_even_split(5)
     act.changed(30.0, {"a": 50.0, "b": 50.0}, {"a": 47.0, "b": 53.0}, INTERVAL)
-    act.observe(40.0, arrivals({"a": 47.0, "b": 53.0}, 300, rng))
+    act.observe(40.0, arrivals({"a": 47.0, "b": 53.0}, 300, rng), INTERVAL)
     act.changed(40.0, {"a": 47.0, "b": 53.0}, {"a": 20.0, "b": 80.0}, INTERVAL)
     assert act.pending is None
 
@@ -108,11 +109,13 @@ def test_one_stray_tick_beside_a_still_one_is_not_the_change_acting() -> None:
     show half the move on its own."""
     act, _ = at_even_split(8)
     act.changed(30.0, {"a": 50.0, "b": 50.0}, {"a": 25.0, "b": 75.0}, INTERVAL)
-    act.observe(40.0, {"a": 45.0, "b": 255.0})  # the stray one: more than the move at once
-    act.observe(50.0, {"a": 141.0, "b": 159.0})  # still at 53
+    act.observe(
+        40.0, {"a": 45.0, "b": 255.0}, INTERVAL
+    )  # the stray one: more than the move at once
+    act.observe(50.0, {"a": 141.0, "b": 159.0}, INTERVAL)  # still at 53
     assert act.estimate is None and act.pending is not None
     for tick in (6, 7):  # it acts within the tick ending at 60
-        act.observe(tick * INTERVAL, {"a": 75.0, "b": 225.0})
+        act.observe(tick * INTERVAL, {"a": 75.0, "b": 225.0}, INTERVAL)
     assert act.estimate is not None and act.estimate >= INTERVAL
 
 
@@ -133,13 +136,13 @@ def test_a_share_falling_back_after_a_lucky_run_is_not_the_change_acting() -> No
     acting at once; the share before is as noisy as the ticks after, and both count."""
     act = Actuation()
     for tick, b in zip((7, 8, 9), (56.0, 57.0, 55.0), strict=True):
-        act.observe(tick * INTERVAL, {"a": 3 * (100 - b), "b": 3 * b})
+        act.observe(tick * INTERVAL, {"a": 3 * (100 - b), "b": 3 * b}, INTERVAL)
     act.changed(90.0, {"a": 50.0, "b": 50.0}, {"a": 60.0, "b": 40.0}, INTERVAL)
     for tick in (10, 11, 12):  # the gateway has not moved yet: the even split
-        act.observe(tick * INTERVAL, {"a": 150.0, "b": 150.0})
+        act.observe(tick * INTERVAL, {"a": 150.0, "b": 150.0}, INTERVAL)
     assert act.estimate is None and act.settling(120.0, SETTLE, INTERVAL)
     for tick in (13, 14):  # it acts within the tick ending at 130: b gets 40% of them
-        act.observe(tick * INTERVAL, {"a": 180.0, "b": 120.0})
+        act.observe(tick * INTERVAL, {"a": 180.0, "b": 120.0}, INTERVAL)
     assert act.estimate is not None and abs(act.estimate - 30.0) <= INTERVAL
 
 
@@ -150,7 +153,7 @@ def measured(delay: float) -> Actuation:
     for tick in range(4, 12):
         now = tick * INTERVAL
         part = min(1.0, max(0.0, (now - 30.0 - delay) / INTERVAL))
-        act.observe(now, {"a": 150.0 - 75.0 * part, "b": 150.0 + 75.0 * part})
+        act.observe(now, {"a": 150.0 - 75.0 * part, "b": 150.0 + 75.0 * part}, INTERVAL)
     assert act.estimate is not None and abs(act.estimate - delay) <= INTERVAL / 2
     return act
 
@@ -159,7 +162,7 @@ def test_a_change_seen_acting_in_less_than_half_the_measured_delay_is_not_believ
     act = measured(30.0)
     act.changed(120.0, {"a": 25.0, "b": 75.0}, {"a": 50.0, "b": 50.0}, INTERVAL)
     for tick in (13, 14):  # at once: noise, or a gateway that got faster
-        act.observe(tick * INTERVAL, {"a": 150.0, "b": 150.0})
+        act.observe(tick * INTERVAL, {"a": 150.0, "b": 150.0}, INTERVAL)
     assert len(act.delays) == 2  # noted ...
     assert act.settling(140.0 + SETTLE, SETTLE, INTERVAL)  # ... but the law waits on
     assert not act.settling(120.0 + 30.0 + SETTLE + INTERVAL / 2, SETTLE, INTERVAL)
@@ -173,7 +176,7 @@ def test_a_change_not_seen_acting_in_all_its_time_lengthens_a_short_estimate() -
     limit = act.wait_limit(0.0, INTERVAL)
     act.changed(120.0, {"a": 25.0, "b": 75.0}, {"a": 50.0, "b": 50.0}, INTERVAL)
     for tick in (13, 14, 15):  # not yet
-        act.observe(tick * INTERVAL, {"a": 75.0, "b": 225.0})
+        act.observe(tick * INTERVAL, {"a": 75.0, "b": 225.0}, INTERVAL)
     act.changed(150.0, {"a": 50.0, "b": 50.0}, {"a": 60.0, "b": 40.0}, INTERVAL)
     assert act.longest == limit and act.wait_limit(0.0, INTERVAL) > limit
 
@@ -183,7 +186,29 @@ def test_the_next_change_starts_from_what_the_last_one_left_not_from_its_move() 
     act.changed(100.0, {"a": 50.0, "b": 50.0}, {"a": 25.0, "b": 75.0}, INTERVAL)
     # it acts at 105: the tick ending at 110 is half under each split
     for tick, b in ((11, 62.5), (12, 75.0), (13, 75.0)):
-        act.observe(tick * INTERVAL, {"a": 3 * (100 - b), "b": 3 * b})
+        act.observe(tick * INTERVAL, {"a": 3 * (100 - b), "b": 3 * b}, INTERVAL)
     assert act.estimate is not None
     act.changed(130.0, {"a": 25.0, "b": 75.0}, {"a": 10.0, "b": 90.0}, INTERVAL)
     assert act.pending is not None and act.pending.before == 75.0
+
+
+def test_a_change_given_up_is_not_confirmed_by_a_move_long_after() -> None:
+    """#40: a change the router ignored while the law held; half an hour later local traffic
+    moved the share, taken for the change acting: a 1,796 s delay kept, and the next small
+    change held the law 1,820 s while a cluster might be hot."""
+    act, rng = at_even_split(11)
+    act.changed(30.0, {"a": 50.0, "b": 50.0}, {"a": 25.0, "b": 75.0}, INTERVAL)
+    now = 30.0
+    for _ in range(180):  # thirty minutes, the router still splitting evenly
+        now += INTERVAL
+        act.observe(now, arrivals({"a": 50.0, "b": 50.0}, 300, rng), INTERVAL)
+    for _ in range(3):  # local traffic lands on b: the share moves as the change wanted
+        now += INTERVAL
+        act.observe(now, arrivals({"a": 25.0, "b": 75.0}, 300, rng), INTERVAL)
+    assert act.longest <= 12 * INTERVAL, list(act.delays)
+    small = now + INTERVAL  # a change too small to follow
+    act.changed(small, {"a": 25.0, "b": 75.0}, {"a": 22.0, "b": 78.0}, INTERVAL)
+    waits = [
+        t for t in range(int(small), int(small) + 2000, 10) if act.settling(t, SETTLE, INTERVAL)
+    ]
+    assert max(waits) - small <= 150, max(waits) - small
