@@ -142,8 +142,9 @@ class ControllerMetrics:
         )
         self.server_closed = new.counter(
             "server_connections_closed_total",
-            "Connections our server closed itself, by reason: limit (too many open), "
-            "header_timeout (no whole request in time).",
+            "Connections our server closed itself, by reason: limit (too many open: the oldest "
+            "without a request made room, or the newcomer was closed), header_timeout (no TLS "
+            "handshake and whole request in time).",
             "reason",
         )
         for reason in ("limit", "header_timeout"):

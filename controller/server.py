@@ -1,9 +1,11 @@
 """The aiohttp app: /metrics (our registry), /debug/state, /healthz (the loop is alive),
 /readyz (it has decided at least once). Probes read the snapshot; they never trigger work.
 
-The server bounds what a client can hold (``Connections``): at most ``MAX_CONNECTIONS`` open
-(more are closed at once, so the process never runs out of file descriptors and the probes
-stay reachable), ``HEADER_TIMEOUT`` to send a whole request, ``IDLE_TIMEOUT`` of keep-alive.
+The server bounds what a client can hold (``Connections``), counted from accept: at most
+``MAX_CONNECTIONS`` open (past it, the oldest without a whole request makes room, or the new
+one is closed at once, so the process never runs out of file descriptors and the probes stay
+reachable), ``HEADER_TIMEOUT`` to finish a TLS handshake and send a whole request,
+``IDLE_TIMEOUT`` of keep-alive.
 
 Outside a cluster it is plain HTTP on the bind address. In one (the manifests set it) it is
 HTTPS with the service CA's serving certificate, re-read when it rotates, and /metrics and
@@ -38,10 +40,14 @@ IDLE_TIMEOUT = 65.0
 
 
 class Connections:
-    """The server's connections, counted and bounded. A protocol factory around aiohttp's:
-    past ``limit`` open a new connection is closed as it arrives; one that has not sent a
-    whole request's headers ``header_timeout`` after it opened is closed (a slow client
-    holding a descriptor). ``on_close(reason)`` counts what we closed."""
+    """The server's connections, counted and bounded from accept. A protocol factory around
+    aiohttp's: past ``limit`` open a new connection is closed as it arrives; one that has not
+    finished its TLS handshake and sent a whole request's headers ``header_timeout`` after it
+    was accepted is closed (a slow client holding a descriptor). The handshake is done here,
+    under the same count and deadline (``loop.start_tls``): left to ``create_server``, a
+    connection was seen only once its handshake was done, so 1,100 that never started one
+    were neither counted nor timed out before asyncio's own 60 s, and took every descriptor.
+    ``on_close(reason)`` counts what we closed."""
 
     def __init__(
         self,
@@ -52,28 +58,52 @@ class Connections:
     ) -> None:
         self.limit, self.header_timeout = limit, header_timeout
         self._on_change, self._on_close = on_change, on_close
-        self._open: dict[object, _Bounded] = {}  # transport -> its protocol
+        self._open: dict[_Bounded, None] = {}  # in the order they were accepted
+        self._by_transport: dict[object, _Bounded] = {}  # its raw and its TLS transport
 
-    def protocol(self, make: Callable[[], asyncio.Protocol]) -> asyncio.Protocol:
-        """A new connection's protocol: ``make``'s (aiohttp's), or past the limit one that
-        closes it at once (and aiohttp never builds a handler for it)."""
-        if len(self._open) >= self.limit:
+    def protocol(
+        self, make: Callable[[], asyncio.Protocol], tls: ssl.SSLContext | None = None
+    ) -> asyncio.Protocol:
+        """A new connection's protocol: ``make``'s (aiohttp's), behind a TLS handshake where
+        ``tls`` is given, or past the limit one that closes it at once (and aiohttp never
+        builds a handler for it)."""
+        if len(self._open) >= self.limit and not self._make_room():
             self._on_close("limit")
             return _Refused()
-        return _Bounded(make(), self)
+        return _Bounded(make(), self, tls)
+
+    def _make_room(self) -> bool:
+        """At the limit, the oldest connection that has not sent a whole request yet (a
+        stalled handshake, a slow client) is closed for the new one, so clients that hold
+        slots without a request cannot keep the probes or a scrape out for their header
+        deadline; ``False`` when every open one has been answered."""
+        oldest = next((b for b in self._open if b.waiting), None)
+        if oldest is None:
+            return False
+        self._on_close("limit")
+        oldest.abort()
+        return True
 
     def answered(self, transport: object) -> None:
         """A whole request arrived on ``transport``: its header deadline no longer applies."""
-        bounded = self._open.get(transport)
+        bounded = self._by_transport.get(transport)
         if bounded is not None:
             bounded.answered()
 
     def _opened(self, transport: object, bounded: _Bounded) -> None:
-        self._open[transport] = bounded
+        self._open[bounded] = None
+        self._by_transport[transport] = bounded
         self._on_change(len(self._open))
 
-    def _closed(self, transport: object) -> None:
-        if self._open.pop(transport, None) is not None:
+    def _also(self, transport: object, bounded: _Bounded) -> None:
+        """``bounded``'s TLS transport, once its handshake is done (what aiohttp sees)."""
+        self._by_transport[transport] = bounded
+
+    def _closed(self, bounded: _Bounded, *transports: object) -> None:
+        for transport in transports:
+            self._by_transport.pop(transport, None)
+        if bounded in self._open:
+            del self._open[bounded]
             self._on_change(len(self._open))
 
     def _timed_out(self) -> None:
@@ -86,12 +116,19 @@ class _Refused(asyncio.Protocol):
 
 
 class _Bounded(asyncio.Protocol):
-    """aiohttp's protocol for one connection, with its header deadline and its count."""
+    """aiohttp's protocol for one connection, with its TLS handshake, its header deadline
+    and its count. Under TLS, ``start_tls`` makes this the protocol of the decrypted stream:
+    the calls below then come from asyncio's SSL layer."""
 
-    def __init__(self, inner: asyncio.Protocol, owner: Connections) -> None:
-        self._inner, self._owner = inner, owner
-        self._transport: asyncio.Transport | None = None
+    def __init__(
+        self, inner: asyncio.Protocol, owner: Connections, tls: ssl.SSLContext | None = None
+    ) -> None:
+        self._inner, self._owner, self._tls = inner, owner, tls
+        self._transport: asyncio.Transport | None = None  # as accepted
+        self._secure: asyncio.Transport | None = None  # over TLS, once the handshake is done
         self._deadline: asyncio.TimerHandle | None = None
+        self._handshake: asyncio.Task[None] | None = None
+        self._made = False  # aiohttp's protocol has its connection
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -99,12 +136,53 @@ class _Bounded(asyncio.Protocol):
         self._owner._opened(transport, self)
         loop = asyncio.get_running_loop()
         self._deadline = loop.call_later(self._owner.header_timeout, self._expire)
-        self._inner.connection_made(transport)
+        if self._tls is None:
+            self._made = True
+            self._inner.connection_made(transport)
+            return
+        transport.pause_reading()  # nothing read before start_tls takes the stream over
+        self._handshake = loop.create_task(self._start_tls(transport, self._tls))
+
+    async def _start_tls(self, transport: asyncio.Transport, tls: ssl.SSLContext) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            secure = await loop.start_tls(
+                transport,
+                self,
+                tls,
+                server_side=True,
+                ssl_handshake_timeout=self._owner.header_timeout,
+            )
+        except (OSError, ssl.SSLError, TimeoutError, asyncio.CancelledError):
+            secure = None
+        if secure is None or secure.is_closing():
+            # A failed, cut or timed-out handshake. asyncio's SSL layer tells this protocol of
+            # a connection lost only once its handshake is done, so it is let go of here.
+            transport.abort()
+            self.answered()
+            self._owner._closed(self, transport)
+            return
+        self._secure = secure
+        self._owner._also(secure, self)
+        self._made = True
+        self._inner.connection_made(secure)
 
     def answered(self) -> None:
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
+
+    @property
+    def waiting(self) -> bool:
+        """Still within its header deadline: no whole request yet."""
+        return self._deadline is not None
+
+    def abort(self) -> None:
+        """Closed by us to make room (``Connections._make_room``)."""
+        self.answered()
+        if self._transport is not None:
+            self._transport.abort()
+        self._owner._closed(self, self._transport, self._secure)
 
     def _expire(self) -> None:
         self._deadline = None
@@ -126,9 +204,12 @@ class _Bounded(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.answered()
-        if self._transport is not None:
-            self._owner._closed(self._transport)
-        self._inner.connection_lost(exc)
+        self._owner._closed(self, self._transport, self._secure)
+        if self._handshake is not None and not self._handshake.done():
+            self._handshake.cancel()
+        if self._made:  # aiohttp's protocol never saw a connection that failed its handshake
+            self._made = False
+            self._inner.connection_lost(exc)
 
 
 CONNECTIONS = web.AppKey("connections", Connections)
@@ -259,12 +340,9 @@ async def start(
     assert handlers is not None  # set by setup()
     loop = asyncio.get_running_loop()
     try:
+        # plain sockets: the TLS handshake is the bounded protocol's (Connections)
         listening = await loop.create_server(
-            lambda: connections.protocol(handlers),
-            host,
-            port,
-            ssl=tls,
-            reuse_address=True,
+            lambda: connections.protocol(handlers, tls), host, port, reuse_address=True
         )
     except BaseException:
         await runner.cleanup()

@@ -5,7 +5,9 @@ unreachable and wrote ~60 MB of logs in 34 s."""
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -13,6 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from controller import server
 from controller.state import Snapshot
+from tests.integration.test_secure_metrics import self_signed
 
 CLOSED_WITHIN = 5.0  # bound for waiting on the server to close a connection
 
@@ -60,9 +63,11 @@ async def get(session: aiohttp.ClientSession, port: int) -> int:
         return response.status
 
 
-async def test_past_the_limit_a_connection_is_closed_at_once_and_the_probes_come_back(
+async def test_past_the_limit_the_oldest_without_a_request_makes_room(
     counted: Counted,
 ) -> None:
+    """Clients that hold a slot and never send a request cannot keep the probes out for their
+    header deadline: the oldest of them is closed for the newcomer."""
     async for _, port in serving(counted, limit=4, header_timeout=60):
         held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(4)]
         for _ in range(100):  # bounded: the server has seen all four
@@ -70,20 +75,32 @@ async def test_past_the_limit_a_connection_is_closed_at_once_and_the_probes_come
                 break
             await asyncio.sleep(0.01)
         assert counted.open_now == 4
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        assert await closed_by_server(reader)
-        writer.close()
-        assert counted.closed == ["limit"]
-        held[0][1].close()
-        await held[0][1].wait_closed()
-        for _ in range(100):
-            if counted.open_now == 3:
-                break
-            await asyncio.sleep(0.01)
         async with aiohttp.ClientSession() as session:
-            assert await get(session, port) == 200  # one slot free again: answered
-        for _, w in held[1:]:
+            assert await get(session, port) == 200  # at the limit, answered all the same
+        assert await closed_by_server(held[0][0])  # the oldest made room
+        assert counted.closed == ["limit"]
+        for _, w in held:
             w.close()
+
+
+async def test_past_the_limit_of_answered_clients_a_new_one_is_closed_at_once(
+    counted: Counted,
+) -> None:
+    """Every slot held by a client that sent its request (keep-alive): none is taken from
+    it, the newcomer is closed."""
+    async for _, port in serving(counted, limit=2, header_timeout=60):
+        sessions = [aiohttp.ClientSession() for _ in range(2)]
+        try:
+            for session in sessions:  # each keeps its connection alive after its answer
+                assert await get(session, port) == 200
+            assert counted.open_now == 2
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            assert await closed_by_server(reader)
+            writer.close()
+            assert counted.closed == ["limit"]
+        finally:
+            for session in sessions:
+                await session.close()
 
 
 async def test_a_request_that_never_finishes_is_closed_and_a_finished_one_is_kept(
@@ -145,3 +162,34 @@ def test_the_bind_flags_override_the_file_and_are_checked_as_it_is() -> None:
     given.health_probe_bind_address = "0.0.0.0:8081"
     served = with_flags(settings, given).server
     assert (served.bind, served.probe_bind) == ("0.0.0.0:9443", "0.0.0.0:8081")
+
+
+async def test_a_tls_handshake_never_started_is_counted_and_cut_at_the_header_deadline(
+    counted: Counted, tmp_path: Path
+) -> None:
+    """Left to asyncio, a TLS connection was seen only once its handshake was done: 1,100
+    that never started one were neither counted nor timed out before asyncio's own 60 s, took
+    every descriptor, and the probe and an authorised scrape timed out."""
+    cert, key = self_signed(tmp_path)
+    tls = server.ServingCertificate(cert, key).context
+    connections = server.Connections(4, 0.3, counted.change, counted.close)
+    app = server.make_app(CollectorRegistry(), Snapshot(), 10.0, connections=connections)
+    serving, port = await server.start(app, "127.0.0.1", 0, tls)
+    try:
+        stalled = [await asyncio.open_connection("127.0.0.1", port) for _ in range(4)]
+        for _ in range(100):  # bounded: counted from accept, before any handshake
+            if counted.open_now == 4:
+                break
+            await asyncio.sleep(0.01)
+        assert counted.open_now == 4
+        assert all([await closed_by_server(r) for r, _ in stalled])
+        assert counted.closed == ["header_timeout"] * 4
+        client_tls = ssl.create_default_context(cafile=str(cert))
+        async with aiohttp.ClientSession() as session:
+            url = f"https://127.0.0.1:{port}/healthz"
+            async with session.get(url, ssl=client_tls) as response:
+                assert response.status == 200  # a real handshake, answered
+        for _, w in stalled:
+            w.close()
+    finally:
+        await serving.cleanup()
