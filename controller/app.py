@@ -373,6 +373,7 @@ def settle_collector() -> None:
 async def serve_forever(settings: Settings, dry_run: bool = False) -> None:
     stop = asyncio.Event()
     install_signal_handlers(stop)
+    server.AcceptErrors(log).install(asyncio.get_running_loop())
     raise_open_file_limit()
     async with Controller(settings, dry_run=dry_run) as controller:
         settle_collector()

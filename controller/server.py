@@ -19,6 +19,7 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -210,6 +211,44 @@ class _Bounded(asyncio.Protocol):
         if self._made:  # aiohttp's protocol never saw a connection that failed its handshake
             self._made = False
             self._inner.connection_lost(exc)
+
+
+class AcceptErrors:
+    """asyncio's "socket.accept() out of system resource" (descriptors ran out) as one line
+    when a burst starts and one when it ends, with how many there were: as a loop exception
+    handler, in front of the one it replaces (or the default) for everything else. A burst
+    ends ``quiet`` seconds after its last error."""
+
+    PREFIX = "socket.accept() out of system resource"
+
+    def __init__(self, logger: Any, quiet: float = 10.0) -> None:
+        self._log, self._quiet = logger, quiet
+        self.count = 0  # in the burst under way (0: none)
+        self._ends: asyncio.TimerHandle | None = None
+        self._previous: Callable[[asyncio.AbstractEventLoop, dict[str, Any]], object] | None = None
+
+    def install(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._previous = loop.get_exception_handler()
+        loop.set_exception_handler(self.handle)
+
+    def handle(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if not str(context.get("message", "")).startswith(self.PREFIX):
+            if self._previous is not None:
+                self._previous(loop, context)
+            else:
+                loop.default_exception_handler(context)
+            return
+        if self.count == 0:
+            error = context.get("exception")
+            self._log.error("accept failing", error=f"{type(error).__name__}: {error}")
+        self.count += 1
+        if self._ends is not None:
+            self._ends.cancel()
+        self._ends = loop.call_later(self._quiet, self._ended)
+
+    def _ended(self) -> None:
+        self._log.warning("accept failing ended", occurrences=self.count)
+        self.count, self._ends = 0, None
 
 
 CONNECTIONS = web.AppKey("connections", Connections)

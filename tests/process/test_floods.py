@@ -30,14 +30,14 @@ PROMETHEUS = "system:serviceaccount:openshift-monitoring:prometheus-k8s"
 
 
 @contextlib.contextmanager
-def open_files(soft: int) -> Iterator[None]:
-    """This process's soft limit of open files (a child started meanwhile inherits it)."""
-    before, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, hard), hard))
+def open_files(limit: int) -> Iterator[None]:
+    """This process's soft limit of open files, for as long as it needs more."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(limit, hard), hard))
     try:
         yield
     finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (before, hard))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 async def status(url: str, trust: ssl.SSLContext | bool = False, token: str = "") -> int:
@@ -69,30 +69,32 @@ async def test_stalled_tls_handshakes_cannot_blind_the_daemon(
     trust = ssl.create_default_context(cafile=str(cert))
     port, probe = free_port(), free_port()
     async with Fleet([SimCluster("a", kv=0.3)]) as sims:
-        with open_files(DAEMON_FILES):
-            child = await daemon(
-                {
-                    "interval": "1s",
-                    "clusters": sims.settings_clusters(),
-                    "server": {
-                        "bind": f"127.0.0.1:{port}",
-                        "probe_bind": f"127.0.0.1:{probe}",
-                        "tls_cert_file": str(cert),
-                        "tls_key_file": str(key),
-                        "authenticate": True,
-                    },
-                    "log": {"format": "json"},
+        child = await daemon(
+            {
+                "interval": "1s",
+                "clusters": sims.settings_clusters(),
+                "server": {
+                    "bind": f"127.0.0.1:{port}",
+                    "probe_bind": f"127.0.0.1:{probe}",
+                    "tls_cert_file": str(cert),
+                    "tls_key_file": str(key),
+                    "authenticate": True,
                 },
-                "run",
-                "--kubeconfig",
-                str(kubeconfig(tmp_path / "kubeconfig", apiserver.url)),
-                env={k: None for k in os.environ if k.startswith("KUBERNETES_")},
-            )
+                "log": {"format": "json"},
+            },
+            "run",
+            "--kubeconfig",
+            str(kubeconfig(tmp_path / "kubeconfig", apiserver.url)),
+            env={k: None for k in os.environ if k.startswith("KUBERNETES_")},
+        )
         for _ in range(200):  # bounded: up and serving
             with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                 if await status(f"http://127.0.0.1:{probe}/readyz") == 200:
                     break
             await asyncio.sleep(0.1)
+        # The daemon raises its soft limit to the hard one as it starts: held to 1,024 now.
+        assert child.process is not None
+        resource.prlimit(child.process.pid, resource.RLIMIT_NOFILE, (DAEMON_FILES, DAEMON_FILES))
         with open_files(4 * STALLED):
             stalled = [await asyncio.open_connection("127.0.0.1", port) for _ in range(STALLED)]
             loop = asyncio.get_running_loop()
