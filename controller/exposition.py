@@ -804,19 +804,22 @@ def _unescape(match: re.Match[str]) -> str:
 # A number as Go's strconv.ParseFloat reads it, which is what Prometheus compares ``le``
 # bounds with (histogram_quantile, and its scrape's normalisation of ``le``): decimal, or
 # hexadecimal with a binary exponent, or Inf/Infinity/NaN in any case, each with an optional
-# sign. Python's float() also takes blanks around the number, digits of other scripts and
-# ``_`` between digits ("1_0" is 10 to it); Go refuses those (atof.go: readFloat, special),
-# and a bound that Go cannot read is no bound at all, never another one.
-_GO_DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
-_GO_HEX = re.compile(r"[+-]?0[xX](?:[0-9a-fA-F]+\.?[0-9a-fA-F]*|\.[0-9a-fA-F]+)[pP][+-]?[0-9]+")
+# sign, and ``_`` only between digits ("1_0" is 10; atof.go: readFloat, underscoreOK, and
+# atof_test.go's "1_23.50_0_0e+1_2"). Python's float() also takes blanks around the number and
+# digits of other scripts; Go refuses those, and a bound Go cannot read is no bound at all,
+# never another one. Every repeat is possessive: a text that fails is refused in linear time.
+_GO_DECIMAL = re.compile(r"[+-]?(?:[0-9]++(?:\.[0-9]*+)?|\.[0-9]++)(?:[eE][+-]?[0-9]++)?")
+_GO_HEX = re.compile(
+    r"[+-]?0[xX](?:[0-9a-fA-F]++(?:\.[0-9a-fA-F]*+)?|\.[0-9a-fA-F]++)[pP][+-]?[0-9]++"
+)
 _GO_SPECIAL = frozenset(
     ("nan", *(sign + w for sign in ("", "+", "-") for w in ("inf", "infinity")))
 )
 
 
 def _value(text: str) -> float:
-    """A sample's value or timestamp: ``float`` on what Go's ParseFloat also takes (ASCII,
-    no ``_``; the line's grammar already keeps blanks out)."""
+    """A sample's value or timestamp: ``float`` on what Prometheus's parser also takes
+    (ASCII, no ``_``: its lexer refuses "1_2"; the line's grammar already keeps blanks out)."""
     if not text.isascii() or "_" in text:
         raise ValueError(f"{text[:40]!r} is not a number")
     return float(text)
@@ -825,11 +828,43 @@ def _value(text: str) -> float:
 def go_float(text: str) -> float:
     """``text`` as Go's ``strconv.ParseFloat(text, 64)`` reads it; a ValueError where Go
     refuses it (any case of Inf, Infinity and NaN; a sign on Inf only)."""
-    if _GO_DECIMAL.fullmatch(text) is not None or text.lower() in _GO_SPECIAL:
+    if "_" in text:
+        if not _underscores_ok(text):
+            raise ValueError(f"{text[:40]!r} is not a number")
+        text = text.replace("_", "")
+    if text.lower() in _GO_SPECIAL:
         return float(text)
-    if _GO_HEX.fullmatch(text) is not None:
-        return float.fromhex(text)
-    raise ValueError(f"{text!r} is not a number")
+    try:
+        if _GO_DECIMAL.fullmatch(text) is not None:
+            number = float(text)
+        elif _GO_HEX.fullmatch(text) is not None:
+            number = float.fromhex(text)
+        else:
+            raise ValueError(f"{text[:40]!r} is not a number")
+    except OverflowError:  # fromhex raises where float() gives inf
+        number = math.inf
+    if math.isinf(number):  # Go: ±Inf and ErrRange, an error Prometheus does not read past
+        raise ValueError(f"{text[:40]!r} is out of range")
+    return number
+
+
+def _underscores_ok(text: str) -> bool:
+    """Go's underscoreOK: each ``_`` between two digits (a base prefix counts as one)."""
+    i = 1 if text[:1] in ("+", "-") else 0
+    hexa = text[i : i + 2].lower() == "0x"
+    saw = "0" if hexa else "^"
+    for char in text[i + 2 if hexa else i :]:
+        if "0" <= char <= "9" or (hexa and char.lower() in "abcdef"):
+            saw = "0"
+        elif char == "_":
+            if saw != "0":
+                return False
+            saw = "_"
+        elif saw == "_":
+            return False
+        else:
+            saw = "!"
+    return saw != "_"
 
 
 def parse_le(text: str) -> float:

@@ -47,6 +47,10 @@ WATCH_SECONDS = 300  # a watch is reopened this often, from the last version see
 # (a LIST every 8 s at worst costs an API server nothing).
 BACKOFF_FIRST, BACKOFF_MAX = 1.0, 8.0
 IDLE_SECONDS = 90.0  # kubernetes.watch_idle's default
+# A watch over sooner than this, even one that said something (a 410 every time, one bookmark
+# and the end), is followed by a backoff before the next, as client-go's reflector paces its
+# ListAndWatch: a server that ends every watch at once must not make a loop of it.
+SHORT_WATCH = 1.0
 Json = dict[str, Any]
 
 
@@ -94,21 +98,27 @@ class Informer:
 
     async def _run(self) -> None:
         backoff = BACKOFF_FIRST
+        loop = asyncio.get_running_loop()
         while True:
             listed = False
             try:
                 since: str | None = await self.relist()
                 listed = True
-                while since is not None:
+                while since is not None:  # None: a 410, LIST again
+                    began = loop.time()
                     since = await self._watch(since)
-                    backoff = BACKOFF_FIRST  # a watch that heard something
+                    if loop.time() - began >= SHORT_WATCH:
+                        backoff = BACKOFF_FIRST  # a watch that lasted: all is well
+                    else:  # over at once, whatever it said (a 410, one bookmark): paced
+                        await asyncio.sleep(self._jittered(backoff))
+                        backoff = min(BACKOFF_MAX, backoff * 2)
             except APIError as exc:
                 # A LIST that fails leaves the API unreadable (discovery keeps its targets);
                 # a watch that fails after a LIST that worked leaves the cache that LIST gave,
                 # and the next LIST, a backoff later, brings what the watch missed.
                 if not listed:
                     self.error = exc
-                delay = backoff * self._random.uniform(0.5, 1.0)  # "equal jitter": never 0
+                delay = self._jittered(backoff)
                 log.warning(
                     "watch failed",
                     scope=self.scope,
@@ -118,6 +128,9 @@ class Informer:
                 )
                 await asyncio.sleep(delay)
                 backoff = min(BACKOFF_MAX, backoff * 2)
+
+    def _jittered(self, backoff: float) -> float:
+        return backoff * self._random.uniform(0.5, 1.0)  # "equal jitter": never 0
 
     def _lister(self) -> tuple[Callable[..., Awaitable[Any]], tuple[str, ...]]:
         """The list call for this scope and its positional arguments (a watch is the same

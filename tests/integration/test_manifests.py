@@ -495,6 +495,13 @@ def _backend(rule: int, index: int, key: str, value: Any) -> Any:
         (_meta("annotations", "owner", "team-b"), False),
         (_listed("finalizers", "example.com/hold"), False),
         (_both(_paused("incident"), _backend(0, 0, "weight", 20)), False),
+        # one rule replaced by a copy of another: its own matches would be gone
+        (
+            lambda o: o["spec"]["rules"].__setitem__(
+                1, json.loads(json.dumps(o["spec"]["rules"][0]))
+            ),
+            False,
+        ),
     ],
     ids=lambda v: v if isinstance(v, bool) else "",
 )

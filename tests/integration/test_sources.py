@@ -363,6 +363,25 @@ async def test_an_unframed_body_without_its_final_newline_is_cut_short(
     assert [e.reason for e in metrics.errors] == [Reason.TRUNCATED]
 
 
+async def test_a_cut_gzip_body_with_a_content_length_is_cut_short(
+    serve: Serve, session: aiohttp.ClientSession
+) -> None:
+    """The Content-Length vouches for the compressed bytes, and aiohttp does not check that
+    a gzip stream ended: a cut one decoded to "... 0." of "0.97" and was read as 0.0."""
+    whole = gzip.compress(b'vllm:num_requests_waiting{engine="0"} 0.97\n')
+    cut = whole[: len(whole) - 12]  # the stream stops inside its last deflate block
+
+    async def handler(_: web.Request) -> web.Response:
+        return web.Response(
+            body=cut, headers={"Content-Encoding": "gzip", "Content-Type": "text/plain"}
+        )
+
+    server = await serve({"/p": handler})
+    metrics = await source(session, vllm_urls=[server.url("/p")]).fetch()
+    assert metrics.queue_depth is None
+    assert [e.reason for e in metrics.errors] == [Reason.TRUNCATED]
+
+
 async def test_an_unframed_whole_page_is_read(session: aiohttp.ClientSession) -> None:
     server, url = await _unframed(v1_page([0.4], waiting=2).encode())
     async with server:

@@ -134,7 +134,8 @@ class FakeAPIServer:
     listed: list[tuple[str, str]] = field(default_factory=list)
     watches: int = 0
     # A careless proxy in front of every watch: "empty" (200, an empty body, at once),
-    # "silent" (accepted, then nothing until its timeout), "not-json" (a line of HTML)
+    # "silent" (accepted, then nothing until its timeout), "not-json" (a line of HTML),
+    # "gone" (410 at once), "bookmark" (one bookmark, then the end)
     watch_fault: str | None = None
     changes: list[tuple[int, Key, Json | None, Json | None]] = field(default_factory=list)
     compacted: int = 0  # a watch from a version at or below this gets 410 Gone
@@ -458,6 +459,16 @@ class FakeAPIServer:
     ) -> web.StreamResponse:
         if self.watch_fault == "not-json":
             await response.write(b"<html><body>502 Bad Gateway</body></html>\n")
+        elif self.watch_fault == "gone":  # every watch 410, at once
+            gone = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 410}
+            event = {"type": "ERROR", "object": {**gone, "reason": "Expired", "message": "old"}}
+            await response.write((json.dumps(event) + "\n").encode())
+        elif self.watch_fault == "bookmark":  # one bookmark, and the end, at once
+            mark = {
+                "kind": "ExternalModel",
+                "metadata": {"resourceVersion": str(next(self._version))},
+            }
+            await response.write((json.dumps({"type": "BOOKMARK", "object": mark}) + "\n").encode())
         elif self.watch_fault == "silent":  # until the client gives up, or its timeout
             ends = asyncio.get_running_loop().time() + seconds
             while asyncio.get_running_loop().time() < ends:
