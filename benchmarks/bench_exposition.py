@@ -23,8 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.vllm_page import vllm_v1_page
 from controller.exposition import Extractor
-from controller.families import VLLM_E2E, VLLM_GAUGES
-from controller.sources.pages import VLLM_EXTRACTOR
+from controller.sources.pages import POD_EXTRACTOR, POD_GAUGES, POD_HISTOGRAMS
 
 
 def per_call_ms(work: Callable[[], object], number: int) -> float:
@@ -51,9 +50,9 @@ def pages() -> list[tuple[str, str]]:
 
 
 def measure(page: str, repeat: int) -> dict[str, float]:
-    wanted = VLLM_EXTRACTOR.sample_names
+    wanted = POD_EXTRACTOR.sample_names
     ours = sorted(
-        (s.name, sorted(s.labels.items()), s.value) for s in VLLM_EXTRACTOR.extract(page).samples
+        (s.name, sorted(s.labels.items()), s.value) for s in POD_EXTRACTOR.extract(page).samples
     )
     reference = sorted(
         (s.name, sorted(s.labels.items()), float(s.value))
@@ -65,7 +64,7 @@ def measure(page: str, repeat: int) -> dict[str, float]:
     scale = max(1, 150_000 // len(page))  # about the same work per timed round on every page
     # Cold: no label set seen before (the first scrape after a start). The patterns are
     # compiled once per process, at import, so only the label cache is emptied each time.
-    fresh = Extractor(VLLM_GAUGES, [VLLM_E2E])
+    fresh = Extractor(POD_GAUGES, POD_HISTOGRAMS)
 
     def cold_extract() -> None:
         fresh.forget()
@@ -74,7 +73,7 @@ def measure(page: str, repeat: int) -> dict[str, float]:
     work: dict[str, tuple[Callable[[], object], int]] = {
         "ref": (lambda: list(text_string_to_metric_families(page)), scale),
         "floor": (page.splitlines, 20 * scale),
-        "warm": (lambda: VLLM_EXTRACTOR.extract(page), 20 * scale),
+        "warm": (lambda: POD_EXTRACTOR.extract(page), 20 * scale),
         "cold": (cold_extract, 5 * scale),
     }
     # Interleaved: every round times each side once, so a ratio compares times taken in the

@@ -49,8 +49,8 @@ from controller.settings import ClusterSettings, ScrapeSettings  # noqa: E402
 from controller.sources.limiter import Limiter  # noqa: E402
 from controller.sources.pages import (  # noqa: E402
     EPP_EXTRACTOR,
-    VLLM_EXTRACTOR,
-    VLLM_LEAN_EXTRACTOR,
+    POD_EXTRACTOR,
+    POD_LEAN_EXTRACTOR,
 )
 from controller.sources.scrape import ScrapeSource  # noqa: E402
 
@@ -98,7 +98,7 @@ async def measure(endpoints: int, rounds: int, epp: bool) -> dict[str, tuple[flo
                 assert all(n > 0 for n in await asyncio.gather(*(bare(u) for u in urls)))
 
             async def least_all() -> None:
-                lean = VLLM_LEAN_EXTRACTOR if epp else VLLM_EXTRACTOR  # as ours reads each
+                lean = POD_LEAN_EXTRACTOR if epp else POD_EXTRACTOR  # as ours reads each
                 jobs = [least(u, lean) for u in pods] + [least(u, EPP_EXTRACTOR) for u in epps]
                 assert all(n > 0 for n in await asyncio.gather(*jobs))
 

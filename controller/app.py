@@ -32,7 +32,7 @@ from controller.settings import ClusterSettings, Settings
 from controller.settings.schema import host_and_port
 from controller.sources import ClusterMetricsSource
 from controller.sources.limiter import Limiter
-from controller.sources.pages import EPP_EXTRACTOR, VLLM_EXTRACTOR, VLLM_LEAN_EXTRACTOR
+from controller.sources.pages import EPP_EXTRACTOR, POD_EXTRACTOR, POD_LEAN_EXTRACTOR
 from controller.sources.prometheus import prometheus_source, shared_queriers
 from controller.sources.scrape import ScrapeSource
 from controller.state import Snapshot, TickReport
@@ -116,8 +116,8 @@ class Controller:
         self.caches = CacheCollector(
             {
                 "labels_vllm": lambda: (
-                    VLLM_EXTRACTOR.cached_entries + VLLM_LEAN_EXTRACTOR.cached_entries,
-                    VLLM_EXTRACTOR.cached_bytes + VLLM_LEAN_EXTRACTOR.cached_bytes,
+                    POD_EXTRACTOR.cached_entries + POD_LEAN_EXTRACTOR.cached_entries,
+                    POD_EXTRACTOR.cached_bytes + POD_LEAN_EXTRACTOR.cached_bytes,
                 ),
                 "labels_epp": lambda: (EPP_EXTRACTOR.cached_entries, EPP_EXTRACTOR.cached_bytes),
             }

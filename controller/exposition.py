@@ -21,6 +21,8 @@ from itertools import repeat
 from operator import attrgetter, itemgetter
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
+from controller.engines import spellings
+
 __all__ = [
     "OPENMETRICS",
     "Extraction",
@@ -221,10 +223,7 @@ class Extraction:
         return self.grouped
 
 
-def _spellings(name: str) -> list[str]:
-    if name.startswith("vllm:"):
-        return [name, "vllm_" + name[len("vllm:") :]]
-    return [name]
+_HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 
 
 class Extractor:
@@ -235,14 +234,11 @@ class Extractor:
     """
 
     def __init__(self, gauges: Iterable[str] = (), histograms: Iterable[str] = ()) -> None:
-        canonical: dict[str, str] = {}
-        for family in gauges:
-            for spelled in _spellings(family):
-                canonical[spelled] = family
-        for family in histograms:
-            for suffix in ("_bucket", "_sum", "_count"):
-                for spelled in _spellings(family):
-                    canonical[spelled + suffix] = family + suffix
+        wanted = [*gauges, *(f + end for f in histograms for end in _HISTOGRAM_SUFFIXES)]
+        # A name's other spelling (``ns:x`` served as ``ns_x``) reads as the name, unless it
+        # is itself a wanted name: then it reads as itself.
+        canonical = {spelled: name for name in wanted for spelled in spellings(name)[1:]}
+        canonical.update((name, name) for name in wanted)
         self._canonical = canonical
         # a bucket whose le bounds nothing is skipped, never read as another bucket
         self._buckets = frozenset(n for n in canonical.values() if n.endswith("_bucket"))

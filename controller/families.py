@@ -1,4 +1,5 @@
-"""Every metric family the controller reads, in one place, newest name first.
+"""The metric families the controller reads from the EPP and any process, newest name first;
+what each model-serving engine publishes is its row in ``controller.engines``.
 
 Where a tuple lists several names for one signal, the first present on a page wins (a page in
 the middle of an upgrade may carry both). The scrape source reads pages by these names and the
@@ -6,27 +7,13 @@ PromQL templates (``settings.queries``) are built from them, so a rename upstrea
 here. The names are checked against the upstream sources and the real captures in
 ``../shared/fixtures`` (their README lists where each comes from):
 
-- vLLM: ``vllm:kv_cache_usage_perc`` from v0.9.2, ``vllm:gpu_cache_usage_perc`` before (removed
-  in v0.12); the request gauges and the e2e latency histogram (vllm/v1/metrics/loggers.py).
 - EPP latency: llm-d-router >= 0.9, then the Gateway API Inference Extension >= 1.1, then <= 1.0
   (pkg/epp/metrics/metrics.go in each).
 - EPP pool gauges (label ``name``, the pool): the llm-d names, then their ``inference_pool_*``
   twins, still emitted by llm-d-router and the only ones in GIE.
-
-prometheus-client >= 0.23 serves ``vllm:`` names as ``vllm_`` to a client that negotiates
-OpenMetrics; both the extractor and the PromQL templates accept either spelling.
 """
 
 from __future__ import annotations
-
-VLLM_KV = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-VLLM_WAITING = "vllm:num_requests_waiting"
-VLLM_RUNNING = "vllm:num_requests_running"
-VLLM_E2E = "vllm:e2e_request_latency_seconds"
-# Each engine's KV pool: an info-style gauge whose labels are the CacheConfig's fields
-# (num_gpu_blocks, block_size, …; V1 adds engine). What a pod can hold is num_gpu_blocks ×
-# block_size tokens (vllm/v1/metrics/loggers.py, log_metrics_info).
-VLLM_CACHE_INFO = "vllm:cache_config_info"
 
 EPP_LATENCY = (
     "llm_d_epp_request_duration_seconds",
@@ -54,10 +41,5 @@ EPP_READY = ("llm_d_epp_ready_endpoints", "inference_pool_ready_pods")
 # registry does not): a page whose start time alternates is several processes behind one URL.
 PROCESS_START = "process_start_time_seconds"
 
-VLLM_GAUGES = (*VLLM_KV, VLLM_WAITING, VLLM_RUNNING, VLLM_CACHE_INFO, PROCESS_START)
-VLLM_HISTOGRAMS = (VLLM_E2E,)
 EPP_GAUGES = (*EPP_KV, *EPP_QUEUE, *EPP_RUNNING, *EPP_READY, *EPP_REQUESTS, PROCESS_START)
 EPP_HISTOGRAMS = EPP_LATENCY
-
-# The namespace prometheus-client >= 0.23 rewrites for OpenMetrics clients.
-VLLM_PREFIX = "vllm:"

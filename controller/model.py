@@ -78,6 +78,9 @@ class ClusterMetrics:
     kv_mean: float | None = None
     kv_max: float | None = None
     kv_family: str | None = None
+    # The engine(s) whose pages were read (``controller.engines``; ``vllm+sglang`` for a
+    # cluster of both), where the source knows.
+    engine: str | None = None
     queue_depth: float | None = None
     queue_per_pod: float | None = None
     running: float | None = None

@@ -79,6 +79,13 @@ CLUSTER: tuple[Column, ...] = (
     ),
     Column("kv_metric", lambda v: _m(v, lambda m: m.kv_family)),
     Column(
+        "engine",
+        lambda v: _m(v, lambda m: m.engine),
+        metric="cluster_engine",
+        value_label="engine",
+        help="The engine(s) whose pages a cluster's pods serve (the engine table's rows).",
+    ),
+    Column(
         "queue_depth",
         lambda v: _m(v, lambda m: m.queue_depth),
         metric="cluster_queue_depth",

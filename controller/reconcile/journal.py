@@ -30,12 +30,15 @@ class Journal:
         self._conditions = conditions
         self._clock = clock
         self._last_summary: float | None = None
+        self._engines: dict[str, str] = {}  # the engine each cluster's pages were last read by
 
     def write(self, previous: TickReport, current: TickReport) -> None:
         for name, cluster in current.clusters.items():
             before = previous.clusters.get(name)
             self._health(name, before.health if before else None, cluster)
             self._pods(name, cluster)
+            self._engine(name, cluster)
+        self._engines = {n: e for n, e in self._engines.items() if n in current.clusters}
         self._conditions.retain(("pod",), self._pod_keys(current))
         self._conditions.retain(("lb",), self._balanced_keys(current))
         self._conditions.retain(("read past",), self._notice_keys(current))
@@ -70,6 +73,16 @@ class Journal:
                 failures=after.failures,
                 failing_pods=[e.url for e in errors],
             )
+
+    def _engine(self, name: str, view: ClusterView) -> None:
+        """Which engine a cluster's pages are read by: said once when found, and again when it
+        changes (a rollout to another engine, or pods of a second one joining)."""
+        engine = view.metrics.engine if view.metrics else None
+        before = self._engines.get(name)
+        if engine is None or engine == before:
+            return
+        self._engines[name] = engine
+        log.info("cluster engine", cluster=name, engine=engine, was=before)
 
     def _pods(self, name: str, view: ClusterView) -> None:
         """While a cluster stays usable, each of its failing pods is a condition of its own.

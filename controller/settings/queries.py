@@ -1,49 +1,103 @@
 """The PromQL templates for clusters read through a Prometheus or Thanos Querier, built from
-the family catalogue (``controller.families``) so that a name is spelled in one place.
+the engine table (``controller.engines``) and the EPP's families (``controller.families``) so
+that a name is spelled in one place. A querier's clusters may run different engines: each
+signal is the union (``or``) of every engine's series, so the batched queries do not grow
+with the clusters, and a pod is read by whichever engine's names it carries.
 
 Placeholders: ``$selector`` becomes the matchers, each with a leading comma
 (``,cluster=~"a|b"``) or nothing; ``$by`` the label the answer is grouped by (the querier's
 cluster label, or nothing for a querier of one cluster's own) and ``$and_by`` the same after a
 comma; ``$window`` the rate window and ``$lookback`` how far back a gauge's last sample is taken
-(both follow the querier's push interval); ``$quantile`` the quantile. ``vllm:`` names are
-matched as ``vllm[:_]…``: prometheus-client >= 0.23 serves ``vllm_…`` to a Prometheus that
-negotiates OpenMetrics. Where a signal has several names, ``or`` keeps the first name's series
-and adds the later names' only where the first has none (``or`` matches label sets without the
-name).
+(both follow the querier's push interval); ``$quantile`` the quantile. A ``$`` that PromQL
+itself needs (``label_replace``'s ``"$1"``) is written ``$$``. ``ns:`` names are matched as
+``ns[:_]…``: prometheus-client >= 0.23 serves ``ns_…`` to a Prometheus that negotiates
+OpenMetrics. Where a signal has several names, ``or`` keeps the first name's series and adds
+the later names' only where the first has none (``or`` matches label sets without the name);
+an engine's label matchers (TensorRT-LLM's ``kv_cache_block_type="fraction"``) are part of
+its selector.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from string import Template
 
-from controller.families import (
-    EPP_LATENCY,
-    VLLM_CACHE_INFO,
-    VLLM_E2E,
-    VLLM_KV,
-    VLLM_PREFIX,
-    VLLM_RUNNING,
-    VLLM_WAITING,
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from controller.engines import ENGINES, VLLM, Family, Pool
+from controller.families import EPP_LATENCY
+
+
+def render(template: str, selected: str, by: str, window: str, lookback: str, **extra: str) -> str:
+    and_by = f", {by}" if by else ""
+    return Template(template).substitute(
+        selector=selected, by=by, and_by=and_by, window=window, lookback=lookback, **extra
+    )
+
+
+def renders(template: str, quantile: bool = False) -> str | None:
+    """Why ``template`` cannot be rendered (an unknown ``$name``, a ``$`` PromQL needs not
+    written ``$$``), or ``None``: checked at start-up, so no tick ever raises on it. Only the
+    latency quantile's template is given ``$quantile``."""
+    extra = {"quantile": "0.5"} if quantile else {}
+    try:
+        render(template, ',cluster="a"', "cluster", "1m", "30s", **extra)
+    except KeyError as exc:
+        known = "$selector, $by, $and_by, $window, $lookback" + (", $quantile" if quantile else "")
+        return f"unknown placeholder ${exc.args[0]} (known: {known}; write a literal $ as $$)"
+    except ValueError as exc:  # string.Template: "Invalid placeholder in string: line 1, col 5"
+        return f'{exc}: a $ that PromQL needs (label_replace\'s "$1") is written $$'
+    return None
+
+
+def series(name: str, suffix: str = "", family: Family | None = None) -> str:
+    """A selector of ``name`` (with ``suffix``: ``_bucket``, ``_count``), the matchers of
+    ``family`` and ``$selector``."""
+    matchers = "".join(f',{k}="{v}"' for k, v in family.match) if family else ""
+    if ":" in name:
+        return f'{{__name__=~"{name.replace(":", "[:_]")}{suffix}"{matchers}$selector}}'
+    return f'{{__name__="{name}{suffix}"{matchers}$selector}}'
+
+
+def each(family_of: str, shape: str) -> str:
+    """``shape`` (with ``{}`` for a selector) for every name of one signal of every engine
+    (``family_of``: ``kv``, ``waiting``, ``running``), joined by ``or``."""
+    families: list[Family] = [getattr(engine, family_of) for engine in ENGINES.values()]
+    return " or ".join(
+        shape.format(series(name, family=family)) for family in families for name in family.names
+    )
+
+
+_KV = each("kv", "{}")
+_KV_LAST = each("kv", "last_over_time({}[$lookback])")
+# The EPP's histogram, newest name first, then each engine's e2e one
+_LATENCY = (*EPP_LATENCY, *(e.latency for e in ENGINES.values() if e.latency))
+_VLLM_CACHE_INFO = next(p.info for p in VLLM.pools if p.info)
+
+
+def _last(name: str, family: Family) -> str:
+    return f"last_over_time({series(name, family=family)}[$lookback])"
+
+
+def _pool(pool: Pool) -> str | None:
+    """One pool rule of an engine as PromQL, tokens per engine process: two gauges multiplied
+    series by series (the labels that tell them apart ignored), or a gauge in tokens. An
+    info-style rule's sizes are labels, which PromQL cannot multiply: ``kv_pools`` reads
+    vLLM's; SGLang's older ``cache_config_info`` is not read through a querier."""
+    if pool.block is not None and pool.count is not None:
+        ignored = sorted({k for k, _ in (*pool.block.match, *pool.count.match)})
+        matching = f" ignoring({', '.join(ignored)})" if ignored else ""
+        block, count = pool.block.names[0], pool.count.names[0]
+        return f"{_last(block, pool.block)} *{matching} {_last(count, pool.count)}"
+    if pool.tokens is not None:
+        return _last(pool.tokens.names[0], pool.tokens)
+    return None
+
+
+# Each engine's pool rules in its order (``or``: the first that a series has), every engine's
+# joined: tokens by pod.
+_POOLS = " or ".join(
+    f"({rule})" for e in ENGINES.values() for rule in map(_pool, e.pools) if rule is not None
 )
-
-
-def series(family: str, suffix: str = "") -> str:
-    """A selector of ``family`` (with ``suffix``: ``_bucket``, ``_count``) and ``$selector``."""
-    if family.startswith(VLLM_PREFIX):
-        rest = family.removeprefix(VLLM_PREFIX)
-        return f'{{__name__=~"vllm[:_]{rest}{suffix}"$selector}}'
-    return f'{{__name__="{family}{suffix}"$selector}}'
-
-
-def any_series(families: tuple[str, ...]) -> str:
-    """One selector for the series of any of ``families`` (all ``vllm:`` names)."""
-    names = "|".join(family.removeprefix(VLLM_PREFIX) for family in families)
-    return f'{{__name__=~"vllm[:_]({names})"$selector}}'
-
-
-_KV = " or ".join(series(family) for family in VLLM_KV)
-_KV_LAST = " or ".join(f"last_over_time({series(family)}[$lookback])" for family in VLLM_KV)
-_LATENCY = (*EPP_LATENCY, VLLM_E2E)  # the EPP's histogram, newest name first, then vLLM's
 
 
 class PrometheusQueries(BaseModel):
@@ -71,24 +125,30 @@ class PrometheusQueries(BaseModel):
         "for 5 minutes).",
     )
     pods: str = Field(
-        default=f"count by ($by) (count by (job, instance$and_by) "
-        f"(last_over_time({any_series(VLLM_KV)}[$lookback])))",
+        default=f"count by ($by) (count by (job, instance$and_by) ({_KV_LAST}))",
         description="Pods reporting KV-cache use.",
     )
     kv_pools: str = Field(
         default=f"count by (job, instance, num_gpu_blocks, block_size$and_by) "
-        f"(last_over_time({series(VLLM_CACHE_INFO)}[$lookback]))",
+        f"(last_over_time({series(_VLLM_CACHE_INFO)}[$lookback]))",
         description="Engines by pod and KV pool (vllm:cache_config_info's num_gpu_blocks "
         "and block_size labels; PromQL cannot read a label as a number, so the controller "
         "sums engines × blocks × block size). Fewer pods here than pods reporting KV: "
         "capacity in pods.",
     )
+    kv_tokens: str = Field(
+        default=f"sum by (job, instance$and_by) ({_POOLS})",
+        description="KV-cache tokens by pod, for the engines that publish their pool as "
+        "numbers (SGLang's page_size × num_pages or max_total_num_tokens, TensorRT-LLM's "
+        "tokens per block × max blocks); added to kv_pools' pods. Fewer pods in both than "
+        "pods reporting KV: capacity in pods.",
+    )
     queue: str = Field(
-        default=f"sum by ($by) (last_over_time({series(VLLM_WAITING)}[$lookback]))",
+        default=f"sum by ($by) ({each('waiting', 'last_over_time({}[$lookback])')})",
         description="Requests waiting, summed over pods.",
     )
     running: str = Field(
-        default=f"sum by ($by) (last_over_time({series(VLLM_RUNNING)}[$lookback]))",
+        default=f"sum by ($by) ({each('running', 'last_over_time({}[$lookback])')})",
         description="Requests running, summed over pods.",
     )
     latency_quantile: str = Field(
@@ -98,7 +158,7 @@ class PrometheusQueries(BaseModel):
             for f in _LATENCY
         ),
         description="A latency quantile ($quantile): the EPP histogram, newest name first, "
-        "then vLLM's e2e histogram.",
+        "then each engine's e2e histogram.",
     )
     latency_requests: str = Field(
         default=" or ".join(
@@ -106,3 +166,11 @@ class PrometheusQueries(BaseModel):
         ),
         description="Requests in the window: below scrape.min_latency_requests latency is unknown.",
     )
+
+    @field_validator("*")
+    @classmethod
+    def _renders(cls, value: str, info: ValidationInfo) -> str:
+        quantile = info.field_name == "latency_quantile"
+        if info.field_name != "window" and (why := renders(value, quantile)) is not None:
+            raise ValueError(why)
+        return value

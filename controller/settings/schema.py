@@ -25,6 +25,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from controller.engines import AUTO, ENGINES
 from controller.settings import checks
 from controller.settings.durations import (
     INTERVAL,
@@ -231,6 +232,12 @@ class ClusterSettings(_Group):
     epp_url: HttpUrl | None = Field(
         default=None, description="The EPP /metrics page: request latency and pool averages."
     )
+    engine: str = Field(
+        default=AUTO,
+        description="What serves the model on the pods (vllm_urls, pods): a row of the engine "
+        f"table ({', '.join(ENGINES)}), or auto: each page is read by the first row whose "
+        "KV-cache family it carries. vllm_urls and pods take any engine's pages.",
+    )
     model_name: str | None = Field(
         default=None,
         description="Only series with this model_name label count; unset reads every model.",
@@ -289,6 +296,13 @@ class ClusterSettings(_Group):
         default=None,
         description="Read this cluster's signals with PromQL instead of scraping its pods.",
     )
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, value: str) -> str:
+        if value != AUTO and value not in ENGINES:
+            raise ValueError(f"{value!r} is not an engine: {AUTO} or one of {', '.join(ENGINES)}")
+        return value
 
     @field_validator("vllm_urls")
     @classmethod

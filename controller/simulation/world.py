@@ -29,7 +29,7 @@ from typing import Literal
 from controller.fakes.pages import CumulativeHistogram, epp_page, vllm_v0_page, vllm_v1_page
 from controller.model import PodError, Reason
 from controller.simulation.vllm import Replica, ReplicaSpec, Request
-from controller.sources.pages import EPP_EXTRACTOR, VLLM_EXTRACTOR, Page, read_page
+from controller.sources.pages import EPP_EXTRACTOR, POD_EXTRACTOR, Page, read_page
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 POOL = "vllm-llama"
@@ -179,7 +179,7 @@ class Scraper:
             return [PodError(u, Reason.TIMEOUT, "no answer in time") for u in urls]
         gauges = cluster.gauges_at(now - self._rng.uniform(0.0, cluster.scrape_age))
         return [
-            read_page(u, self._text(cluster, i, gauges[i]), VLLM_EXTRACTOR)
+            read_page(u, self._text(cluster, i, gauges[i]), POD_EXTRACTOR)
             for i, u in enumerate(urls)
         ]
 
@@ -191,7 +191,7 @@ class Scraper:
             read_page(
                 pod_urls(spec)[i],
                 self._text(cluster, i, gauges[i], int(now * 1000)),
-                VLLM_EXTRACTOR,
+                POD_EXTRACTOR,
             )
             for i in range(spec.replicas)
         ]

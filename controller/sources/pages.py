@@ -6,16 +6,17 @@ the cumulative counters of every page (latency and arrivals come from their incr
 two scrapes, never from since-start totals) and each URL's identity (one URL must be one
 process; a load-balanced URL is named as such).
 
-- vLLM pods: KV use is the mean (and max) over every pod and engine, one series per engine,
-  never summed; queue and running requests are summed; what the cluster holds is the sum of
-  its pods' KV pools (``vllm:cache_config_info``) when every answering pod publishes one.
+- Pods, read by their engine's row (``controller.engines``: found on each page by its KV
+  family, or the one the cluster names): KV use is the mean (and max) over every pod and
+  engine process, one series each, never summed; queue and running requests are summed; what
+  the cluster holds is the sum of its pods' KV pools when every answering pod publishes one.
 - The EPP alone: the pool's averages (KV, queue and running per endpoint), its ready endpoints
   (times ``kv_tokens_per_pod`` where the operator knows a pod's pool), its request counter as
   arrivals. An EPP with 0 ready endpoints has no fresh pod
   and its averages are frozen: stale, never idle.
-- Latency: the EPP's request-duration histogram (newest name first), else vLLM's e2e one,
-  each pod's series summed into one as it is read (``histograms.Fold``: one array kept per
-  pod between scrapes, not one per engine and model).
+- Latency: the EPP's request-duration histogram (newest name first), else the pods' engine's
+  e2e one, each pod's series summed into one as it is read (``histograms.Fold``: one array
+  kept per pod between scrapes, not one per engine and model).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from controller import histograms
+from controller.engines import AUTO, ENGINES, Engine, Family, Pool
 from controller.errors import (
     ScrapeContentTypeError,
     ScrapeError,
@@ -53,26 +55,23 @@ from controller.families import (
     EPP_REQUESTS,
     EPP_RUNNING,
     PROCESS_START,
-    VLLM_CACHE_INFO,
-    VLLM_E2E,
-    VLLM_GAUGES,
-    VLLM_HISTOGRAMS,
-    VLLM_KV,
-    VLLM_RUNNING,
-    VLLM_WAITING,
 )
 from controller.histograms import Fold, Folded, Histogram, Layouts, SeriesKey
 from controller.model import CapacityFrom, ClusterMetrics, Latency, PodError, Reason
 from controller.settings import ClusterSettings
 from controller.sources import pod_count_problem
 
-# Preference order matters (controller.families): the first name present on a page wins.
-VLLM_EXTRACTOR = Extractor(gauges=VLLM_GAUGES, histograms=VLLM_HISTOGRAMS)
+# A pod page is read for the families of every engine's row: which engine wrote it is found
+# on the page (``PageReader``). Preference order within a row matters: its first name present
+# on a page wins.
+POD_GAUGES = (*dict.fromkeys(g for e in ENGINES.values() for g in e.gauges()), PROCESS_START)
+POD_HISTOGRAMS = tuple(e.latency for e in ENGINES.values() if e.latency)
+POD_EXTRACTOR = Extractor(gauges=POD_GAUGES, histograms=POD_HISTOGRAMS)
 # A pod of a cluster whose EPP gives the request-duration histogram: latency comes from the
 # EPP, once per cluster, so the pods' e2e buckets (most of a V1 page's wanted samples) are
 # skipped at extraction; their ``_count`` stays, one per series: it says whether a URL is one
 # process (``Continuity``).
-VLLM_LEAN_EXTRACTOR = Extractor(gauges=(*VLLM_GAUGES, VLLM_E2E + "_count"))
+POD_LEAN_EXTRACTOR = Extractor(gauges=(*POD_GAUGES, *(f + "_count" for f in POD_HISTOGRAMS)))
 EPP_EXTRACTOR = Extractor(gauges=EPP_GAUGES, histograms=EPP_HISTOGRAMS)
 
 ByName = dict[str, list[Sample]]
@@ -211,17 +210,33 @@ def _labels_text(series: tuple[tuple[str, str], ...]) -> str:
     return ",".join(f'{k}="{v}"' for k, v in series)
 
 
-def pod_kv(newer: list[Sample], older: list[Sample]) -> tuple[str | None, list[Sample]]:
-    """A pod's KV series from those of the newer and the older name (``VLLM_KV``): the newer
-    name's, each replaced by the older name's same series when its own value is unusable
-    (NaN, out of range) and the older one is good."""
-    if not newer:
-        return (VLLM_KV[1], older) if older else (None, [])
-    if all(valid_fraction(s.value) for s in newer):  # nothing to replace: the usual page
-        return VLLM_KV[0], newer
-    fallback = {_series(s): s for s in older if valid_fraction(s.value)}
-    chosen = [s if valid_fraction(s.value) else fallback.get(_series(s), s) for s in newer]
-    return VLLM_KV[0], chosen
+def pod_kv(found: Sequence[list[Sample]], names: Sequence[str]) -> tuple[str | None, list[Sample]]:
+    """A pod's KV series from those of each of its engine's KV names, newest first (``found``
+    in the order of ``names``): the newest name's, each replaced by an older name's same series
+    when its own value is unusable (NaN, out of range) and the older one is good."""
+    present = [(name, samples) for name, samples in zip(names, found, strict=True) if samples]
+    if not present:
+        return None, []
+    name, newest = present[0]
+    if all(valid_fraction(s.value) for s in newest):  # nothing to replace: the usual page
+        return name, newest
+    fallback: dict[tuple[tuple[str, str], ...], Sample] = {}
+    for _, older in reversed(present[1:]):
+        fallback.update((_series(s), s) for s in older if valid_fraction(s.value))
+    chosen = [s if valid_fraction(s.value) else fallback.get(_series(s), s) for s in newest]
+    return name, chosen
+
+
+def of_family(
+    page: ByName, family: Family, keep: Mapping[str, str] | None
+) -> tuple[str, list[Sample]] | None:
+    """The samples of ``family``'s first name with any on the page, by its label matchers
+    and ``keep`` (the model)."""
+    for name in family.names:
+        samples = [s for s in _kept(page.get(name, ()), keep) if family.matches(s.labels)]
+        if samples:
+            return name, samples
+    return None
 
 
 def first_family(
@@ -425,12 +440,15 @@ class Summary:
     ready: float | None = None
     kv_tokens: float | None = None
     kv_tokens_from: str | None = None
+    engine: str | None = None
 
 
 class _PodKV(NamedTuple):
-    """An answering pod's page and its KV series (``pod_kv``)."""
+    """An answering pod's page, the engine that wrote it (``None``: no engine's KV family is
+    on it) and its KV series (``pod_kv``)."""
 
     page: Page
+    engine: Engine | None
     family: str | None
     samples: list[Sample]
 
@@ -464,7 +482,15 @@ class PageReader:
         self._name = cluster.name
         self._has_pods = bool(cluster.vllm_urls) or cluster.pods is not None
         self._pod_tokens = cluster.kv_tokens_per_pod
+        self._model = cluster.model_name
         self._model_keep = {"model_name": cluster.model_name} if cluster.model_name else None
+        # The rows a pod page may be read by: the one the cluster names, or each in turn
+        # until one's KV family is on the page (``engine: auto``).
+        named = cluster.engine != AUTO
+        self._engines = (ENGINES[cluster.engine],) if named else tuple(ENGINES.values())
+        # The engine its pods' last pages were written by: whose e2e buckets are folded
+        # as the next pages are read (``pod_stream``).
+        self._engine = self._engines[0]
         self._pool_keep = {"name": cluster.pool_name} if cluster.pool_name else None
         self._latency = LatencyWindow(min_latency_requests)
         self._layouts = Layouts()  # how this cluster's pods lay out their e2e buckets
@@ -478,16 +504,20 @@ class PageReader:
         """What to read this cluster's pod pages with: without their e2e buckets while its
         EPP gives latency (once it fails or stops, the next scrape reads them again; their
         latency then counts from the scrape after, as it would for a new pod)."""
-        return VLLM_LEAN_EXTRACTOR if self._epp_latency else VLLM_EXTRACTOR
+        return POD_LEAN_EXTRACTOR if self._epp_latency else POD_EXTRACTOR
 
     def pod_stream(self) -> PageStream:
         """A pod page's stream: read with ``pod_extractor``, and where that reads the e2e
         buckets (the pods' own histograms give the latency), the buckets folded as they are
         read (``Fold``)."""
-        extractor = self.pod_extractor
-        if extractor is VLLM_LEAN_EXTRACTOR:
+        extractor, latency = self.pod_extractor, self._engine.latency
+        if extractor is POD_LEAN_EXTRACTOR or latency is None:
             return PageStream(extractor)
-        return PageStream(extractor, fold=Fold(VLLM_E2E, self._model_keep, self._layouts))
+        return PageStream(extractor, fold=Fold(latency, self._keep(self._engine), self._layouts))
+
+    def _keep(self, engine: Engine) -> dict[str, str] | None:
+        """The labels a series of ``engine`` must carry: the cluster's model, if it names one."""
+        return {engine.model_label: self._model} if self._model else None
 
     def read(
         self,
@@ -507,7 +537,7 @@ class PageReader:
         errors = [r for r in (*checked, epp, lookup) if isinstance(r, PodError)]
         epp_page = epp if isinstance(epp, Page) else None
         if self._has_pods:
-            values = self._from_vllm(kvs)
+            values = self._from_pods(kvs)
             scraped, answering = len(results), len(pods)
         else:
             values, error = self._from_epp_pool(epp_page)
@@ -516,7 +546,7 @@ class PageReader:
         answered = pods if self._has_pods else ([epp_page] if epp_page and answering else [])
         if answered and values.kv_mean is None:
             errors.append(self._missing(len(answered)))
-        latency, fell = self._latency_from(epp_page, pods)
+        latency, fell = self._latency_from(epp_page, kvs)
         read = [*pods, *([epp_page] if epp_page else [])]
         return ClusterMetrics(
             cluster=self._name,
@@ -545,6 +575,7 @@ class PageReader:
             ready=values.ready,
             kv_tokens=values.kv_tokens,
             kv_tokens_from=values.kv_tokens_from,
+            engine=values.engine,
         )
 
     def retain(self, urls: Sequence[str]) -> None:
@@ -555,24 +586,30 @@ class PageReader:
 
     def _missing(self, answered: int) -> PodError:
         """Pages came back but none carries KV use: say which names were looked for."""
-        names = " or ".join(VLLM_KV if self._has_pods else EPP_KV)
+        names = " or ".join([str(e.kv) for e in self._engines] if self._has_pods else list(EPP_KV))
         keep = self._model_keep or self._pool_keep
         scope = f" for {keep}" if keep else ""
         detail = f"no {names} series{scope} on {answered} page(s) that answered"
         return PodError("*", Reason.MISSING_METRIC, detail)
 
-    def _from_vllm(self, kvs: Sequence[_PodKV]) -> Summary:
+    def _from_pods(self, kvs: Sequence[_PodKV]) -> Summary:
         kv = _KV(values=[])
         waiting: list[float] = []
         running: list[float] = []
         pools: list[float | None] = []
-        for pod, family, samples in kvs:
+        for pod, engine, family, samples in kvs:
             if family is not None:
                 kv.add(family, samples)
-            waiting += _pod_total(pod.samples, VLLM_WAITING, self._model_keep)
-            running += _pod_total(pod.samples, VLLM_RUNNING, self._model_keep)
-            pools.append(kv_tokens(pod.samples))
+            if engine is None:
+                pools.append(None)
+                continue
+            keep = self._keep(engine)
+            waiting += _pod_total(pod.samples, engine.waiting, keep)
+            running += _pod_total(pod.samples, engine.running, keep)
+            pools.append(pool_tokens(pod.samples, engine.pools))
         summary = _summary(kv, waiting, running, per_pod=len(waiting) or None)
+        engines = sorted({e.name for _, e, _, _ in kvs if e is not None})
+        summary = replace(summary, engine="+".join(engines) or None)
         if pools and all(p is not None for p in pools):  # every pod says what it holds
             tokens = sum(p for p in pools if p is not None)
             return replace(summary, kv_tokens=tokens, kv_tokens_from=CapacityFrom.KV_BLOCKS)
@@ -583,15 +620,31 @@ class PageReader:
         does not count as answering. So is one URL that is several processes. An answering
         pod comes back with its KV series (``pod_kv``), worked out once; a series repeated on
         the page was kept at its first sample when the page was read (``page_of``)."""
-        newer, older = [_kept(page.samples.get(f, ()), self._model_keep) for f in VLLM_KV]
-        name, chosen = pod_kv(newer, older)
+        engine, name, chosen = self._engine_of(page)
         if name is not None and chosen and not any(valid_fraction(s.value) for s in chosen):
             bad = chosen[0]
             hint = " (a percentage? it must be a fraction 0..1)" if 1 < bad.value <= 100 else ""
             detail = f"{name}{{{_labels_text(_series(bad))}}}={bad.value:g} is outside 0..1{hint}"
             return PodError(page.url, Reason.OUT_OF_RANGE, detail)
-        identified = self._identify(page, (VLLM_E2E,))
-        return _PodKV(page, name, chosen) if isinstance(identified, Page) else identified
+        latency = (engine.latency,) if engine and engine.latency else ()
+        identified = self._identify(page, latency)
+        return _PodKV(page, engine, name, chosen) if isinstance(identified, Page) else identified
+
+    def _engine_of(self, page: Page) -> tuple[Engine | None, str | None, list[Sample]]:
+        """The engine whose KV family is on the page (the first of the cluster's rows that
+        has one; with a single row, that row even without), its KV name and series."""
+        for engine in self._engines:
+            keep = self._keep(engine)
+            found = [
+                [s for s in _kept(page.samples.get(n, ()), keep) if engine.kv.matches(s.labels)]
+                for n in engine.kv.names
+            ]
+            name, chosen = pod_kv(found, engine.kv.names)
+            if name is not None:
+                self._engine = engine
+                return engine, name, chosen
+        only = self._engines[0] if len(self._engines) == 1 else None
+        return only, None, []
 
     def _identify(self, page: Page, latency: Sequence[str]) -> Page | PodError:
         """The page, or why its URL is several processes (``Continuity``)."""
@@ -646,7 +699,9 @@ class PageReader:
         found = first_family(epp.samples, EPP_REQUESTS, self._model_keep)
         return self._requests.increase(epp.url, found[1]) if found else None
 
-    def _latency_from(self, epp: Page | None, pods: Sequence[Page]) -> tuple[Latency | None, bool]:
+    def _latency_from(
+        self, epp: Page | None, pods: Sequence[_PodKV]
+    ) -> tuple[Latency | None, bool]:
         if epp is not None:
             for family in EPP_LATENCY:
                 series = histograms.collect(epp.samples, family, self._model_keep)
@@ -654,36 +709,77 @@ class PageReader:
                     self._epp_latency = True
                     return self._latency.observe(family, [(epp.url, series)])
         self._epp_latency = False
-        pages = [(p.url, self._folded(p)) for p in pods]
+        pages = [(p.page.url, self._folded(p.page, p.engine)) for p in pods]
         if not any(folded for _, folded in pages):
             return None, False
-        return self._latency.observe_folded(VLLM_E2E, pages)
+        return self._latency.observe_folded(self._engine.latency or "", pages)
 
-    def _folded(self, page: Page) -> Folded | None:
+    def _folded(self, page: Page, engine: Engine | None) -> Folded | None:
         """A pod's e2e series as one (``Fold``): what is kept of it until the next scrape;
-        folded as it was read, or here from its samples (a page read without ``pod_stream``)."""
+        folded as it was read, or here from its samples (a page read without ``pod_stream``,
+        or whose engine was not yet known when it was)."""
+        latency = engine.latency if engine is not None else None
+        if latency is None:
+            return None
         fold = page.fold
-        if fold is None:
-            fold = Fold(VLLM_E2E, self._model_keep)
-            fold.add_all(page.samples.get(VLLM_E2E + "_bucket", ()))
+        if fold is None or fold.sample_name != latency + "_bucket":
+            fold = Fold(latency, self._keep(engine) if engine else None)
+            fold.add_all(page.samples.get(latency + "_bucket", ()))
         return fold.folded(page.samples)
 
 
-def kv_tokens(page: ByName) -> float | None:
-    """What a pod's KV cache holds, in tokens: ``num_gpu_blocks × block_size`` summed over its
-    engines (``vllm:cache_config_info``, one series per engine, no model label). ``None`` when
-    the page does not say, or says nothing usable (``num_gpu_blocks="None"`` before profiling)."""
+def pool_tokens(page: ByName, pools: Sequence[Pool]) -> float | None:
+    """What a pod's KV cache holds, in tokens, by the first of its engine's ``pools`` rules
+    the page has; ``None`` when it says nothing usable (vLLM's ``num_gpu_blocks="None"``
+    before profiling, a zero, a fraction, a NaN)."""
+    for pool in pools:
+        if pool.info is not None and pool.info in page:
+            return _info_tokens(page[pool.info], pool)
+        if pool.block is not None and pool.count is not None:
+            block, count = of_family(page, pool.block, None), of_family(page, pool.count, None)
+            if block is not None and count is not None:
+                return _product_tokens(block[1], count[1], pool)
+        if pool.tokens is not None and (found := of_family(page, pool.tokens, None)):
+            values = [s.value for s in found[1]]
+            return sum(values) if all(_a_size(v) for v in values) else None
+    return None
+
+
+def _info_tokens(samples: Sequence[Sample], pool: Pool) -> float | None:
+    """An info gauge's block size × block count labels, one series per engine process
+    (vLLM: ``vllm:cache_config_info``'s ``block_size`` and ``num_gpu_blocks``, by ``engine``)."""
     engines: dict[str, float] = {}
-    for sample in page.get(VLLM_CACHE_INFO, ()):
+    for sample in samples:
         try:
-            blocks = int(sample.labels["num_gpu_blocks"])
-            size = int(sample.labels["block_size"])
+            blocks = int(sample.labels[pool.count_label])
+            size = int(sample.labels[pool.block_label])
         except (KeyError, ValueError):
             return None
         if blocks <= 0 or size <= 0:
             return None
-        engines[sample.labels.get("engine", "")] = float(blocks * size)
+        engines[sample.labels.get(pool.engine_label, "")] = float(blocks * size)
     return sum(engines.values()) if engines else None
+
+
+def _product_tokens(blocks: Sequence[Sample], counts: Sequence[Sample], pool: Pool) -> float | None:
+    """Two gauges multiplied series by series (the labels that tell the families apart, such
+    as TensorRT-LLM's ``kv_cache_block_type``, left out), summed; every series paired."""
+    assert pool.block is not None and pool.count is not None
+    drop = {k for k, _ in (*pool.block.match, *pool.count.match)}
+
+    def key(sample: Sample) -> tuple[tuple[str, str], ...]:
+        return tuple(sorted((k, v) for k, v in sample.labels.items() if k not in drop))
+
+    size = {key(s): s.value for s in blocks}
+    count = {key(s): s.value for s in counts}
+    if size.keys() != count.keys() or not all(map(_a_size, (*size.values(), *count.values()))):
+        return None
+    return sum(size[k] * count[k] for k in size)
+
+
+def _a_size(value: float) -> bool:
+    """A count of blocks or tokens: a positive whole number."""
+    return math.isfinite(value) and value > 0 and value == int(value)
 
 
 def _mean_of(page: Page, families: Sequence[str], keep: Mapping[str, str] | None) -> float | None:
@@ -692,9 +788,11 @@ def _mean_of(page: Page, families: Sequence[str], keep: Mapping[str, str] | None
     return sum(values) / len(values) if values else None
 
 
-def _pod_total(page: ByName, family: str, keep: Mapping[str, str] | None) -> list[float]:
-    """A pod's total for an additive gauge (summed over its engines), or nothing if absent."""
-    values = _finite(_kept(page.get(family, ()), keep))
+def _pod_total(page: ByName, family: Family, keep: Mapping[str, str] | None) -> list[float]:
+    """A pod's total for an additive gauge (summed over its engine processes), or nothing if
+    absent."""
+    found = of_family(page, family, keep)
+    values = _finite(found[1]) if found else []
     return [sum(values)] if values else []
 
 

@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from string import Template
 from typing import Any
 
 import aiohttp
@@ -31,6 +30,7 @@ from controller.model import CapacityFrom, ClusterMetrics, Latency, PodError, Re
 from controller.settings import ClusterSettings, PrometheusQueries, ScrapeSettings
 from controller.settings import Querier as QuerierSettings
 from controller.settings.durations import seconds
+from controller.settings.queries import render
 from controller.sources import kv_tokens_problem, pod_count_problem
 from controller.sources.http import Endpoint, TokenFile, get_text, ssl_context
 
@@ -42,11 +42,14 @@ NAMES = (
     "kv_oldest",
     "pods",
     "kv_pools",
+    "kv_tokens",
     "queue",
     "running",
     "latency_requests",
 )
-POOL_PODS = "kv_pool_pods"  # not a query: the pods kv_pools found a pool on
+# Not queries: the pods kv_pools and kv_tokens found a pool on.
+POOL_PODS = "kv_pool_pods"
+TOKEN_PODS = "kv_token_pods"
 Answers = dict[str, dict[str, float] | ScrapeError]  # query → {cluster label value: value}
 
 
@@ -63,13 +66,6 @@ def one_of(label: str, values: Sequence[str]) -> str:
     """``,cluster=~"a|b"``: any of ``values`` (RE2, fully anchored by PromQL)."""
     pattern = "|".join(re.sub(r"([\\.+*?()|\[\]{}^$])", r"\\\1", v) for v in sorted(values))
     return f',{label}=~"{_escape(pattern)}"'
-
-
-def render(template: str, selected: str, by: str, window: str, lookback: str, **extra: str) -> str:
-    and_by = f", {by}" if by else ""
-    return Template(template).substitute(
-        selector=selected, by=by, and_by=and_by, window=window, lookback=lookback, **extra
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +137,25 @@ def pools(body: str, url: str, label: str) -> tuple[dict[str, float], dict[str, 
     return (
         {k: v for k, v in tokens.items() if k not in broken},
         {k: float(len(v)) for k, v in pods.items() if k not in broken},
+    )
+
+
+def pod_tokens(body: str, url: str, label: str) -> tuple[dict[str, float], dict[str, float]]:
+    """The ``kv_tokens`` answer (tokens by pod) as KV tokens and pods with a pool, by the
+    value of ``label``; a pod whose pool is not a positive number leaves its cluster out."""
+    tokens: dict[str, float] = {}
+    pods: dict[str, float] = {}
+    broken: set[str] = set()
+    for metric, value in answer_series(body, url):
+        key = str(metric.get(label, "")) if label else ""
+        if not math.isfinite(value) or value <= 0:
+            broken.add(key)
+            continue
+        tokens[key] = tokens.get(key, 0.0) + value
+        pods[key] = pods.get(key, 0.0) + 1
+    return (
+        {k: v for k, v in tokens.items() if k not in broken},
+        {k: v for k, v in pods.items() if k not in broken},
     )
 
 
@@ -243,6 +258,9 @@ class Querier:
         if name == "kv_pools":
             tokens, pods = pools(body, self.base, label)
             return {name: tokens, POOL_PODS: pods}
+        if name == "kv_tokens":
+            tokens, pods = pod_tokens(body, self.base, label)
+            return {name: tokens, TOKEN_PODS: pods}
         # a pod count NaN or infinite is refused by name (PrometheusQuerySource._checked)
         return {name: vectors(body, self.base, label, finite=name != "pods")}
 
@@ -374,11 +392,13 @@ class PrometheusQuerySource:
                 values[name] = answer.get(self._value)
         duration = time.perf_counter() - began
         since, self._previous = self._previous, started
-        pages = sum(1 for name in answers if name != POOL_PODS)
+        pages = sum(1 for name in answers if name not in (POOL_PODS, TOKEN_PODS))
         if any(name not in values for name in REQUIRED):
             failed = tuple(errors[:1])
             return ClusterMetrics(self._name, started, duration, 1, 0, errors=failed, pages=pages)
         values, refused = self._checked(values)
+        if values.get("kv_mean") is None:
+            refused.append(self._empty("kv_mean"))
         metrics = self._metrics(values, started, duration, (*errors, *refused))
         return replace(metrics, pages=pages, completed=self._completed(values, since, started))
 
@@ -394,6 +414,16 @@ class PrometheusQuerySource:
             return None
         return requests * min(max(0.0, now - since), window) / window
 
+    def _empty(self, name: str) -> PodError:
+        """The query that answered nothing for this cluster, named with its start, so an
+        operator can run it: a cluster the querier holds no such series for (its label
+        value, its engine's names, the matchers)."""
+        who = f"{self._querier.label}={self._value!r}" if self._querier.label else "this querier"
+        query = self._querier.queries[name]
+        shown = query if len(query) <= 300 else query[:299] + "…"
+        detail = f"{name} came back empty for {who}: no KV-cache series of any engine; {shown}"
+        return PodError(f"{self._querier.base} ({name})", Reason.MISSING_METRIC, detail)
+
     def _checked(
         self, values: dict[str, float | None]
     ) -> tuple[dict[str, float | None], list[PodError]]:
@@ -404,10 +434,11 @@ class PrometheusQuerySource:
         if pods is not None and (why := pod_count_problem(pods, "pods")):
             refused.append(PodError(f"{self._querier.base} (pods)", Reason.OUT_OF_RANGE, why))
             values = {**values, "pods": None}
-        tokens, pool_pods = values.get("kv_pools"), values.get(POOL_PODS) or 0.0
-        if tokens is not None and (why := kv_tokens_problem(tokens, pool_pods, "kv_pools")):
-            refused.append(PodError(f"{self._querier.base} (kv_pools)", Reason.OUT_OF_RANGE, why))
-            values = {**values, "kv_pools": None}
+        for name, counted in (("kv_pools", POOL_PODS), ("kv_tokens", TOKEN_PODS)):
+            tokens, pool_pods = values.get(name), values.get(counted) or 0.0
+            if tokens is not None and (why := kv_tokens_problem(tokens, pool_pods, name)):
+                refused.append(PodError(f"{self._querier.base} ({name})", Reason.OUT_OF_RANGE, why))
+                values = {**values, name: None, counted: None}
         return values, refused
 
     def _metrics(
@@ -422,8 +453,11 @@ class PrometheusQuerySource:
         if kv is not None and not 0.0 <= kv <= 1.0:
             kv = None  # an out-of-range fraction is unusable, as in a direct scrape
         queue = v.get("queue")
-        # every pod reporting KV says what it holds, or the capacity stays in pods
-        tokens = v.get("kv_pools") if (v.get(POOL_PODS) or 0) >= max(1, pods) else None
+        # every pod reporting KV says what it holds (by vLLM's labels or another engine's
+        # gauges), or the capacity stays in pods
+        pooled = (v.get(POOL_PODS) or 0) + (v.get(TOKEN_PODS) or 0)
+        sizes = [t for t in (v.get("kv_pools"), v.get("kv_tokens")) if t is not None]
+        tokens = sum(sizes) if sizes and pooled >= max(1, pods) else None
         return ClusterMetrics(
             cluster=self._name,
             scraped_at=started,

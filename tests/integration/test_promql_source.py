@@ -108,10 +108,10 @@ def test_selector_and_templates() -> None:
 
 
 async def test_answers_become_cluster_metrics(serve: Serve, session: aiohttp.ClientSession) -> None:
-    answers = {
+    answers = {  # the first needle a query holds answers it (pods counts KV series too)
+        "count by (job, instance": "3",
         'kv_cache_usage_perc"': "0.5",
         "num_requests_waiting": "6",
-        "count by (job, instance": "3",
         "histogram_quantile(0.9": "1.5",
         "histogram_quantile(0.5": "0.7",
         "increase(": "40",

@@ -57,7 +57,7 @@ class HubThanos:
         if self.failing and self.failing in query:
             body = {"status": "error", "errorType": "timeout", "error": "query timed out"}
             return web.json_response(body, status=503)
-        grouped = ("by (cluster)", "le, cluster", "block_size, cluster")
+        grouped = ("by (cluster)", "le, cluster", "block_size, cluster", "instance, cluster")
         assert 'cluster=~"' in query and any(g in query for g in grouped), query
         if query.startswith("min by (cluster) (max_over_time(timestamp("):
             fresh = time.time() - 5  # each cluster's newest sample: a push 5 s ago
@@ -70,6 +70,8 @@ class HubThanos:
             return web.json_response(pools(POOLS))
         if query.startswith("count by (cluster)"):
             return web.json_response(vector(dict.fromkeys(CLUSTERS, 4)))
+        if query.startswith("sum by (job, instance, cluster)"):  # no other engine's pools
+            return web.json_response(vector({}))
         if "num_requests" in query:
             return web.json_response(vector(dict.fromkeys(CLUSTERS, 2)))
         return web.json_response(vector(CLUSTERS))  # KV mean and max
@@ -93,7 +95,7 @@ async def test_one_query_per_signal_for_every_cluster_of_a_querier(serve: Serve)
         first = report_json(await controller.once())
         asked = len(hub.queries)
         second = report_json(await controller.once())
-    assert asked == 10 and len(hub.queries) == 20  # ten templates per tick, whatever the fleet
+    assert asked == 11 and len(hub.queries) == 22  # 11 templates per tick, whatever the fleet
     assert all('cluster=~"east|north|west"' in q for q in hub.queries)
     for name, kv in CLUSTERS.items():
         assert first["clusters"][name]["vram_utilization"] == kv

@@ -19,8 +19,8 @@ from controller.model import ClusterMetrics, Reason
 from controller.settings import ClusterSettings, ScrapeSettings
 from controller.sources.pages import (
     EPP_EXTRACTOR,
-    VLLM_EXTRACTOR,
-    VLLM_LEAN_EXTRACTOR,
+    POD_EXTRACTOR,
+    POD_LEAN_EXTRACTOR,
     Page,
     PageReader,
     read_page,
@@ -574,22 +574,22 @@ async def test_pods_behind_an_epp_with_latency_are_read_without_their_e2e_bucket
         lean = src._reader.pod_extractor
         got = await src.fetch()
         full = reference.read(
-            [read_page(server.url(p), t, VLLM_EXTRACTOR) for p, t in pods.items()],
+            [read_page(server.url(p), t, POD_EXTRACTOR) for p, t in pods.items()],
             read_page(server.url("/epp"), epp.text, EPP_EXTRACTOR),
             got.scraped_at,
             got.duration,
         )
         assert got == full
         assert got.errors == () and got.pods_answering == 3
-        assert (lean is VLLM_LEAN_EXTRACTOR) == (tick > 0)  # known from the EPP's first page
+        assert (lean is POD_LEAN_EXTRACTOR) == (tick > 0)  # known from the EPP's first page
         if tick > 0:
             assert got.latency is not None and got.latency.family == EPP
             assert got.completed == 150 * (2 * tick - 1) and got.arrived == got.completed
-    page = read_page(server.url("/p0"), pods["/p0"], VLLM_LEAN_EXTRACTOR)
+    page = read_page(server.url("/p0"), pods["/p0"], POD_LEAN_EXTRACTOR)
     assert isinstance(page, Page)
     assert "vllm:e2e_request_latency_seconds_count" in page.samples
     assert not any(name.endswith("_bucket") for name in page.samples)
     # an EPP that stops giving latency: the pods' own histograms are read again
     epp.text = 'inference_objective_request_total{model_name="m"} 9999\n'
     await src.fetch()
-    assert src._reader.pod_extractor is VLLM_EXTRACTOR
+    assert src._reader.pod_extractor is POD_EXTRACTOR

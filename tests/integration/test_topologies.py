@@ -18,7 +18,9 @@ import pytest
 import yaml
 
 from controller import families
+from controller.engines import ENGINES
 from controller.settings import load_settings
+from controller.settings.queries import PrometheusQueries
 from tests.support.manifests import ROOT
 
 TOPOLOGIES = ROOT / "manifests" / "topologies"
@@ -142,19 +144,25 @@ def test_the_manifests_for_the_other_side_render(where: str) -> None:
     _validate(objects)
 
 
+def read_by_default_templates() -> set[str]:
+    """Every metric name the default PromQL templates select, each spelling of a name with a
+    colon (``ns[:_]x``) both ways."""
+    found: set[str] = set()
+    for template in PrometheusQueries().model_dump().values():
+        for pattern in re.findall(r'__name__=~"([^"]+)"', template):
+            found |= {pattern.replace("[:_]", c) for c in ":_"}
+        found |= set(re.findall(r'__name__="([^"]+)"', template))
+    return found
+
+
 def test_the_acm_allowlist_carries_exactly_what_the_controller_reads() -> None:
     allowlist = yaml.safe_load(
         (TOPOLOGIES / "hub-thanos" / "observability-metrics-custom-allowlist.yaml").read_text()
     )
     names = set(yaml.safe_load(allowlist["data"]["uwl_metrics_list.yaml"])["names"])
-    wanted: set[str] = set()
-    for family in (*families.VLLM_KV, families.VLLM_WAITING, families.VLLM_RUNNING):
-        wanted.add(family)
-    for family in (families.VLLM_CACHE_INFO,):
-        wanted.add(family)
-    for family in (families.VLLM_E2E, *families.EPP_LATENCY):
-        wanted |= {family + suffix for suffix in ("_bucket", "_count", "_sum")}
-    wanted |= {*families.EPP_REQUESTS, *families.EPP_KV, *families.EPP_QUEUE}
-    wanted |= {*families.EPP_RUNNING, *families.EPP_READY}
-    wanted |= {"vllm_" + n.removeprefix("vllm:") for n in wanted if n.startswith("vllm:")}
-    assert names == wanted
+    wanted = read_by_default_templates()
+    assert names == wanted, (sorted(wanted - names), sorted(names - wanted))
+    # every engine's signals are among them, and the EPP's
+    for engine in ENGINES.values():
+        assert {*engine.kv.names, *engine.waiting.names, *engine.running.names} <= wanted
+    assert {*families.EPP_LATENCY} <= {n.removesuffix("_bucket") for n in wanted}

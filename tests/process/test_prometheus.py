@@ -208,7 +208,10 @@ async def test_promql_failures_map_to_health_reasons(stack: Stack) -> None:
     assert "bad_data" in broken.errors[0].detail
 
     nothing = await promql_source(stack, prometheus_settings(stack, ["nowhere"]), "nowhere").fetch()
-    assert nothing.kv_mean is None and nothing.errors == ()
+    assert nothing.kv_mean is None  # and says which query came back empty
+    assert [(e.reason, e.url.endswith("(kv_mean)")) for e in nothing.errors] == [
+        (Reason.MISSING_METRIC, True)
+    ]
     assert health.failure_reason(nothing, 0.5, 60, nothing.scraped_at) is Reason.MISSING_METRIC
 
     fine = await promql_source(stack, prometheus_settings(stack, ["east"]), "east").fetch()

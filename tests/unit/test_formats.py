@@ -14,7 +14,7 @@ from controller.model import PodError, Reason
 from controller.settings import ClusterSettings
 from controller.sources.pages import (
     EPP_EXTRACTOR,
-    VLLM_EXTRACTOR,
+    POD_EXTRACTOR,
     Page,
     PageReader,
     page_of,
@@ -28,14 +28,14 @@ EPP_LATENCY = "llm_d_epp_request_duration_seconds"
 NOW = 1_764_860_000.25  # seconds: 2025-12-04
 
 
-def page(text: str, content_type: str | None = TEXT, extractor: Extractor = VLLM_EXTRACTOR) -> Page:
+def page(text: str, content_type: str | None = TEXT, extractor: Extractor = POD_EXTRACTOR) -> Page:
     read = read_page("http://pod/metrics", text, extractor, content_type)
     assert isinstance(read, Page), read
     return read
 
 
 def refused(text: str, content_type: str | None = TEXT) -> PodError:
-    read = read_page("http://pod/metrics", text, VLLM_EXTRACTOR, content_type)
+    read = read_page("http://pod/metrics", text, POD_EXTRACTOR, content_type)
     assert isinstance(read, PodError), read
     return read
 
@@ -191,7 +191,7 @@ def test_a_text_page_without_its_final_newline_is_read_whole() -> None:
 
 
 def test_an_unframed_text_page_without_its_final_newline_is_cut_short() -> None:
-    stream = PageStream(VLLM_EXTRACTOR)
+    stream = PageStream(POD_EXTRACTOR)
     stream.declare(TEXT, whole=False)
     stream.feed(f'{KV}{{engine="0"}} 0.9')
     with pytest.raises(Exception, match="cut short"):

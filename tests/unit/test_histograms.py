@@ -15,7 +15,7 @@ from controller import histograms
 from controller.exposition import FOLD_BATCH, PIECE, Extractor, PageStream, Sample
 from controller.histograms import Histogram
 from controller.model import Latency
-from controller.sources.pages import VLLM_EXTRACTOR, LatencyWindow, Page, read_page
+from controller.sources.pages import POD_EXTRACTOR, LatencyWindow, Page, read_page
 
 Read = tuple[Latency | None, bool]
 
@@ -145,9 +145,7 @@ def _both_ways(
     per_series, folded = LatencyWindow(1), LatencyWindow(1)
     out: list[tuple[Read, Read]] = []
     for texts in ticks:
-        pages = [
-            read_page(f"p{i}", t, VLLM_EXTRACTOR) for i, t in enumerate(texts) if t is not None
-        ]
+        pages = [read_page(f"p{i}", t, POD_EXTRACTOR) for i, t in enumerate(texts) if t is not None]
         assert all(isinstance(p, Page) for p in pages)
         read = [p for p in pages if isinstance(p, Page)]
         series = [(p.url, histograms.collect(p.samples, E2E, keep)) for p in read]
@@ -268,10 +266,10 @@ def test_a_page_folded_as_it_is_read_is_the_fold_of_its_samples(
     for seed in range(4):
         text = vllm_v1_page(seed=seed)
         text = _odd(text) if odd else text
-        whole = read_page("p", text, VLLM_EXTRACTOR)
+        whole = read_page("p", text, POD_EXTRACTOR)
         assert isinstance(whole, Page)
         expected = histograms.Fold(E2E, keep).add_all(whole.samples[f"{E2E}_bucket"])
-        stream = PageStream(VLLM_EXTRACTOR, fold=histograms.Fold(E2E, keep))
+        stream = PageStream(POD_EXTRACTOR, fold=histograms.Fold(E2E, keep))
         size = 1000 + 977 * seed  # pieces that end mid-line
         for start in range(0, len(text), size):
             stream.feed(text[start : start + size])

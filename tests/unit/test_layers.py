@@ -18,6 +18,7 @@ LAYERS = [
         "logs",
         "exposition",
         "families",
+        "engines",
         "fakes",
     },
     {"settings", "histograms", "addresses", "metrics"},

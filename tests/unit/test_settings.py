@@ -221,6 +221,18 @@ CHECKS = [
         "kubernetes: {httproutes: [{namespace: n, name: r, backends: {svc: ghost}}]}\n",
         "kubernetes.httproutes[0].backends.svc: no cluster named 'ghost'",
     ),
+    (  # PromQL's own $1, unescaped: string.Template would raise on every tick
+        "clusters: [{name: a, prometheus: {url: 'http://127.0.0.1:1/'}}]\n"
+        'prometheus_queries: {queue: \'sum(label_replace(x$selector, "p", "$1", "i", "(.*)"))\'}\n',
+        "prometheus_queries.queue: Invalid placeholder in string: line 1, col 37: a $ that "
+        'PromQL needs (label_replace\'s "$1") is written $$',
+    ),
+    (  # $quantile is the latency quantile's alone
+        "clusters: [{name: a, prometheus: {url: 'http://127.0.0.1:1/'}}]\n"
+        "prometheus_queries: {kv_max: 'quantile by ($by) ($quantile, x$selector)'}\n",
+        "prometheus_queries.kv_max: unknown placeholder $quantile (known: $selector, $by, "
+        "$and_by, $window, $lookback; write a literal $ as $$)",
+    ),
 ]
 
 

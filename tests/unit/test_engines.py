@@ -1,0 +1,130 @@
+"""The engine table: each row reads its own engine's page exactly, found on the page."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.engines import AUTO, ENGINES, Family, spellings
+from controller.errors import ConfigError
+from controller.model import Reason
+from controller.settings import build_settings
+from controller.sources.pages import POD_EXTRACTOR, Page, PageReader, read_page
+from tests.support.engines import PAGES, WITH_LATENCY, Load, sglang_page, vllm_page
+
+
+def reader(engine: str = AUTO, model: str | None = None) -> PageReader:
+    settings = build_settings(
+        {
+            "clusters": [
+                {
+                    "name": "c",
+                    "vllm_urls": ["http://127.0.0.1/"],
+                    "engine": engine,
+                    "model_name": model,
+                }
+            ]
+        }
+    )
+    return PageReader(settings.clusters[0], min_latency_requests=1)
+
+
+def pages(texts: list[str]) -> list[Page]:
+    read = [read_page(f"http://pod{i}/metrics", t, POD_EXTRACTOR) for i, t in enumerate(texts)]
+    assert all(isinstance(p, Page) for p in read), read
+    return [p for p in read if isinstance(p, Page)]
+
+
+@pytest.mark.parametrize("engine", list(ENGINES))
+def test_each_row_reads_its_engine_s_page_found_by_its_kv_family(engine: str) -> None:
+    render = PAGES[engine]
+    loads = [Load(kv=0.95, waiting=6, running=4, blocks=2000), Load(kv=0.85, waiting=6, running=2)]
+    metrics = reader().read(pages([render(load) for load in loads]), None, 0.0, 0.0)
+    assert metrics.errors == ()
+    assert metrics.engine == engine
+    assert metrics.kv_mean == pytest.approx(0.90) and metrics.kv_max == 0.95
+    assert (metrics.queue_depth, metrics.running) == (12.0, 6.0)
+    assert metrics.kv_tokens == (2000 + 10_000) * 16  # each pod's pool, read by its rule
+
+
+@pytest.mark.parametrize("engine", WITH_LATENCY)
+def test_latency_comes_from_each_engine_s_own_histogram(engine: str) -> None:
+    read = reader()
+    first = read.read(pages([PAGES[engine](Load(kv=0.5, completed=100))]), None, 0.0, 0.0)
+    assert first.latency is None  # a baseline only
+    then = read.read(pages([PAGES[engine](Load(kv=0.5, completed=160))]), None, 10.0, 0.0)
+    assert then.latency is not None and then.latency.requests == 60
+    assert then.latency.family == ENGINES[engine].latency
+
+
+@pytest.mark.parametrize("engine", [e for e in ENGINES if e != "vllm"])
+def test_a_named_engine_reads_only_its_own_row(engine: str) -> None:
+    """A cluster that names vLLM does not read another engine's page: it says which names
+    it looked for."""
+    metrics = reader("vllm").read(pages([PAGES[engine](Load(kv=0.5))]), None, 0.0, 0.0)
+    assert [e.reason for e in metrics.errors] == [Reason.MISSING_METRIC]
+    assert "vllm:kv_cache_usage_perc" in metrics.errors[0].detail
+    assert metrics.kv_mean is None
+    named = reader(engine).read(pages([PAGES[engine](Load(kv=0.5))]), None, 0.0, 0.0)
+    assert named.kv_mean == 0.5 and named.errors == ()
+
+
+def test_sglang_priority_series_are_not_added_to_the_totals() -> None:
+    """With priority scheduling SGLang writes the totals under priority="" and a series per
+    priority beside them: only the totals count."""
+    page = sglang_page(Load(kv=0.4, waiting=8, running=6, processes=2), priority=True)
+    metrics = reader().read(pages([page]), None, 0.0, 0.0)
+    assert (metrics.queue_depth, metrics.running, metrics.kv_mean) == (8.0, 6.0, 0.4)
+    # two data-parallel schedulers, each with its own pool
+    assert metrics.kv_tokens == 2 * 10_000 * 16
+
+
+def test_a_cluster_of_two_engines_reads_each_pod_by_its_own() -> None:
+    texts = [vllm_page(Load(kv=0.6, waiting=3)), sglang_page(Load(kv=0.2, waiting=1))]
+    metrics = reader().read(pages(texts), None, 0.0, 0.0)
+    assert metrics.engine == "sglang+vllm"
+    assert metrics.kv_mean == pytest.approx(0.4) and metrics.queue_depth == 4.0
+
+
+def test_the_model_filter_uses_each_engine_s_model_label() -> None:
+    """Triton names the model in ``model``, the others in ``model_name``."""
+    page = PAGES["triton-tensorrt-llm"](Load(kv=0.7, waiting=2), model="ensemble")
+    assert reader(model="ensemble").read(pages([page]), None, 0.0, 0.0).kv_mean == 0.7
+    other = reader(model="other").read(pages([page]), None, 0.0, 0.0)
+    assert other.kv_mean is None and other.errors[0].reason == Reason.MISSING_METRIC
+
+
+def test_every_colon_name_is_read_under_its_underscore_spelling_too() -> None:
+    page = sglang_page(Load(kv=0.3, waiting=5), spelling="sglang_")
+    metrics = reader().read(pages([page]), None, 0.0, 0.0)
+    assert (metrics.engine, metrics.kv_mean, metrics.queue_depth) == ("sglang", 0.3, 5.0)
+    assert spellings("a:b:c") == ["a:b:c", "a_b_c"] and spellings("x_y") == ["x_y"]
+
+
+def test_a_pool_that_says_nothing_usable_leaves_capacity_unknown() -> None:
+    """A pool rule that cannot be read (blocks not known yet, a fraction) is no pool: the
+    cluster's capacity stays in pods rather than taking a wrong size."""
+    text = PAGES["trtllm-serve"](Load(kv=0.5)).replace(
+        "trtllm_kv_cache_max_blocks{engine_type", "trtllm_kv_cache_max_blocks_x{engine_type"
+    )
+    assert reader().read(pages([text]), None, 0.0, 0.0).kv_tokens is None
+    half = PAGES["trtllm-serve"](Load(kv=0.5, block_size=16)).replace(" 16.0\n", " 16.5\n")
+    assert reader().read(pages([half]), None, 0.0, 0.0).kv_tokens is None
+
+
+def test_family_matchers_are_prometheus_matchers() -> None:
+    family = Family(("x",), (("priority", ""), ("type", "fraction")))
+    assert family.matches({"type": "fraction"})
+    assert family.matches({"type": "fraction", "priority": ""})
+    assert not family.matches({"type": "fraction", "priority": "1"})
+    assert not family.matches({"type": "max"})
+    assert str(family) == 'x{priority="",type="fraction"}'
+
+
+def test_an_unknown_engine_is_refused_at_start_up_naming_the_field() -> None:
+    with pytest.raises(ConfigError) as refused:
+        build_settings(
+            {"clusters": [{"name": "c", "vllm_urls": ["http://127.0.0.1/"], "engine": "tgi"}]}
+        )
+    assert "clusters[0].engine" in str(refused.value) and "'tgi' is not an engine" in str(
+        refused.value
+    )
