@@ -42,6 +42,12 @@ class CapacityFrom(StrEnum):
     KV_TOKENS_PER_POD = "kv_tokens_per_pod"  # the EPP's ready endpoints × the configured size
     READY_ENDPOINTS = "ready_endpoints"  # the EPP's ready endpoints, in pods
     PODS = "pods"  # the pods that answered
+    # Estimated where the pages publish no pool (``signals.on_one_basis``): its running
+    # requests × the tokens a running request holds on the target's clusters that publish
+    # theirs, over its own KV use; or, before it has load to measure, its pods × their
+    # smallest pod.
+    MEASURED = "measured"
+    LEARNED_PER_POD = "learned_per_pod"
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +147,10 @@ class Signals:
     capacity_from: str | None = None
     pods: float | None = None
     kv_tokens: float | None = None
+    # KV use and requests running, filtered slowly over good fetches (``SignalMemory``): how
+    # many tokens a running request holds, for a cluster whose KV pool is not published.
+    occupied: float | None = None
+    running: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

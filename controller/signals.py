@@ -10,10 +10,10 @@ memory carried from tick to tick (``SignalMemory``):
   of the good fetch before the newest (a single reading is not yet a trend);
 - *kv*: the newest KV use, or with ``weights.forecast_horizon`` its value that far ahead on the
   line through the last ``FORECAST_POINTS`` good readings (only when rising);
-- *capacity*: what the cluster holds: its KV-cache tokens where its pages say (each pod's
-  ``vllm:cache_config_info``, or the EPP's ready endpoints × ``kv_tokens_per_pod``), else its
-  pods (the EPP's ready endpoints, or the pods that answered). ``weights.weigh`` puts a
-  target's clusters on one of the two units (``on_one_basis``).
+- *capacity*: what the cluster holds: its KV-cache tokens where its pages say (each pod's KV
+  pool by its engine's row, or its pods × ``kv_tokens_per_pod``), else its pods (the EPP's
+  ready endpoints, or the pods that answered). ``weights.weigh`` puts a target's clusters in
+  tokens (``on_one_basis``: one that does not say is estimated from those that do).
 
 The loop keeps one ``SignalMemory`` per cluster and calls ``remember`` after judging each fetch
 and ``derive`` before weighing; the simulator's baselines use ``current`` (no memory).
@@ -21,7 +21,7 @@ and ``derive`` before weighing; the simulator's baselines use ``current`` (no me
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from controller.model import CapacityFrom, ClusterHealth, ClusterMetrics, Signals
@@ -38,6 +38,14 @@ class SignalMemory:
     history: tuple[tuple[float, float], ...] = ()  # (scraped_at, KV) of the last good fetches
     demand: float | None = None  # the filtered utilization
     readings: tuple[float, ...] = ()  # the utilization of the last two good fetches
+    occupancy: tuple[float, float] | None = None  # (KV use, running), filtered slowly
+
+
+# How fast the occupancy filter follows (the newest fetch's weight): a KV pool is hardware,
+# so its estimate from occupancy should not move with one tick's noise (~10 ticks to settle).
+OCCUPANCY_SMOOTHING = 0.1
+# Below this KV use or one request running, a cluster's occupancy measures nothing.
+MIN_OCCUPIED, MIN_RUNNING = 0.05, 1.0
 
 
 def utilization(metrics: ClusterMetrics) -> float | None:
@@ -65,13 +73,27 @@ def remember(
         history = (*history, (metrics.scraped_at, metrics.kv_mean))[-FORECAST_POINTS:]
     elif not good:
         history = ()  # do not extrapolate across a gap
+    occupancy = _occupancy(memory.occupancy, metrics) if good else memory.occupancy
     now = utilization(metrics) if good else None
     if now is None:
         readings = memory.readings if health.healthy else ()
-        return SignalMemory(history, memory.demand if health.healthy else None, readings)
+        demand = memory.demand if health.healthy else None
+        return SignalMemory(history, demand, readings, occupancy)
     before = memory.demand
     demand = now if before is None else before + smoothing * (now - before)
-    return SignalMemory(history, demand, (*memory.readings, now)[-2:])
+    return SignalMemory(history, demand, (*memory.readings, now)[-2:], occupancy)
+
+
+def _occupancy(
+    before: tuple[float, float] | None, metrics: ClusterMetrics
+) -> tuple[float, float] | None:
+    kv, running = metrics.kv_mean, metrics.running
+    if kv is None or running is None:
+        return before
+    if before is None:
+        return kv, running
+    a = OCCUPANCY_SMOOTHING
+    return before[0] + a * (kv - before[0]), before[1] + a * (running - before[1])
 
 
 def current(health: ClusterHealth, quantile: str) -> Signals | None:
@@ -118,21 +140,69 @@ def capacity_from(metrics: ClusterMetrics) -> str | None:
 
 
 def on_one_basis(healthy: Mapping[str, Signals]) -> tuple[dict[str, Signals], str | None]:
-    """``healthy`` with every capacity in one unit: KV tokens when every cluster knows its
-    own, else pods for all (a token count beside a pod count compares nothing), and a note
-    naming the clusters that made it pods."""
-    if all(s.kv_tokens is not None for s in healthy.values()):
+    """``healthy`` with every capacity in one unit, KV tokens, and a note naming what was
+    estimated. A cluster whose pages publish no KV pool (an engine or version that does not
+    say, a pod not yet profiled) is measured against the clusters that do: they say how many
+    tokens a running request holds (the same model and the same stream of requests: the
+    same size on any hardware), so its running requests over its KV use give its pool.
+    Before it has load to measure, it counts as their smallest pod: too little traffic is
+    soon measured and corrected, too much overloads it before it is (in the simulator's
+    mixed-engines world, their mean pod gave 3× a small cluster's pool and a minute of
+    overload). What the others know of their hardware is kept either way, never flattened to a
+    pod count (which takes an 80 GB pod for a 24 GB one). With no cluster that knows its
+    tokens, all are weighed in pods."""
+    known = {n: s for n, s in healthy.items() if s.kv_tokens is not None}
+    if len(known) == len(healthy):
         return dict(healthy), None
-    result = {}
-    for name, s in healthy.items():
-        from_ = CapacityFrom.READY_ENDPOINTS if s.capacity_from in _READY else CapacityFrom.PODS
-        result[name] = replace(s, capacity=s.pods, capacity_from=from_)
-    known = sorted(n for n, s in healthy.items() if s.kv_tokens is not None)
-    if not known:
+    sizes = [s.kv_tokens / s.pods for s in known.values() if s.kv_tokens and s.pods]
+    if not sizes:
+        result = {}
+        for name, s in healthy.items():
+            from_ = CapacityFrom.READY_ENDPOINTS if s.capacity_from in _READY else CapacityFrom.PODS
+            result[name] = replace(s, capacity=s.pods, capacity_from=from_)
         return result, None
-    unknown = sorted(n for n, s in healthy.items() if s.kv_tokens is None)
-    note = f"capacity in pods: {', '.join(unknown)} publish no KV pool (vllm:cache_config_info)"
-    return result, note
+    per_pod = min(sizes)
+    per_request = _tokens_per_request(known.values())
+    result = dict(healthy)
+    notes = []
+    for name in sorted(n for n in healthy if n not in known):
+        s = healthy[name]
+        if per_request is not None and _measurable(s):
+            assert s.running is not None and s.occupied is not None
+            estimate = s.running * per_request / s.occupied
+            result[name] = replace(s, capacity=estimate, capacity_from=CapacityFrom.MEASURED)
+            notes.append(
+                f"{name}: {estimate:.0f} tokens measured, {s.running:.1f} running × "
+                f"{per_request:.0f} tokens a request / {s.occupied:.3f} KV use"
+            )
+            continue
+        estimate_ = s.pods * per_pod if s.pods else None
+        result[name] = replace(s, capacity=estimate_, capacity_from=CapacityFrom.LEARNED_PER_POD)
+        notes.append(f"{name}: pods × {per_pod:.0f} tokens, the smallest pod (no load to measure)")
+    return result, (
+        f"capacity where no KV pool is published, against {', '.join(sorted(known))}: "
+        + "; ".join(notes)
+    )
+
+
+def _tokens_per_request(known: Iterable[Signals]) -> float | None:
+    """KV tokens a running request holds on the clusters that publish their pools."""
+    held = running = 0.0
+    for s in known:
+        if _measurable(s) and s.kv_tokens is not None:
+            assert s.running is not None and s.occupied is not None
+            held += s.occupied * s.kv_tokens
+            running += s.running
+    return held / running if running > 0 else None
+
+
+def _measurable(s: Signals) -> bool:
+    return (
+        s.occupied is not None
+        and s.running is not None
+        and s.occupied >= MIN_OCCUPIED
+        and s.running >= MIN_RUNNING
+    )
 
 
 _READY = (CapacityFrom.READY_ENDPOINTS, CapacityFrom.KV_TOKENS_PER_POD)
@@ -148,6 +218,8 @@ def derive(
         return signals
     if memory.demand is not None:
         signals = replace(signals, demand=memory.demand)
+    if memory.occupancy is not None:
+        signals = replace(signals, occupied=memory.occupancy[0], running=memory.occupancy[1])
     if len(memory.readings) == 2 and health.metrics is not None:
         signals = replace(signals, previous=memory.readings[0])
     horizon = float(params.forecast_horizon)

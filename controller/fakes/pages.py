@@ -1,5 +1,6 @@
 """Realistic /metrics pages for simulated pods: vLLM V1 (``engine`` label,
-``vllm:kv_cache_usage_perc``), vLLM V0 (``vllm:gpu_cache_usage_perc``) and an llm-d EPP.
+``vllm:kv_cache_usage_perc``), vLLM V0 (``vllm:gpu_cache_usage_perc``), any other engine as its
+row of the engine table says it writes (``engine_page``), and an llm-d EPP.
 
 Latency histograms are cumulative counters that grow as simulated requests complete, the way
 real ones do, so the controller's between-scrape latency has something to difference.
@@ -11,6 +12,8 @@ import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+
+from controller.engines import Engine, Family
 
 LATENCY_BOUNDS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0)
 
@@ -39,6 +42,50 @@ class CumulativeHistogram:
         out.append(f"{name}_sum{{{labels}}} {self.sum}")
         out.append(f"{name}_count{{{labels}}} {self.total}")
         return out
+
+
+def engine_page(
+    engine: Engine,
+    model: str,
+    kv: float,
+    waiting: float,
+    running: float,
+    e2e: CumulativeHistogram | None = None,
+    timestamp_ms: int | None = None,
+    blocks: int | None = 2048,
+    block_size: int = 16,
+) -> str:
+    """One server of ``engine`` as its row reads it: each signal under its newest name and
+    label matchers (a matcher of ``""`` is a label left out), the model under the row's model
+    label, the pool by the row's first rule (``blocks=None``: a server that publishes none),
+    and the e2e histogram where the row has one."""
+    stamp = "" if timestamp_ms is None else f" {timestamp_ms}"
+    model_label = (engine.model_label, model)
+    lines: list[str] = []
+
+    def gauge(family: Family, value: float, labels: Sequence[tuple[str, str]] = ()) -> None:
+        name = family.names[0]
+        pairs = [*((k, v) for k, v in family.match if v), *labels]
+        text = ",".join(f'{k}="{v}"' for k, v in sorted(pairs))
+        lines.extend([f"# HELP {name} {name}", f"# TYPE {name} gauge"])
+        lines.append(f"{name}{{{text}}} {value}{stamp}")
+
+    gauge(engine.kv, kv, [model_label])
+    gauge(engine.waiting, waiting, [model_label])
+    gauge(engine.running, running, [model_label])
+    pool = engine.pools[0] if engine.pools and blocks is not None else None
+    if pool is not None and blocks is not None:
+        if pool.info is not None:
+            sizes = [(pool.block_label, str(block_size)), (pool.count_label, str(blocks))]
+            gauge(Family((pool.info,)), 1.0, sizes)
+        if pool.block is not None and pool.count is not None:
+            gauge(pool.block, block_size, [model_label])
+            gauge(pool.count, blocks, [model_label])
+        if pool.tokens is not None:
+            gauge(pool.tokens, blocks * block_size, [model_label])
+    if engine.latency is not None and e2e is not None:
+        lines += e2e.lines(engine.latency, f'{model_label[0]}="{model}"')
+    return "\n".join(lines) + "\n"
 
 
 def cache_config(blocks: int, block_size: int, engine: str | None) -> list[str]:

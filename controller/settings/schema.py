@@ -284,8 +284,10 @@ class ClusterSettings(_Group):
         gt=0,
         description="KV-cache tokens one pod holds (num_gpu_blocks × block_size), for a "
         "cluster whose pages do not say: read through its EPP alone, its capacity is then "
-        "ready endpoints × this, comparable with clusters whose pods publish "
-        "vllm:cache_config_info. Unset: capacity in pods.",
+        "ready endpoints × this; its pods' pages publishing no pool, answering pods × this. "
+        "Unset: such a cluster's pool is measured against the clusters of its target that "
+        "publish theirs (tokens a running request holds there), or taken as their smallest pod "
+        "before it has load (in pods when none publishes one).",
     )
     pods: PodDiscovery | None = Field(
         default=None,

@@ -310,6 +310,24 @@ def unequal_gpus() -> Scenario:
     )
 
 
+def mixed_engines() -> Scenario:
+    """Three engines on three GPUs, one of which publishes no KV pool: the others keep what
+    they know of their hardware, and it is weighed as their mean pod (#41)."""
+    clusters = [
+        ClusterSpec("h100", 2, BIG_GPU),
+        ClusterSpec("l40s", 2, MID_GPU, engine="sglang"),
+        ClusterSpec("a10", 2, engine="trtllm-serve", pool=False),
+    ]
+    return Scenario(
+        "mixed-engines",
+        "vLLM on 80 GB, SGLang on 48 GB and trtllm-serve on 24 GB GPUs (4×, 2×, 1× the KV), the"
+        " last publishing no KV pool, at 60%, from an even split",
+        clusters,
+        constant(rate_for(0.6, *clusters)),
+        hot="a10",
+    )
+
+
 def local_heavy() -> Scenario:
     a, b, c = three()
     extra = 0.6 * b.replicas * capacity(b.replica)
@@ -369,13 +387,23 @@ BASE = (
     noisy_stale,
     rename,
     unequal_gpus,
+    mixed_engines,
     local_heavy,
     daily_curve,
     epp_only,
 )
 DELAYED = tuple(
     at_delay(m, d)
-    for m in (heterogeneous, spike, hot_hard, unequal_gpus, local_heavy, daily_curve, epp_only)
+    for m in (
+        heterogeneous,
+        spike,
+        hot_hard,
+        unequal_gpus,
+        mixed_engines,
+        local_heavy,
+        daily_curve,
+        epp_only,
+    )
     for d in (5.0, 30.0)
 )
 SCENARIOS: dict[str, Callable[[], Scenario]] = {s().name: s for s in (*BASE, *DELAYED)}

@@ -26,7 +26,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from controller.fakes.pages import CumulativeHistogram, epp_page, vllm_v0_page, vllm_v1_page
+from controller.engines import ENGINES, VLLM
+from controller.fakes.pages import (
+    CumulativeHistogram,
+    engine_page,
+    epp_page,
+    vllm_v0_page,
+    vllm_v1_page,
+)
 from controller.model import PodError, Reason
 from controller.simulation.vllm import Replica, ReplicaSpec, Request
 from controller.sources.pages import EPP_EXTRACTOR, POD_EXTRACTOR, Page, read_page
@@ -64,8 +71,10 @@ class Lengths:
 
 @dataclass
 class ClusterSpec:
-    """A cluster in a scenario: ``replicas`` vLLM servers; ``local`` is load (requests/s)
-    that arrives there directly, which routing cannot move."""
+    """A cluster in a scenario: ``replicas`` servers of ``engine`` (a row of the engine table:
+    its pages are rendered as the row reads them, ``style`` is vLLM's); ``pool``: its pages
+    publish the KV pool; ``local`` is load (requests/s) that arrives there directly, which
+    routing cannot move."""
 
     name: str
     replicas: int = 2
@@ -73,6 +82,8 @@ class ClusterSpec:
     style: Literal["v1", "v0"] = "v1"
     local: Rate = field(default_factory=lambda: constant(0.0))
     read: Literal["pods", "epp"] = "pods"  # how the controller sees it
+    engine: str = "vllm"
+    pool: bool = True
 
 
 @dataclass
@@ -207,7 +218,13 @@ class Scraper:
         if cluster.noise:
             kv = min(1.0, max(0.0, kv + self._rng.gauss(0.0, cluster.noise)))
         replica = cluster.replicas[pod]
-        blocks, size = replica.spec.num_gpu_blocks, replica.spec.block_size
+        size = replica.spec.block_size
+        blocks = replica.spec.num_gpu_blocks if cluster.spec.pool else None
+        if cluster.spec.engine != VLLM.name:
+            engine = ENGINES[cluster.spec.engine]
+            return engine_page(
+                engine, MODEL, round(kv, 4), waiting, running, replica.e2e, stamp, blocks, size
+            )
         if cluster.style == "v0":
             return vllm_v0_page(
                 MODEL, round(kv, 4), waiting, running, replica.e2e, stamp, blocks, size

@@ -613,6 +613,9 @@ class PageReader:
         if pools and all(p is not None for p in pools):  # every pod says what it holds
             tokens = sum(p for p in pools if p is not None)
             return replace(summary, kv_tokens=tokens, kv_tokens_from=CapacityFrom.KV_BLOCKS)
+        if pools and self._pod_tokens:  # the operator says what one pod holds
+            tokens = len(pools) * self._pod_tokens
+            return replace(summary, kv_tokens=tokens, kv_tokens_from=CapacityFrom.KV_TOKENS_PER_POD)
         return summary
 
     def _check(self, page: Page) -> _PodKV | PodError:

@@ -18,9 +18,10 @@ from controller.errors import ConfigError
 from controller.fakes.clusters import Fleet, SimCluster
 from controller.fakes.pages import CumulativeHistogram, vllm_v1_page
 from controller.kube.endpoints import addresses
-from controller.model import Reason
+from controller.model import Reason, Signals
 from controller.render import report_json
 from controller.settings import Settings, build_settings
+from controller.signals import on_one_basis
 from controller.sources import dns
 from controller.sources.scrape import ScrapeSource
 from tests.support.dns import DNSServer
@@ -410,10 +411,14 @@ async def test_a_cluster_whose_pods_hold_4x_the_kv_gets_most_of_the_traffic() ->
     assert target["refs"]["big"]["capacity_from"] == "kv_blocks"
 
 
-async def test_one_cluster_without_its_kv_pool_puts_the_target_on_pods_and_says_so() -> None:
+async def test_one_cluster_without_its_kv_pool_is_measured_against_the_others() -> None:
+    """#41: a cluster whose pages publish no pool no longer flattens its target to pods: the
+    others keep their KV blocks, and its pool is measured from what they say a running
+    request holds (here each cluster runs as many at the same KV use: the mean of theirs)."""
     sims = [
         SimCluster("old", kv=0.4, noise=0.0, pods=2, blocks=None),
         SimCluster("big", kv=0.4, noise=0.0, pods=2, blocks=4 * 2048),
+        SimCluster("small", kv=0.4, noise=0.0, pods=2, blocks=2048),
     ]
     async with (
         Fleet(sims) as fleet,
@@ -421,10 +426,51 @@ async def test_one_cluster_without_its_kv_pool_puts_the_target_on_pods_and_says_
     ):
         report = report_json(await c.once())
     target = report["targets"]["configured"]
-    assert target["applied"] == {"old": 50, "big": 50}  # tokens beside pods compare nothing
-    assert {r["capacity_from"] for r in target["refs"].values()} == {"pods"}
-    assert any("old publish no KV pool" in note for note in target["notes"])
-    assert report["clusters"]["big"]["capacity_from"] == "kv_blocks"  # what it knows itself
+    refs = target["refs"]
+    assert refs["big"]["capacity_from"] == refs["small"]["capacity_from"] == "kv_blocks"
+    assert refs["old"]["capacity_from"] == "measured"
+    # at equal KV, by capacity: big 4, old (measured) 2.5, small 1 (of 7.5)
+    applied = target["applied"]
+    assert applied["big"] > applied["old"] > applied["small"], applied
+    assert applied["big"] >= 45 and applied["small"] <= 20, applied
+    mean = 2 * 2 * (4 * 2048 + 2048) * 16 // 2  # 2 pods × 2 engines, blocks of 16: 327,680
+    (note,) = target["notes"]
+    assert note.startswith("capacity where no KV pool is published, against big, small: old:")
+    assert f"{mean} tokens measured" in note, note
+    assert report["clusters"]["old"]["capacity_from"] == "pods"  # what it knows itself
+
+
+def test_before_any_load_a_cluster_without_its_pool_counts_as_the_smallest_pod() -> None:
+    """Nothing running to measure yet: too little traffic is corrected at the next reading,
+    too much overloads first."""
+    healthy = {
+        "big": Signals(kv=0.3, pods=2, kv_tokens=2 * 8192 * 16, occupied=0.3, running=10),
+        "small": Signals(kv=0.3, pods=2, kv_tokens=2 * 2048 * 16, occupied=0.3, running=10),
+        "new": Signals(kv=0.0, pods=3, occupied=0.0, running=0.0),
+    }
+    weighed, note = on_one_basis(healthy)
+    assert weighed["new"].capacity == 3 * 2048 * 16
+    assert weighed["new"].capacity_from == "learned_per_pod"
+    assert weighed["big"] == healthy["big"]
+    assert note is not None and "new: pods × 32768 tokens, the smallest pod" in note
+
+
+async def test_a_configured_pod_size_stands_in_for_a_pool_the_pages_do_not_publish() -> None:
+    sims = [
+        SimCluster("old", kv=0.4, noise=0.0, pods=2, blocks=None),
+        SimCluster("big", kv=0.4, noise=0.0, pods=2, blocks=4 * 2048),
+    ]
+    async with Fleet(sims) as fleet:
+        clusters = fleet.settings_clusters()
+        for cluster in clusters:
+            if cluster["name"] == "old":
+                cluster["kv_tokens_per_pod"] = 2 * 4 * 2048 * 16  # as big's pods hold
+        async with Controller(settings_for(clusters), serve=False) as c:
+            report = report_json(await c.once())
+    target = report["targets"]["configured"]
+    assert target["refs"]["old"]["capacity_from"] == "kv_tokens_per_pod"
+    assert target["applied"] == {"old": 50, "big": 50}
+    assert not any("no KV pool" in note for note in target["notes"])
 
 
 async def test_an_epp_only_cluster_with_a_known_pod_size_is_weighed_in_tokens() -> None:

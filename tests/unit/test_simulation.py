@@ -39,6 +39,7 @@ PLAN: dict[str, tuple[tuple[str, ...], tuple[float, ...], float]] = {
     "hot-hard": (("ours", "naive", "oracle"), DELAYS, 1200.0),
     "heterogeneous": (("ours", "naive"), DELAYS, 900.0),
     "unequal-gpus": (("ours", "integral"), DELAYS, 1800.0),
+    "mixed-engines": (("ours", "pods"), DELAYS, 1800.0),
     "daily": (("ours",), (30.0,), 1800.0),
     "dead-return": (("ours", "naive"), DELAYS, 1500.0),
     "all-hot": (("ours", "static"), (10.0,), 600.0),
@@ -218,6 +219,20 @@ def test_unequal_gpus_settle_and_stay_settled(runs: list[Outcome], delay: float)
     ours = median(runs, "unequal-gpus", "ours", delay, lambda s: s.overload_cluster_s)
     integral = median(runs, "unequal-gpus", "integral", delay, lambda s: s.overload_cluster_s)
     assert ours <= integral
+
+
+@pytest.mark.parametrize("delay", DELAYS)
+def test_a_cluster_that_publishes_no_pool_leaves_the_others_their_hardware(
+    runs: list[Outcome], delay: float
+) -> None:
+    """#41: vLLM, SGLang and trtllm-serve on 80, 48 and 24 GB GPUs, the last without a
+    published pool. Measured against the others, it settles as unequal-gpus does; flattening
+    the target to pods (what one such cluster did before) overloads and flaps."""
+    ours = median(runs, "mixed-engines", "ours", delay, lambda s: s.overload_cluster_s)
+    pods = median(runs, "mixed-engines", "pods", delay, lambda s: s.overload_cluster_s)
+    assert ours <= pods / 2
+    assert median(runs, "mixed-engines", "ours", delay, lambda s: s.writes_per_hour) <= 10
+    assert median(runs, "mixed-engines", "ours", delay, lambda s: s.reversals_per_hour) <= 4
 
 
 def test_a_daily_curve_behind_a_slow_gateway_writes_little(runs: list[Outcome]) -> None:
