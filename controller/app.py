@@ -32,7 +32,7 @@ from controller.settings import ClusterSettings, Settings
 from controller.settings.schema import host_and_port
 from controller.sources import ClusterMetricsSource
 from controller.sources.limiter import Limiter
-from controller.sources.pages import EPP_EXTRACTOR, POD_EXTRACTOR, POD_LEAN_EXTRACTOR
+from controller.sources.pages import EPP_EXTRACTOR, pod_extractors
 from controller.sources.prometheus import prometheus_source, shared_queriers
 from controller.sources.scrape import ScrapeSource
 from controller.state import Snapshot, TickReport
@@ -64,13 +64,16 @@ def source_factory(
     limiter = Limiter(settings.scrape.max_concurrency)
     queries, scrape = settings.prometheus_queries, settings.scrape
     queriers = shared_queriers(settings.queriers, queries, scrape, session)
+    engines = settings.engine_table()
 
     def make(cluster: ClusterSettings) -> ClusterMetricsSource:
         if cluster.prometheus is not None:
             return prometheus_source(cluster, queries, scrape, session, queriers, clock)
         timeout = settings.cluster_timeout(cluster)
         slices = slice_lister(api, settings.kubernetes.api_timeout) if api is not None else None
-        return ScrapeSource(cluster, settings.scrape, timeout, session, clock, limiter, slices)
+        return ScrapeSource(
+            cluster, scrape, timeout, session, clock, limiter, slices, engines=engines
+        )
 
     return make
 
@@ -112,12 +115,13 @@ class Controller:
         self.leader: LeaderElector | None = None
         self.publisher: Publisher = publisher or implicit(c.name for c in settings.clusters)
         self.snapshot = Snapshot(dry_run=dry_run)
+        self._engines = tuple(settings.engine_table().values())
         self.registry, self.metrics = make_registry(self.snapshot)
         self.caches = CacheCollector(
             {
                 "labels_vllm": lambda: (
-                    POD_EXTRACTOR.cached_entries + POD_LEAN_EXTRACTOR.cached_entries,
-                    POD_EXTRACTOR.cached_bytes + POD_LEAN_EXTRACTOR.cached_bytes,
+                    sum(e.cached_entries for e in pod_extractors(self._engines)),
+                    sum(e.cached_bytes for e in pod_extractors(self._engines)),
                 ),
                 "labels_epp": lambda: (EPP_EXTRACTOR.cached_entries, EPP_EXTRACTOR.cached_bytes),
             }

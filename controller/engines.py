@@ -39,6 +39,7 @@ OpenMetrics; every name with a colon is read under both spellings (``spellings``
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -177,3 +178,30 @@ AUTO = "auto"
 def spellings(name: str) -> list[str]:
     """``name`` as a page may write it: ``ns:rest`` also as ``ns_rest``."""
     return [name, name.replace(":", "_")] if ":" in name else [name]
+
+
+_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+_SPEC = re.compile(rf"({_NAME})(?:\{{(.*)\}})?")
+_MATCHER = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*(?:"([^"\\]*)"|([^,"\s]*))\s*(?:,|$)')
+
+
+def parse_family(text: str) -> Family:
+    """A family as llm-d-router's engine configs write one: ``name`` or
+    ``name{label="value",…}`` (a value quoted or not; no escapes, no other operator than
+    ``=``). A ValueError says what is wrong."""
+    spec = _SPEC.fullmatch(text.strip())
+    if spec is None:
+        raise ValueError(f"{text!r} is not 'name' or 'name{{label=\"value\",...}}'")
+    name, body = spec.group(1), (spec.group(2) or "").strip()
+    match: list[tuple[str, str]] = []
+    at = 0
+    while at < len(body):
+        matcher = _MATCHER.match(body, at)
+        if matcher is None or matcher.end() == at:
+            raise ValueError(f'{text!r}: {body[at:].strip()!r} is not label="value"')
+        label, quoted, bare = matcher.groups()
+        if any(label == k for k, _ in match):
+            raise ValueError(f"{text!r}: label {label!r} given twice")
+        match.append((label, quoted if quoted is not None else bare))
+        at = matcher.end()
+    return Family((name,), tuple(match))

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from controller.engines import AUTO, ENGINES
 from controller.settings.durations import INTERVAL, MAX_STALENESS, SCRAPE_TIMEOUT, seconds
 
 
@@ -31,6 +32,7 @@ def cross_field_problems(data: Mapping[str, Any]) -> list[str]:
         if interval is not None and limit is not None and limit >= interval:
             problems.append(f"clusters[{index}].timeout: must be shorter than interval")
     problems += _querier_problems(data, clusters)
+    problems += _engine_problems(data, clusters)
     kubernetes = data.get("kubernetes") or {}
     routes = kubernetes.get("httproutes") if isinstance(kubernetes, dict) else None
     for index, route in enumerate(routes or []):
@@ -41,6 +43,22 @@ def cross_field_problems(data: Mapping[str, Any]) -> list[str]:
                     f"kubernetes.httproutes[{index}].backends.{backend}: "
                     f"no cluster named {cluster_name!r}"
                 )
+    return problems
+
+
+def _engine_problems(data: Mapping[str, Any], clusters: list[dict[str, Any]]) -> list[str]:
+    """The config's own engines have names of their own, and a cluster names a known one."""
+    problems: list[str] = []
+    own = [e.get("name") for e in data.get("engines") or [] if isinstance(e, dict)]
+    twice = sorted({str(n) for n in own if own.count(n) > 1})
+    if twice:
+        problems.append(f"engines: names must be unique: {', '.join(twice)}")
+    known = {AUTO, *ENGINES, *(str(n) for n in own)}
+    for index, cluster in enumerate(clusters):
+        engine = cluster.get("engine", AUTO)
+        if isinstance(engine, str) and engine not in known:
+            choices = ", ".join([AUTO, *ENGINES, *(str(n) for n in own)])
+            problems.append(f"clusters[{index}].engine: {engine!r} is not an engine: {choices}")
     return problems
 
 

@@ -19,11 +19,12 @@ its selector.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from string import Template
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from controller.engines import ENGINES, VLLM, Family, Pool
+from controller.engines import ENGINES, VLLM, Engine, Family, Pool
 from controller.families import EPP_LATENCY
 
 
@@ -58,20 +59,13 @@ def series(name: str, suffix: str = "", family: Family | None = None) -> str:
     return f'{{__name__="{name}{suffix}"{matchers}$selector}}'
 
 
-def each(family_of: str, shape: str) -> str:
+def _each(engines: Sequence[Engine], family_of: str, shape: str) -> str:
     """``shape`` (with ``{}`` for a selector) for every name of one signal of every engine
     (``family_of``: ``kv``, ``waiting``, ``running``), joined by ``or``."""
-    families: list[Family] = [getattr(engine, family_of) for engine in ENGINES.values()]
+    families: list[Family] = [getattr(engine, family_of) for engine in engines]
     return " or ".join(
         shape.format(series(name, family=family)) for family in families for name in family.names
     )
-
-
-_KV = each("kv", "{}")
-_KV_LAST = each("kv", "last_over_time({}[$lookback])")
-# The EPP's histogram, newest name first, then each engine's e2e one
-_LATENCY = (*EPP_LATENCY, *(e.latency for e in ENGINES.values() if e.latency))
-_VLLM_CACHE_INFO = next(p.info for p in VLLM.pools if p.info)
 
 
 def _last(name: str, family: Family) -> str:
@@ -82,7 +76,7 @@ def _pool(pool: Pool) -> str | None:
     """One pool rule of an engine as PromQL, tokens per engine process: two gauges multiplied
     series by series (the labels that tell them apart ignored), or a gauge in tokens. An
     info-style rule's sizes are labels, which PromQL cannot multiply: ``kv_pools`` reads
-    vLLM's; SGLang's older ``cache_config_info`` is not read through a querier."""
+    vLLM's; another engine's info rule is not read through a querier."""
     if pool.block is not None and pool.count is not None:
         ignored = sorted({k for k, _ in (*pool.block.match, *pool.count.match)})
         matching = f" ignoring({', '.join(ignored)})" if ignored else ""
@@ -93,11 +87,43 @@ def _pool(pool: Pool) -> str | None:
     return None
 
 
-# Each engine's pool rules in its order (``or``: the first that a series has), every engine's
-# joined: tokens by pod.
-_POOLS = " or ".join(
-    f"({rule})" for e in ENGINES.values() for rule in map(_pool, e.pools) if rule is not None
-)
+_VLLM_CACHE_INFO = next(p.info for p in VLLM.pools if p.info)
+
+
+def default_templates(engines: Sequence[Engine]) -> dict[str, str]:
+    """The default PromQL of every template, for the clusters of ``engines`` (the built-in
+    rows, and the config's own: ``Settings.engines``)."""
+    kv = _each(engines, "kv", "{}")
+    kv_last = _each(engines, "kv", "last_over_time({}[$lookback])")
+    # the EPP's histogram, newest name first, then each engine's e2e one
+    latency = (*EPP_LATENCY, *(e.latency for e in engines if e.latency))
+    # each engine's pool rules in its order (``or``: the first a series has): tokens by pod
+    pools = " or ".join(
+        f"({rule})" for e in engines for rule in map(_pool, e.pools) if rule is not None
+    )
+    last = "last_over_time({}[$lookback])"
+    return {
+        "kv_mean": f"avg by ($by) ({kv_last})",
+        "kv_max": f"max by ($by) ({kv_last})",
+        "kv_oldest": f"min by ($by) (max_over_time(timestamp({kv})[$lookback:]))",
+        "pods": f"count by ($by) (count by (job, instance$and_by) ({kv_last}))",
+        "kv_pools": "count by (job, instance, num_gpu_blocks, block_size$and_by) "
+        f"(last_over_time({series(_VLLM_CACHE_INFO)}[$lookback]))",
+        "kv_tokens": f"sum by (job, instance$and_by) ({pools})",
+        "queue": f"sum by ($by) ({_each(engines, 'waiting', last)})",
+        "running": f"sum by ($by) ({_each(engines, 'running', last)})",
+        "latency_quantile": " or ".join(
+            "histogram_quantile($quantile, sum by (le$and_by) "
+            f"(rate({series(f, '_bucket')}[$window])))"
+            for f in latency
+        ),
+        "latency_requests": " or ".join(
+            f"sum by ($by) (increase({series(f, '_count')}[$window]))" for f in latency
+        ),
+    }
+
+
+_DEFAULTS = default_templates(list(ENGINES.values()))
 
 
 class PrometheusQueries(BaseModel):
@@ -112,58 +138,51 @@ class PrometheusQueries(BaseModel):
         "intervals; a querier whose push interval is longer uses 4 of those instead.",
     )
     kv_mean: str = Field(
-        default=f"avg by ($by) ({_KV_LAST})",
+        default=_DEFAULTS["kv_mean"],
         description="Mean KV-cache use over pods and engines; the new name wins per series.",
     )
     kv_max: str = Field(
-        default=f"max by ($by) ({_KV_LAST})", description="Highest KV-cache use of any engine."
+        default=_DEFAULTS["kv_max"], description="Highest KV-cache use of any engine."
     )
     kv_oldest: str = Field(
-        default=f"min by ($by) (max_over_time(timestamp({_KV})[$lookback:]))",
+        default=_DEFAULTS["kv_oldest"],
         description="Time of the oldest pod's newest KV sample: older than "
         "health.max_staleness is stale (Prometheus keeps returning a dead pod's last sample "
         "for 5 minutes).",
     )
     pods: str = Field(
-        default=f"count by ($by) (count by (job, instance$and_by) ({_KV_LAST}))",
+        default=_DEFAULTS["pods"],
         description="Pods reporting KV-cache use.",
     )
     kv_pools: str = Field(
-        default=f"count by (job, instance, num_gpu_blocks, block_size$and_by) "
-        f"(last_over_time({series(_VLLM_CACHE_INFO)}[$lookback]))",
+        default=_DEFAULTS["kv_pools"],
         description="Engines by pod and KV pool (vllm:cache_config_info's num_gpu_blocks "
         "and block_size labels; PromQL cannot read a label as a number, so the controller "
         "sums engines × blocks × block size). Fewer pods here than pods reporting KV: "
         "capacity in pods.",
     )
     kv_tokens: str = Field(
-        default=f"sum by (job, instance$and_by) ({_POOLS})",
+        default=_DEFAULTS["kv_tokens"],
         description="KV-cache tokens by pod, for the engines that publish their pool as "
         "numbers (SGLang's page_size × num_pages or max_total_num_tokens, TensorRT-LLM's "
         "tokens per block × max blocks); added to kv_pools' pods. Fewer pods in both than "
         "pods reporting KV: capacity in pods.",
     )
     queue: str = Field(
-        default=f"sum by ($by) ({each('waiting', 'last_over_time({}[$lookback])')})",
+        default=_DEFAULTS["queue"],
         description="Requests waiting, summed over pods.",
     )
     running: str = Field(
-        default=f"sum by ($by) ({each('running', 'last_over_time({}[$lookback])')})",
+        default=_DEFAULTS["running"],
         description="Requests running, summed over pods.",
     )
     latency_quantile: str = Field(
-        default=" or ".join(
-            "histogram_quantile($quantile, sum by (le$and_by) "
-            f"(rate({series(f, '_bucket')}[$window])))"
-            for f in _LATENCY
-        ),
+        default=_DEFAULTS["latency_quantile"],
         description="A latency quantile ($quantile): the EPP histogram, newest name first, "
         "then each engine's e2e histogram.",
     )
     latency_requests: str = Field(
-        default=" or ".join(
-            f"sum by ($by) (increase({series(f, '_count')}[$window]))" for f in _LATENCY
-        ),
+        default=_DEFAULTS["latency_requests"],
         description="Requests in the window: below scrape.min_latency_requests latency is unknown.",
     )
 

@@ -25,7 +25,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from controller.engines import AUTO, ENGINES
+from controller.engines import AUTO, ENGINES, Engine, Family, Pool, parse_family
 from controller.settings import checks
 from controller.settings.durations import (
     INTERVAL,
@@ -35,7 +35,7 @@ from controller.settings.durations import (
     parse_duration,
     seconds,
 )
-from controller.settings.queries import PrometheusQueries
+from controller.settings.queries import PrometheusQueries, default_templates
 
 ENV_PREFIX = "WEIGHT_CONTROLLER_"
 MIN_INTERVAL, MAX_INTERVAL = 0.1, 3600.0
@@ -63,6 +63,103 @@ def _label_names(value: dict[str, str]) -> dict[str, str]:
 
 Matchers = Annotated[dict[str, str], AfterValidator(_label_names)]
 """PromQL label matchers, name → value (equality)."""
+
+
+def _family(value: str | None) -> str | None:
+    if value is not None:
+        parse_family(value)  # a ValueError names what is wrong
+    return value
+
+
+class EnginePoolSettings(_Group):
+    """How a user-defined engine's pods say what their KV cache holds: exactly one of an
+    info gauge's labels (``info`` with ``block_label`` and ``count_label``), two gauges
+    multiplied (``block`` × ``count``), or one gauge in tokens (``tokens``)."""
+
+    info: str | None = Field(default=None, description="An info-style gauge's name.")
+    block_label: str | None = Field(default=None, pattern=_LABEL_NAME)
+    count_label: str | None = Field(default=None, pattern=_LABEL_NAME)
+    engine_label: str = Field(
+        default="", description="The label that tells a pod's engine processes apart, if any."
+    )
+    block: str | None = Field(default=None, description="Tokens per block: name{label=value}.")
+    count: str | None = Field(default=None, description="Blocks in the pool: name{label=value}.")
+    tokens: str | None = Field(default=None, description="Tokens in the pool: name{…}.")
+
+    _families = field_validator("info", "block", "count", "tokens")(_family)
+
+    @model_validator(mode="after")
+    def _one_rule(self) -> Self:
+        rules = [
+            self.info is not None,
+            self.block is not None or self.count is not None,
+            self.tokens is not None,
+        ]
+        if sum(rules) != 1:
+            raise ValueError("give exactly one of info, block with count, or tokens")
+        if self.info is not None and not (self.block_label and self.count_label):
+            raise ValueError("info needs block_label and count_label")
+        if (self.block is None) != (self.count is None):
+            raise ValueError("block and count go together")
+        return self
+
+    def pool(self) -> Pool:
+        def family(text: str | None) -> Family | None:
+            return parse_family(text) if text is not None else None
+
+        return Pool(
+            info=parse_family(self.info).names[0] if self.info else None,
+            block_label=self.block_label or "",
+            count_label=self.count_label or "",
+            engine_label=self.engine_label,
+            block=family(self.block),
+            count=family(self.count),
+            tokens=family(self.tokens),
+        )
+
+
+class EngineSettings(_Group):
+    """An engine of your own, as llm-d-router's engine configs allow: each signal a metric
+    family, ``name`` or ``name{label="value",…}`` (a value of "" also matches a series
+    without the label, as in PromQL)."""
+
+    name: str = Field(
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        max_length=63,
+        description="What clusters[].engine names it by; not a built-in row's name.",
+    )
+    kv: str = Field(description="KV-cache use, a fraction 0..1 of the pool.")
+    waiting: str = Field(description="Requests waiting.")
+    running: str = Field(description="Requests running.")
+    latency: str | None = Field(
+        default=None,
+        pattern=r"^[a-zA-Z_:][a-zA-Z0-9_:]*$",
+        description="An end-to-end latency histogram (its name, without _bucket).",
+    )
+    model_label: str = Field(default="model_name", pattern=_LABEL_NAME)
+    pool: EnginePoolSettings | None = Field(
+        default=None, description="How a pod's KV pool size is read; none: it is measured."
+    )
+
+    _families = field_validator("kv", "waiting", "running")(_family)
+
+    @field_validator("name")
+    @classmethod
+    def _not_built_in(cls, value: str) -> str:
+        if value == AUTO or value in ENGINES:
+            raise ValueError(f"{value!r} is a built-in engine's name (or auto): choose another")
+        return value
+
+    def row(self) -> Engine:
+        return Engine(
+            name=self.name,
+            kv=parse_family(self.kv),
+            waiting=parse_family(self.waiting),
+            running=parse_family(self.running),
+            latency=self.latency,
+            model_label=self.model_label,
+            pools=(self.pool.pool(),) if self.pool else (),
+        )
 
 
 class Querier(_Group):
@@ -234,9 +331,11 @@ class ClusterSettings(_Group):
     )
     engine: str = Field(
         default=AUTO,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
         description="What serves the model on the pods (vllm_urls, pods): a row of the engine "
-        f"table ({', '.join(ENGINES)}), or auto: each page is read by the first row whose "
-        "KV-cache family it carries. vllm_urls and pods take any engine's pages.",
+        f"table ({', '.join(ENGINES)}, or one of engines[]), or auto: each page is read by "
+        "the first row whose KV-cache family it carries. vllm_urls and pods take any "
+        "engine's pages.",
     )
     model_name: str | None = Field(
         default=None,
@@ -298,13 +397,6 @@ class ClusterSettings(_Group):
         default=None,
         description="Read this cluster's signals with PromQL instead of scraping its pods.",
     )
-
-    @field_validator("engine")
-    @classmethod
-    def _known_engine(cls, value: str) -> str:
-        if value != AUTO and value not in ENGINES:
-            raise ValueError(f"{value!r} is not an engine: {AUTO} or one of {', '.join(ENGINES)}")
-        return value
 
     @field_validator("vllm_urls")
     @classmethod
@@ -818,6 +910,12 @@ class Settings(BaseSettings):
         return value
 
     clusters: list[ClusterSettings] = Field(min_length=1)
+    engines: list[EngineSettings] = Field(
+        default_factory=list,
+        description="Engines of your own beside the built-in rows (controller/engines.py): "
+        "read from pages under auto after the built-ins, or named by clusters[].engine; the "
+        "default PromQL templates read them too.",
+    )
     queriers: list[Querier] = Field(
         default_factory=list,
         description="Prometheus/Thanos queriers that hold many clusters' series (ACM "
@@ -855,6 +953,12 @@ class Settings(BaseSettings):
         scrape = data.get("scrape") or {}
         if interval is not None and isinstance(scrape, dict) and "timeout" not in scrape:
             data = {**data, "scrape": {**scrape, "timeout": min(SCRAPE_TIMEOUT, interval / 2)}}
+        # The default templates read the config's own engines too (a template given is kept).
+        rows = _own_rows(data.get("engines"))
+        queries = data.get("prometheus_queries") or {}
+        if rows and isinstance(queries, dict):
+            defaults = default_templates([*ENGINES.values(), *rows])
+            data = {**data, "prometheus_queries": {**defaults, **queries}}
         return data
 
     @model_validator(mode="after")
@@ -864,6 +968,10 @@ class Settings(BaseSettings):
             raise ValueError("\n".join(problems))
         return self
 
+    def engine_table(self) -> dict[str, Engine]:
+        """The built-in rows, then the config's own, in the order ``auto`` tries them."""
+        return {**ENGINES, **{e.name: e.row() for e in self.engines}}
+
     def cluster_timeout(self, cluster: ClusterSettings) -> float:
         return cluster.timeout if cluster.timeout is not None else self.scrape.timeout
 
@@ -872,3 +980,15 @@ class Settings(BaseSettings):
         """``weights.settle`` in seconds; unset, two intervals."""
         settle = self.weights.settle
         return 2 * self.interval if settle is None else float(settle)
+
+
+def _own_rows(raw: object) -> list[Engine]:
+    """The config's own engines as rows, from raw data: those that are valid (an invalid one
+    is reported by its own field's validation)."""
+    rows = []
+    for item in raw if isinstance(raw, list) else ():
+        try:
+            rows.append(EngineSettings.model_validate(item).row())
+        except ValueError:
+            continue
+    return rows

@@ -91,7 +91,8 @@ class _World:
         for cluster in self.clusters.values():
             cluster.scrape_age = scenario.scrape_age
         self.readers = {
-            c.name: PageReader(c, settings.scrape.min_latency_requests) for c in settings.clusters
+            c.name: PageReader(c, settings.scrape.min_latency_requests, settings.engine_table())
+            for c in settings.clusters
         }
         self.names = list(self.clusters)
         self.trace = Trace(self.names)

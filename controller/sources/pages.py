@@ -21,8 +21,9 @@ process; a load-balanced URL is named as such).
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -61,17 +62,39 @@ from controller.model import CapacityFrom, ClusterMetrics, Latency, PodError, Re
 from controller.settings import ClusterSettings
 from controller.sources import pod_count_problem
 
+
 # A pod page is read for the families of every engine's row: which engine wrote it is found
 # on the page (``PageReader``). Preference order within a row matters: its first name present
 # on a page wins.
-POD_GAUGES = (*dict.fromkeys(g for e in ENGINES.values() for g in e.gauges()), PROCESS_START)
-POD_HISTOGRAMS = tuple(e.latency for e in ENGINES.values() if e.latency)
+def _gauges(engines: Iterable[Engine]) -> tuple[str, ...]:
+    return (*dict.fromkeys(g for e in engines for g in e.gauges()), PROCESS_START)
+
+
+def _histograms(engines: Iterable[Engine]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(e.latency for e in engines if e.latency))
+
+
+POD_GAUGES, POD_HISTOGRAMS = _gauges(ENGINES.values()), _histograms(ENGINES.values())
 POD_EXTRACTOR = Extractor(gauges=POD_GAUGES, histograms=POD_HISTOGRAMS)
 # A pod of a cluster whose EPP gives the request-duration histogram: latency comes from the
 # EPP, once per cluster, so the pods' e2e buckets (most of a V1 page's wanted samples) are
 # skipped at extraction; their ``_count`` stays, one per series: it says whether a URL is one
 # process (``Continuity``).
 POD_LEAN_EXTRACTOR = Extractor(gauges=(*POD_GAUGES, *(f + "_count" for f in POD_HISTOGRAMS)))
+
+
+@functools.cache
+def pod_extractors(engines: tuple[Engine, ...]) -> tuple[Extractor, Extractor]:
+    """The extractors (whole, and lean: see ``POD_LEAN_EXTRACTOR``) of a table of engines:
+    the built-in rows' own, or one pair per table with the config's own engines (built once
+    and shared, so their caches serve every cluster of that table)."""
+    if set(engines) <= set(ENGINES.values()):
+        return POD_EXTRACTOR, POD_LEAN_EXTRACTOR
+    gauges, histograms = _gauges(engines), _histograms(engines)
+    lean = Extractor(gauges=(*gauges, *(f + "_count" for f in histograms)))
+    return Extractor(gauges=gauges, histograms=histograms), lean
+
+
 EPP_EXTRACTOR = Extractor(gauges=EPP_GAUGES, histograms=EPP_HISTOGRAMS)
 
 ByName = dict[str, list[Sample]]
@@ -478,7 +501,13 @@ class PageReader:
     """Turns a cluster's answered pages into ClusterMetrics; holds what it needs between
     scrapes (counter baselines, each URL's identity)."""
 
-    def __init__(self, cluster: ClusterSettings, min_latency_requests: float) -> None:
+    def __init__(
+        self,
+        cluster: ClusterSettings,
+        min_latency_requests: float,
+        engines: Mapping[str, Engine] = ENGINES,
+    ) -> None:
+        """``engines``: the table to read pages by (``Settings.engine_table``)."""
         self._name = cluster.name
         self._has_pods = bool(cluster.vllm_urls) or cluster.pods is not None
         self._pod_tokens = cluster.kv_tokens_per_pod
@@ -487,7 +516,8 @@ class PageReader:
         # The rows a pod page may be read by: the one the cluster names, or each in turn
         # until one's KV family is on the page (``engine: auto``).
         named = cluster.engine != AUTO
-        self._engines = (ENGINES[cluster.engine],) if named else tuple(ENGINES.values())
+        self._engines = (engines[cluster.engine],) if named else tuple(engines.values())
+        self._extractor, self._lean = pod_extractors(tuple(engines.values()))
         # The engine its pods' last pages were written by: whose e2e buckets are folded
         # as the next pages are read (``pod_stream``).
         self._engine = self._engines[0]
@@ -504,14 +534,14 @@ class PageReader:
         """What to read this cluster's pod pages with: without their e2e buckets while its
         EPP gives latency (once it fails or stops, the next scrape reads them again; their
         latency then counts from the scrape after, as it would for a new pod)."""
-        return POD_LEAN_EXTRACTOR if self._epp_latency else POD_EXTRACTOR
+        return self._lean if self._epp_latency else self._extractor
 
     def pod_stream(self) -> PageStream:
         """A pod page's stream: read with ``pod_extractor``, and where that reads the e2e
         buckets (the pods' own histograms give the latency), the buckets folded as they are
         read (``Fold``)."""
         extractor, latency = self.pod_extractor, self._engine.latency
-        if extractor is POD_LEAN_EXTRACTOR or latency is None:
+        if extractor is self._lean or latency is None:
             return PageStream(extractor)
         return PageStream(extractor, fold=Fold(latency, self._keep(self._engine), self._layouts))
 

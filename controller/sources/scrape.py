@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 import aiohttp
 
+from controller.engines import ENGINES, Engine
 from controller.errors import ScrapeError
 from controller.exposition import PageStream
 from controller.model import ClusterMetrics, PodError
@@ -49,8 +50,10 @@ class ScrapeSource:
         limiter: Limiter | None = None,
         slices: SliceLister | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        engines: Mapping[str, Engine] = ENGINES,
     ) -> None:
-        """``clock`` stamps what is read; ``monotonic`` paces pod discovery."""
+        """``clock`` stamps what is read; ``monotonic`` paces pod discovery; ``engines`` is
+        the table pages are read by (``Settings.engine_table``)."""
         self._token = TokenFile(cluster.bearer_token_file) if cluster.bearer_token_file else None
         epp_token = (
             TokenFile(cluster.epp_bearer_token_file)
@@ -66,7 +69,7 @@ class ScrapeSource:
         self._finder = PodFinder(pods, timeout, slices, monotonic) if pods else None
         self._session = session
         self._clock = clock
-        self._reader = PageReader(cluster, scrape.min_latency_requests)
+        self._reader = PageReader(cluster, scrape.min_latency_requests, engines)
         # this cluster's share of the process's slots (see fetch)
         self._slots = asyncio.Semaphore(scrape.max_concurrency_per_cluster)
 

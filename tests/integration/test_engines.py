@@ -12,7 +12,7 @@ from controller.engines import ENGINES
 from controller.render import report_json
 from controller.settings import build_settings
 from tests.conftest import Serve
-from tests.support.engines import PAGES, Load
+from tests.support.engines import OWN, PAGES, Load, acme_page
 from tests.support.servers import text_handler
 
 HOT, COOL = Load(kv=0.95, waiting=6, running=8, blocks=4000), Load(kv=0.20, blocks=4000)
@@ -53,3 +53,23 @@ async def test_once_moves_traffic_from_the_hot_cluster_of_each_engine(
         ("cool", engine, None),
         ("hot", engine, None),
     ]
+
+
+async def test_once_reads_an_engine_of_your_own_from_the_config(serve: Serve) -> None:
+    """A row in the config (engines[]), read over loopback with no engine named: the same
+    as a built-in one."""
+    server = await serve(
+        {"/hot": text_handler(acme_page(0.95, 12, 8)), "/cool": text_handler(acme_page(0.2, 0, 2))}
+    )
+    settings = build_settings(
+        {
+            "engines": [OWN],
+            "clusters": [{"name": c, "vllm_urls": [server.url(f"/{c}")]} for c in ("hot", "cool")],
+        }
+    )
+    async with Controller(settings, serve=False, dry_run=True) as controller:
+        report = report_json(await controller.once())
+    hot, cool = report["clusters"]["hot"], report["clusters"]["cool"]
+    assert (hot["engine"], hot["vram_utilization"], hot["queue_depth"]) == ("acme", 0.95, 12.0)
+    assert (cool["engine"], cool["vram_utilization"], cool["kv_tokens"]) == ("acme", 0.2, 32000)
+    assert cool["weight"] >= 60, report

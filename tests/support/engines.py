@@ -264,6 +264,31 @@ def trtllm_serve_page(load: Load, model: str = "undefined") -> str:
     return "".join(out)
 
 
+# An engine of one's own (``engines[]`` in the config), and a page it writes.
+OWN = {
+    "name": "acme",
+    "kv": 'acme_kv_blocks{kind="fraction"}',
+    "waiting": "acme_queue",
+    "running": 'acme_batch{state="active"}',
+    "latency": "acme_request_seconds",
+    "model_label": "served",
+    "pool": {"block": 'acme_kv_blocks{kind="size"}', "count": 'acme_kv_blocks{kind="total"}'},
+}
+
+
+def acme_page(kv: float, waiting: int, running: int, served: str = "m") -> str:
+    series = f'served="{served}"'
+    return (
+        "# TYPE acme_kv_blocks gauge\n"
+        f'acme_kv_blocks{{kind="fraction",{series}}} {kv}\n'
+        f'acme_kv_blocks{{kind="size",{series}}} 32\n'
+        f'acme_kv_blocks{{kind="total",{series}}} 1000\n'
+        f"acme_queue{{{series}}} {waiting}\n"
+        f'acme_batch{{state="active",{series}}} {running}\n'
+        f'acme_batch{{state="idle",{series}}} 99\n'
+    )
+
+
 PAGES = {
     "vllm": vllm_page,
     "sglang": sglang_page,

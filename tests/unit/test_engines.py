@@ -9,7 +9,7 @@ from controller.errors import ConfigError
 from controller.model import Reason
 from controller.settings import build_settings
 from controller.sources.pages import POD_EXTRACTOR, Page, PageReader, read_page
-from tests.support.engines import PAGES, WITH_LATENCY, Load, sglang_page, vllm_page
+from tests.support.engines import OWN, PAGES, WITH_LATENCY, Load, acme_page, sglang_page, vllm_page
 
 
 def reader(engine: str = AUTO, model: str | None = None) -> PageReader:
@@ -127,4 +127,81 @@ def test_an_unknown_engine_is_refused_at_start_up_naming_the_field() -> None:
         )
     assert "clusters[0].engine" in str(refused.value) and "'tgi' is not an engine" in str(
         refused.value
+    )
+
+
+# ---- engines of your own ---------------------------------------------------------------------
+
+
+def own_reader(engine: str = AUTO) -> PageReader:
+    settings = build_settings(
+        {
+            "engines": [OWN],
+            "clusters": [{"name": "c", "vllm_urls": ["http://127.0.0.1/"], "engine": engine}],
+        }
+    )
+    return PageReader(settings.clusters[0], 1, settings.engine_table())
+
+
+@pytest.mark.parametrize("engine", [AUTO, "acme"])
+def test_an_engine_of_your_own_is_read_by_its_row(engine: str) -> None:
+    reader = own_reader(engine)
+    text = acme_page(0.8, 3, 5)
+    page = read_page("http://pod/metrics", text, reader.pod_extractor)
+    assert isinstance(page, Page)
+    metrics = reader.read([page], None, 0.0, 0.0)
+    assert metrics.errors == () and metrics.engine == "acme"
+    assert (metrics.kv_mean, metrics.queue_depth, metrics.running) == (0.8, 3.0, 5.0)
+    assert metrics.kv_tokens == 32 * 1000
+
+
+def test_the_default_templates_read_an_engine_of_your_own_and_keep_yours() -> None:
+    own = build_settings(
+        {
+            "engines": [OWN],
+            "clusters": [{"name": "c", "prometheus": {"url": "http://127.0.0.1:9/"}}],
+            "prometheus_queries": {"kv_max": "max by ($by) (x$selector)"},
+        }
+    ).prometheus_queries
+    assert '{__name__="acme_kv_blocks",kind="fraction"$selector}' in own.kv_mean
+    assert "vllm[:_]kv_cache_usage_perc" in own.kv_mean  # the built-ins stay
+    assert 'acme_batch",state="active"' in own.running
+    assert "acme_request_seconds_bucket" in own.latency_quantile
+    assert "ignoring(kind)" in own.kv_tokens
+    assert own.kv_max == "max by ($by) (x$selector)"  # a template given is kept
+
+
+@pytest.mark.parametrize(
+    ("change", "error"),
+    [
+        ({"kv": "acme_kv{kind}"}, "engines[0].kv: 'acme_kv{kind}': 'kind' is not"),
+        ({"name": "sglang"}, "engines[0].name: 'sglang' is a built-in engine's"),
+        ({"pool": {"tokens": "t", "block": "b", "count": "c"}}, "give exactly one of info"),
+        ({"pool": {"block": "b"}}, "block and count go together"),
+        ({"pool": {"info": "i"}}, "info needs block_label and count_label"),
+        ({"latency": "x{a=b}"}, "engines[0].latency: String should match pattern"),
+    ],
+)
+def test_an_engine_of_your_own_is_checked_at_start_up(
+    change: dict[str, object], error: str
+) -> None:
+    with pytest.raises(ConfigError) as refused:
+        build_settings(
+            {"engines": [{**OWN, **change}], "clusters": [{"name": "c", "epp_url": "http://x/"}]}
+        )
+    assert error in str(refused.value), str(refused.value)
+
+
+def test_a_cluster_names_a_known_engine_and_names_are_unique() -> None:
+    with pytest.raises(ConfigError) as refused:
+        build_settings(
+            {
+                "engines": [OWN, OWN],
+                "clusters": [{"name": "c", "vllm_urls": ["http://127.0.0.1/"], "engine": "acm"}],
+            }
+        )
+    lines = str(refused.value).splitlines()
+    assert "engines: names must be unique: acme" in lines
+    assert any(
+        line.startswith("clusters[0].engine: 'acm' is not an engine: auto,") for line in lines
     )
