@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from benchmarks.sglang_page import sglang_page
 from benchmarks.vllm_page import vllm_v1_page
 from controller.exposition import Extractor
-from controller.sources.pages import POD_EXTRACTOR, POD_GAUGES, POD_HISTOGRAMS
+from controller.sources.page import POD_EXTRACTOR, POD_GAUGES, POD_HISTOGRAMS
 
 
 def per_call_ms(work: Callable[[], object], number: int) -> float:

@@ -47,7 +47,7 @@ from controller.app import settle_collector  # noqa: E402
 from controller.exposition import Extractor  # noqa: E402
 from controller.settings import ClusterSettings, ScrapeSettings  # noqa: E402
 from controller.sources.limiter import Limiter  # noqa: E402
-from controller.sources.pages import (  # noqa: E402
+from controller.sources.page import (  # noqa: E402
     EPP_EXTRACTOR,
     POD_EXTRACTOR,
     POD_LEAN_EXTRACTOR,

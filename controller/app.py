@@ -32,7 +32,7 @@ from controller.settings import ClusterSettings, Settings
 from controller.settings.schema import host_and_port
 from controller.sources import ClusterMetricsSource
 from controller.sources.limiter import Limiter
-from controller.sources.pages import EPP_EXTRACTOR, pod_extractors
+from controller.sources.page import EPP_EXTRACTOR, pod_extractors
 from controller.sources.prometheus import prometheus_source, shared_queriers
 from controller.sources.scrape import ScrapeSource
 from controller.state import Snapshot, TickReport

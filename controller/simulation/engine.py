@@ -17,7 +17,7 @@ from controller.simulation.policies import Policy
 from controller.simulation.scenarios import Scenario
 from controller.simulation.vllm import Request
 from controller.simulation.world import Arrivals, Cluster, Scraper
-from controller.sources.pages import PageReader
+from controller.sources.reader import PageReader
 
 DT = 0.5
 

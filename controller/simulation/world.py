@@ -36,7 +36,7 @@ from controller.fakes.pages import (
 )
 from controller.model import PodError, Reason
 from controller.simulation.vllm import Replica, ReplicaSpec, Request
-from controller.sources.pages import EPP_EXTRACTOR, POD_EXTRACTOR, Page, read_page
+from controller.sources.page import EPP_EXTRACTOR, POD_EXTRACTOR, Page, read_page
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 POOL = "vllm-llama"

@@ -2,7 +2,7 @@
 
 All pages of a cluster are fetched concurrently through the one shared ClientSession. A page
 that fails becomes a ``PodError``; the cluster's numbers come from the pages that answered
-(``pages.PageReader``, the pure part the simulator shares).
+(``reader.PageReader``, the pure part the simulator shares).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from controller.settings import ClusterSettings, ScrapeSettings
 from controller.sources.discovery import PodFinder, SliceLister
 from controller.sources.http import ACCEPT_TEXT, Endpoint, TokenFile, get_page, ssl_context
 from controller.sources.limiter import Limiter, ranked
-from controller.sources.pages import EPP_EXTRACTOR, Page, PageReader, page_of
+from controller.sources.page import EPP_EXTRACTOR, Page, page_of
+from controller.sources.reader import PageReader
 
 
 async def fetch_page(

@@ -17,14 +17,14 @@ from aiohttp import web
 from benchmarks.vllm_page import vllm_v1_page
 from controller.model import ClusterMetrics, Reason
 from controller.settings import ClusterSettings, ScrapeSettings
-from controller.sources.pages import (
+from controller.sources.page import (
     EPP_EXTRACTOR,
     POD_EXTRACTOR,
     POD_LEAN_EXTRACTOR,
     Page,
-    PageReader,
     read_page,
 )
+from controller.sources.reader import PageReader
 from controller.sources.scrape import ScrapeSource
 from tests.support.pages import fixture_text
 from tests.support.servers import Handler, Server, free_port, text_handler

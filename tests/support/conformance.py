@@ -32,7 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families as text_fami
 
 from controller.errors import ScrapeError
 from controller.exposition import OPENMETRICS, TEXT, Extractor, PageStream
-from controller.sources.pages import page_of
+from controller.sources.page import page_of
 
 LEGACY_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
 NUMERIC_LABELS = ("le", "quantile")

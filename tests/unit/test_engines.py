@@ -8,7 +8,8 @@ from controller.engines import AUTO, ENGINES, Family, spellings
 from controller.errors import ConfigError
 from controller.model import Reason
 from controller.settings import build_settings
-from controller.sources.pages import POD_EXTRACTOR, Page, PageReader, read_page
+from controller.sources.page import POD_EXTRACTOR, Page, read_page
+from controller.sources.reader import PageReader
 from tests.support.engines import OWN, PAGES, WITH_LATENCY, Load, acme_page, sglang_page, vllm_page
 
 

@@ -22,7 +22,7 @@ from controller.exposition import (
     bound_or_none,
 )
 from controller.model import PodError, Reason
-from controller.sources.pages import EPP_EXTRACTOR, POD_EXTRACTOR, Page, page_of, pool_tokens
+from controller.sources.page import EPP_EXTRACTOR, POD_EXTRACTOR, Page, page_of, pool_tokens
 from tests.support.pages import fixture_names, fixture_text
 
 Row = tuple[str, tuple[tuple[str, str], ...], float | str, float | None]
@@ -302,7 +302,7 @@ def test_a_hostile_long_line_costs_linear_time_in_its_size() -> None:
     of three, so other load on the machine barely matters."""
     import time
 
-    from controller.sources.pages import POD_EXTRACTOR
+    from controller.sources.page import POD_EXTRACTOR
 
     def cost(size: int) -> float:
         line = "x " + 'vllm:kv_cache_usage_perc{a="b"} 1 ' * (size // 34) + "\n"

@@ -12,14 +12,8 @@ from controller.exposition import OPENMETRICS, TEXT, Extractor, PageStream, go_f
 from controller.histograms import collect
 from controller.model import PodError, Reason
 from controller.settings import ClusterSettings
-from controller.sources.pages import (
-    EPP_EXTRACTOR,
-    POD_EXTRACTOR,
-    Page,
-    PageReader,
-    page_of,
-    read_page,
-)
+from controller.sources.page import EPP_EXTRACTOR, POD_EXTRACTOR, Page, page_of, read_page
+from controller.sources.reader import PageReader
 
 KV = "vllm:kv_cache_usage_perc"
 WAITING = "vllm:num_requests_waiting"

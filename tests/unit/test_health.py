@@ -135,7 +135,8 @@ def test_a_cluster_whose_every_pod_refuses_leaves_at_once(
 def test_a_page_stamped_in_the_future_reads_as_stale() -> None:
     """Through the real page reader: the sample's own millisecond timestamp, an hour ahead."""
     from controller.settings import ClusterSettings
-    from controller.sources.pages import POD_EXTRACTOR, Page, PageReader, read_page
+    from controller.sources.page import POD_EXTRACTOR, Page, read_page
+    from controller.sources.reader import PageReader
 
     ahead = int((NOW + 3600) * 1000)
     text = f'vllm:kv_cache_usage_perc{{engine="0"}} 0.4 {ahead}\n'

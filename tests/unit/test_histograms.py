@@ -15,7 +15,8 @@ from controller import histograms
 from controller.exposition import FOLD_BATCH, PIECE, Extractor, PageStream, Sample
 from controller.histograms import Histogram
 from controller.model import Latency
-from controller.sources.pages import POD_EXTRACTOR, LatencyWindow, Page, read_page
+from controller.sources.between import LatencyWindow
+from controller.sources.page import POD_EXTRACTOR, Page, read_page
 
 Read = tuple[Latency | None, bool]
 

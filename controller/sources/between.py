@@ -1,0 +1,176 @@
+"""Pure: what a cluster's reader keeps between scrapes. Latency and arrivals come from the
+increase of cumulative counters between two scrapes, never from since-start totals; one URL
+must be one process (a load-balanced URL is named as such)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from controller import histograms
+from controller.exposition import Sample
+from controller.histograms import Folded, Histogram, SeriesKey
+from controller.model import Latency
+from controller.sources.page import series_of
+
+
+class LatencyWindow:
+    """Turns successive cumulative histograms into latency over the last scrape interval.
+
+    A series whose count fell is not counted this interval: a restart and another process
+    behind the same URL look alike at first, and neither's counts are an increase."""
+
+    def __init__(self, min_requests: float) -> None:
+        self._min_requests = min_requests
+        self._previous: dict[str, dict[tuple[str, SeriesKey], Histogram]] = {}
+        self._folded: dict[str, Folded] = {}
+
+    def observe(
+        self, family: str, pages: Sequence[tuple[str, dict[SeriesKey, Histogram]]]
+    ) -> tuple[Latency | None, bool]:
+        """Latency over the interval, and whether some series fell (its count is unknown)."""
+        increases: list[Histogram] = []
+        fell = False
+        for url, series in pages:
+            before = self._previous.get(url, {})
+            now = {(family, key): histogram for key, histogram in series.items()}
+            for key, histogram in now.items():
+                if key not in before:
+                    continue
+                if histogram.count < before[key].count:
+                    fell = True
+                    continue
+                increases.append(histograms.increase(before[key], histogram))
+            self._previous[url] = now  # a page that did not answer keeps its old baseline
+        return self._latency(family, increases), fell
+
+    def observe_folded(
+        self, family: str, pages: Sequence[tuple[str, Folded | None]]
+    ) -> tuple[Latency | None, bool]:
+        """``observe`` for pages whose series were folded into one each (``Fold``)."""
+        increases: list[Histogram] = []
+        fell = False
+        for url, now in pages:
+            before = self._folded.pop(url, None)
+            if now is None:
+                continue
+            self._folded[url] = now
+            if before is None:
+                continue
+            follows = now.follows(before)
+            if follows:
+                increases.append(histograms.increase(before.histogram, now.histogram))
+            elif follows is not None:
+                fell = True
+        return self._latency(family, increases), fell
+
+    def _latency(self, family: str, increases: Sequence[Histogram]) -> Latency | None:
+        merged = histograms.merge(increases)
+        if merged is None:
+            return None  # no baseline yet: the first scrape only sets one
+        if merged.count < self._min_requests:
+            return Latency(None, None, None, requests=merged.count, family=family)
+        mean = merged.sum / merged.count if math.isfinite(merged.sum) else None
+        return Latency(
+            p50=histograms.quantile(0.5, merged),
+            p90=histograms.quantile(0.9, merged),
+            mean=mean,
+            requests=merged.count,
+            family=family,
+        )
+
+    def retain(self, urls: set[str]) -> None:
+        self._previous = {u: v for u, v in self._previous.items() if u in urls}
+        self._folded = {u: v for u, v in self._folded.items() if u in urls}
+
+
+class Counters:
+    """The increase of counters (by URL and series) since the previous scrape; ``None``
+    when there is no baseline yet or some counter fell (unknown rather than a guess)."""
+
+    def __init__(self) -> None:
+        self._previous: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+
+    def increase(self, url: str, samples: Sequence[Sample]) -> float | None:
+        now = {series_of(s): s.value for s in samples if math.isfinite(s.value)}
+        before = self._previous.get(url)
+        self._previous[url] = now
+        if before is None:
+            return None
+        total = 0.0
+        for key, value in now.items():
+            if key in before:
+                if value < before[key]:
+                    return None
+                total += value - before[key]
+        return total
+
+
+@dataclass(slots=True)
+class _Identity:
+    total: float | None = None  # the page's cumulative request count at the last scrape
+    fell_from: float | None = None  # the count before it last fell
+    since_fall: int = 0
+    starts: list[float] = field(default_factory=list)  # recent process start times
+    evidence: str = ""
+    flagged: int = 0  # scrapes the URL stays named load-balanced without new evidence
+
+
+# Scrapes a URL stays named load-balanced after the last sign of it (a load balancer picks
+# at random, so a few consistent scrapes in a row prove nothing), and how soon after a fall a
+# count back above it is a sign (a restarted process cannot catch up with its old total).
+FLAGGED_SCRAPES = 30
+FALL_WINDOW = 2
+
+
+class Continuity:
+    """One URL must be one process. A page whose cumulative request count falls and then comes
+    back above where it fell from, or whose process start time returns to one it had before,
+    is several processes behind one address (a Service, a load balancer): its numbers flip
+    between pods from scrape to scrape and its counters look like resets. Such a URL is named
+    for what it is (``Reason.LOAD_BALANCED``) rather than read."""
+
+    def __init__(self) -> None:
+        self._urls: dict[str, _Identity] = {}
+
+    def retain(self, urls: set[str]) -> None:
+        self._urls = {u: v for u, v in self._urls.items() if u in urls}
+
+    def check(self, url: str, total: float | None, started: float | None) -> str | None:
+        """Why ``url`` is several processes, or ``None``."""
+        state = self._urls.setdefault(url, _Identity())
+        evidence = _start_evidence(state, started) or _count_evidence(state, total)
+        if evidence:
+            state.evidence, state.flagged = evidence, FLAGGED_SCRAPES
+        elif state.flagged:
+            state.flagged -= 1
+        return state.evidence if state.flagged else None
+
+
+def _start_evidence(state: _Identity, started: float | None) -> str | None:
+    if started is None:
+        return None
+    seen = state.starts
+    returned = bool(seen) and started != seen[-1] and started in seen
+    if not seen or started != seen[-1]:
+        state.starts = [*(s for s in seen if s != started), started][-4:]
+    return f"its process start time went back to {started:.0f}" if returned else None
+
+
+def _count_evidence(state: _Identity, total: float | None) -> str | None:
+    before, state.total = state.total, total
+    if total is None or before is None:
+        return None
+    if total < before:
+        state.fell_from, state.since_fall = before, 0
+        return None
+    if state.fell_from is not None:
+        state.since_fall += 1
+        fell_from = state.fell_from
+        if total >= fell_from:
+            state.fell_from = None
+            return f"its request count fell from {fell_from:.0f} and came back to {total:.0f}"
+        if state.since_fall >= FALL_WINDOW:
+            state.fell_from = None  # a restart, counting up from where it fell to
+    return None

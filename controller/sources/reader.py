@@ -1,0 +1,399 @@
+"""Pure: a cluster's answered /metrics pages → its ``ClusterMetrics``.
+
+A ``PageReader`` keeps what reading needs between scrapes (``sources.between``: counter
+baselines, each URL's identity).
+
+- Pods, read by their engine's row (``controller.engines``: found on each page by its KV
+  family, or the one the cluster names): KV use is the mean (and max) over every pod and
+  engine process, one series each, never summed; queue and running requests are summed; what
+  the cluster holds is the sum of its pods' KV pools when every answering pod publishes one
+  (else answering pods × ``kv_tokens_per_pod`` where the operator gives it).
+- The EPP alone: the pool's averages (KV, queue and running per endpoint), its ready endpoints
+  (times ``kv_tokens_per_pod`` where the operator knows a pod's pool), its request counter as
+  arrivals. An EPP with 0 ready endpoints has no fresh pod
+  and its averages are frozen: stale, never idle.
+- Latency: the EPP's request-duration histogram (newest name first), else the pods' engine's
+  e2e one, each pod's series summed into one as it is read (``histograms.Fold``: one array
+  kept per pod between scrapes, not one per engine and model).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import NamedTuple
+
+from controller import histograms
+from controller.engines import AUTO, ENGINES, Engine, Family
+from controller.exposition import Extractor, PageStream, Sample
+from controller.families import (
+    EPP_KV,
+    EPP_LATENCY,
+    EPP_QUEUE,
+    EPP_READY,
+    EPP_REQUESTS,
+    EPP_RUNNING,
+    PROCESS_START,
+)
+from controller.histograms import Fold, Folded, Layouts
+from controller.model import CapacityFrom, ClusterMetrics, Latency, PodError, Reason
+from controller.settings import ClusterSettings
+from controller.sources import pod_count_problem
+from controller.sources.between import Continuity, Counters, LatencyWindow
+from controller.sources.page import (
+    ByName,
+    Page,
+    finite,
+    first_family,
+    kept,
+    labels_text,
+    of_family,
+    pod_extractors,
+    pod_kv,
+    pool_tokens,
+    series_of,
+    valid_fraction,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """The cluster-level numbers from the pages that answered; ``None`` is unknown."""
+
+    kv_mean: float | None
+    kv_max: float | None
+    kv_family: str | None
+    queue_depth: float | None
+    queue_per_pod: float | None
+    running: float | None
+    observed_at: float | None
+    invalid_samples: int
+    observed_newest: float | None = None
+    ready: float | None = None
+    kv_tokens: float | None = None
+    kv_tokens_from: str | None = None
+    engine: str | None = None
+
+
+class _PodKV(NamedTuple):
+    """An answering pod's page, the engine that wrote it (``None``: no engine's KV family is
+    on it) and its KV series (``pod_kv``)."""
+
+    page: Page
+    engine: Engine | None
+    family: str | None
+    samples: list[Sample]
+
+
+@dataclass(slots=True)
+class _KV:
+    values: list[float]
+    invalid: int = 0
+    family: str | None = None
+    oldest: float | None = None
+    newest: float | None = None
+
+    def add(self, family: str, samples: Sequence[Sample]) -> None:
+        self.family = self.family or family
+        for sample in samples:
+            if not valid_fraction(sample.value):
+                self.invalid += 1
+                continue
+            # One series per engine: each is a fraction of its own cache; never summed.
+            self.values.append(sample.value)
+            if sample.timestamp is not None:
+                self.oldest = min(self.oldest or sample.timestamp, sample.timestamp)
+                self.newest = max(self.newest or sample.timestamp, sample.timestamp)
+
+
+class PageReader:
+    """Turns a cluster's answered pages into ClusterMetrics; holds what it needs between
+    scrapes (counter baselines, each URL's identity)."""
+
+    def __init__(
+        self,
+        cluster: ClusterSettings,
+        min_latency_requests: float,
+        engines: Mapping[str, Engine] = ENGINES,
+    ) -> None:
+        """``engines``: the table to read pages by (``Settings.engine_table``)."""
+        self._name = cluster.name
+        self._has_pods = bool(cluster.vllm_urls) or cluster.pods is not None
+        self._pod_tokens = cluster.kv_tokens_per_pod
+        self._model = cluster.model_name
+        self._model_keep = {"model_name": cluster.model_name} if cluster.model_name else None
+        # The rows a pod page may be read by: the one the cluster names, or each in turn
+        # until one's KV family is on the page (``engine: auto``).
+        named = cluster.engine != AUTO
+        self._engines = (engines[cluster.engine],) if named else tuple(engines.values())
+        self._extractor, self._lean = pod_extractors(tuple(engines.values()))
+        # The engine its pods' last pages were written by: whose e2e buckets are folded
+        # as the next pages are read (``pod_stream``).
+        self._engine = self._engines[0]
+        self._pool_keep = {"name": cluster.pool_name} if cluster.pool_name else None
+        self._latency = LatencyWindow(min_latency_requests)
+        self._layouts = Layouts()  # how this cluster's pods lay out their e2e buckets
+        self._requests = Counters()
+        self._continuity = Continuity()
+        # the EPP's last page carried the request-duration histogram (see ``pod_extractor``)
+        self._epp_latency = False
+
+    @property
+    def pod_extractor(self) -> Extractor:
+        """What to read this cluster's pod pages with: without their e2e buckets while its
+        EPP gives latency (once it fails or stops, the next scrape reads them again; their
+        latency then counts from the scrape after, as it would for a new pod)."""
+        return self._lean if self._epp_latency else self._extractor
+
+    def pod_stream(self) -> PageStream:
+        """A pod page's stream: read with ``pod_extractor``, and where that reads the e2e
+        buckets (the pods' own histograms give the latency), the buckets folded as they are
+        read (``Fold``)."""
+        extractor, latency = self.pod_extractor, self._engine.latency
+        if extractor is self._lean or latency is None:
+            return PageStream(extractor)
+        return PageStream(extractor, fold=Fold(latency, self._keep(self._engine), self._layouts))
+
+    def _keep(self, engine: Engine) -> dict[str, str] | None:
+        """The labels a series of ``engine`` must carry: the cluster's model, if it names one."""
+        return {engine.model_label: self._model} if self._model else None
+
+    def read(
+        self,
+        results: Sequence[Page | PodError],
+        epp: Page | PodError | None,
+        started: float,
+        duration: float,
+        lookup: PodError | None = None,
+    ) -> ClusterMetrics:
+        """``results``: one entry per vLLM pod; ``epp``: the EPP's, if configured;
+        ``lookup``: why finding the pods failed this tick (the pods found before are read)."""
+        checked = [self._check(r) if isinstance(r, Page) else r for r in results]
+        if isinstance(epp, Page):
+            epp = self._identify(epp, EPP_LATENCY)
+        kvs = [r for r in checked if isinstance(r, _PodKV)]
+        pods = [kv.page for kv in kvs]
+        errors = [r for r in (*checked, epp, lookup) if isinstance(r, PodError)]
+        epp_page = epp if isinstance(epp, Page) else None
+        if self._has_pods:
+            values = self._from_pods(kvs)
+            scraped, answering = len(results), len(pods)
+        else:
+            values, error = self._from_epp_pool(epp_page)
+            errors += [error] if error else []
+            scraped, answering = 1, int(epp_page is not None and error is None)
+        answered = pods if self._has_pods else ([epp_page] if epp_page and answering else [])
+        if answered and values.kv_mean is None:
+            errors.append(self._missing(len(answered)))
+        latency, fell = self._latency_from(epp_page, kvs)
+        read = [*pods, *([epp_page] if epp_page else [])]
+        return ClusterMetrics(
+            cluster=self._name,
+            scraped_at=started,
+            duration=duration,
+            pods_scraped=scraped,
+            pods_answering=answering,
+            kv_mean=values.kv_mean,
+            kv_max=values.kv_max,
+            kv_family=values.kv_family,
+            queue_depth=values.queue_depth,
+            queue_per_pod=values.queue_per_pod,
+            running=values.running,
+            latency=latency,
+            observed_at=values.observed_at,
+            observed_newest=values.observed_newest,
+            invalid_samples=values.invalid_samples + sum(p.skipped for p in read),
+            duplicate_samples=sum(p.duplicates for p in read),
+            errors=tuple(errors),
+            notices=tuple(n for p in read for n in p.notices),
+            pages=len(results) + (epp is not None),
+            # the increase between two scrapes: what completed since the last one (unknown
+            # when a counter fell: a restart, or another process behind the URL)
+            completed=latency.requests if latency is not None and not fell else None,
+            arrived=self._arrivals(epp_page),
+            ready=values.ready,
+            kv_tokens=values.kv_tokens,
+            kv_tokens_from=values.kv_tokens_from,
+            engine=values.engine,
+        )
+
+    def retain(self, urls: Sequence[str]) -> None:
+        """Forget what is kept of pages no longer read (pods discovery no longer finds)."""
+        keep = set(urls)
+        self._latency.retain(keep)
+        self._continuity.retain(keep)
+
+    def _missing(self, answered: int) -> PodError:
+        """Pages came back but none carries KV use: say which names were looked for."""
+        names = " or ".join([str(e.kv) for e in self._engines] if self._has_pods else list(EPP_KV))
+        keep = self._model_keep or self._pool_keep
+        scope = f" for {keep}" if keep else ""
+        detail = f"no {names} series{scope} on {answered} page(s) that answered"
+        return PodError("*", Reason.MISSING_METRIC, detail)
+
+    def _from_pods(self, kvs: Sequence[_PodKV]) -> Summary:
+        kv = _KV(values=[])
+        waiting: list[float] = []
+        running: list[float] = []
+        pools: list[float | None] = []
+        for pod, engine, family, samples in kvs:
+            if family is not None:
+                kv.add(family, samples)
+            if engine is None:
+                pools.append(None)
+                continue
+            keep = self._keep(engine)
+            waiting += _pod_total(pod.samples, engine.waiting, keep)
+            running += _pod_total(pod.samples, engine.running, keep)
+            pools.append(pool_tokens(pod.samples, engine.pools))
+        summary = _summary(kv, waiting, running, per_pod=len(waiting) or None)
+        engines = sorted({e.name for _, e, _, _ in kvs if e is not None})
+        summary = replace(summary, engine="+".join(engines) or None)
+        if pools and all(p is not None for p in pools):  # every pod says what it holds
+            tokens = sum(p for p in pools if p is not None)
+            return replace(summary, kv_tokens=tokens, kv_tokens_from=CapacityFrom.KV_BLOCKS)
+        if pools and self._pod_tokens:  # the operator says what one pod holds
+            tokens = len(pools) * self._pod_tokens
+            return replace(summary, kv_tokens=tokens, kv_tokens_from=CapacityFrom.KV_TOKENS_PER_POD)
+        return summary
+
+    def _check(self, page: Page) -> _PodKV | PodError:
+        """A vLLM page whose KV series are all out of range is an error of its own: its pod
+        does not count as answering. So is one URL that is several processes. An answering
+        pod comes back with its KV series (``pod_kv``), worked out once; a series repeated on
+        the page was kept at its first sample when the page was read (``page_of``)."""
+        engine, name, chosen = self._engine_of(page)
+        if name is not None and chosen and not any(valid_fraction(s.value) for s in chosen):
+            bad = chosen[0]
+            hint = " (a percentage? it must be a fraction 0..1)" if 1 < bad.value <= 100 else ""
+            detail = f"{name}{{{labels_text(series_of(bad))}}}={bad.value:g} is outside 0..1{hint}"
+            return PodError(page.url, Reason.OUT_OF_RANGE, detail)
+        latency = (engine.latency,) if engine and engine.latency else ()
+        identified = self._identify(page, latency)
+        return _PodKV(page, engine, name, chosen) if isinstance(identified, Page) else identified
+
+    def _engine_of(self, page: Page) -> tuple[Engine | None, str | None, list[Sample]]:
+        """The engine whose KV family is on the page (the first of the cluster's rows that
+        has one; with a single row, that row even without), its KV name and series."""
+        for engine in self._engines:
+            keep = self._keep(engine)
+            found = [
+                [s for s in kept(page.samples.get(n, ()), keep) if engine.kv.matches(s.labels)]
+                for n in engine.kv.names
+            ]
+            name, chosen = pod_kv(found, engine.kv.names)
+            if name is not None:
+                self._engine = engine
+                return engine, name, chosen
+        only = self._engines[0] if len(self._engines) == 1 else None
+        return only, None, []
+
+    def _identify(self, page: Page, latency: Sequence[str]) -> Page | PodError:
+        """The page, or why its URL is several processes (``Continuity``)."""
+        counts = first_family(page.samples, [f + "_count" for f in latency], None)
+        total = sum(finite(counts[1])) if counts else None
+        start = finite(page.samples.get(PROCESS_START, ()))
+        why = self._continuity.check(page.url, total, start[0] if len(start) == 1 else None)
+        if why is None:
+            return page
+        detail = (
+            f"this URL answers as more than one process ({why}): a Service or load balancer "
+            "in front of several pods? List each pod, discover them (pods.dns), or read the "
+            "cluster through its EPP"
+        )
+        return PodError(page.url, Reason.LOAD_BALANCED, detail)
+
+    def _from_epp_pool(self, page: Page | None) -> tuple[Summary, PodError | None]:
+        kv = _KV(values=[])
+        if page is None:
+            return _summary(kv, [], [], per_pod=None), None
+        ready = first_family(page.samples, EPP_READY, self._pool_keep)
+        endpoints = sum(finite(ready[1])) if ready else None
+        if ready and endpoints is not None and (why := pod_count_problem(endpoints, ready[0])):
+            return _summary(kv, [], [], per_pod=None), PodError(page.url, Reason.OUT_OF_RANGE, why)
+        if endpoints is not None and endpoints <= 0:
+            detail = (
+                f"{ready[0] if ready else ''} is 0: no endpoint of the pool has fresh metrics, "
+                "so the EPP's averages are frozen at their last values"
+            )
+            return _summary(kv, [], [], per_pod=None), PodError(page.url, Reason.STALE, detail)
+        found = first_family(page.samples, EPP_KV, self._pool_keep)
+        if found is not None:
+            kv.add(*found)
+        per_pod = _mean_of(page, EPP_QUEUE, self._pool_keep)
+        running = _mean_of(page, EPP_RUNNING, self._pool_keep)
+        tokens = endpoints * self._pod_tokens if endpoints and self._pod_tokens else None
+        summary = replace(
+            _summary(kv, [], [], per_pod=None),
+            queue_per_pod=per_pod,
+            queue_depth=per_pod * endpoints if per_pod is not None and endpoints else None,
+            running=running * endpoints if running is not None and endpoints else None,
+            ready=endpoints or None,
+            kv_tokens=tokens,
+            kv_tokens_from=CapacityFrom.KV_TOKENS_PER_POD if tokens else None,
+        )
+        return summary, None
+
+    def _arrivals(self, epp: Page | None) -> float | None:
+        """Requests the EPP scheduled since its last scrape (its request counter)."""
+        if epp is None:
+            return None
+        found = first_family(epp.samples, EPP_REQUESTS, self._model_keep)
+        return self._requests.increase(epp.url, found[1]) if found else None
+
+    def _latency_from(
+        self, epp: Page | None, pods: Sequence[_PodKV]
+    ) -> tuple[Latency | None, bool]:
+        if epp is not None:
+            for family in EPP_LATENCY:
+                series = histograms.collect(epp.samples, family, self._model_keep)
+                if series:
+                    self._epp_latency = True
+                    return self._latency.observe(family, [(epp.url, series)])
+        self._epp_latency = False
+        pages = [(p.page.url, self._folded(p.page, p.engine)) for p in pods]
+        if not any(folded for _, folded in pages):
+            return None, False
+        return self._latency.observe_folded(self._engine.latency or "", pages)
+
+    def _folded(self, page: Page, engine: Engine | None) -> Folded | None:
+        """A pod's e2e series as one (``Fold``): what is kept of it until the next scrape;
+        folded as it was read, or here from its samples (a page read without ``pod_stream``,
+        or whose engine was not yet known when it was)."""
+        latency = engine.latency if engine is not None else None
+        if latency is None:
+            return None
+        fold = page.fold
+        if fold is None or fold.sample_name != latency + "_bucket":
+            fold = Fold(latency, self._keep(engine) if engine else None)
+            fold.add_all(page.samples.get(latency + "_bucket", ()))
+        return fold.folded(page.samples)
+
+
+def _mean_of(page: Page, families: Sequence[str], keep: Mapping[str, str] | None) -> float | None:
+    found = first_family(page.samples, families, keep)
+    values = finite(found[1]) if found else []
+    return sum(values) / len(values) if values else None
+
+
+def _pod_total(page: ByName, family: Family, keep: Mapping[str, str] | None) -> list[float]:
+    """A pod's total for an additive gauge (summed over its engine processes), or nothing if
+    absent."""
+    found = of_family(page, family, keep)
+    values = finite(found[1]) if found else []
+    return [sum(values)] if values else []
+
+
+def _summary(kv: _KV, waiting: list[float], running: list[float], per_pod: int | None) -> Summary:
+    queue = sum(waiting) if waiting else None
+    return Summary(
+        kv_mean=sum(kv.values) / len(kv.values) if kv.values else None,
+        kv_max=max(kv.values) if kv.values else None,
+        kv_family=kv.family,
+        queue_depth=queue,
+        queue_per_pod=queue / per_pod if queue is not None and per_pod else None,
+        running=sum(running) if running else None,
+        observed_at=kv.oldest,
+        observed_newest=kv.newest,
+        invalid_samples=kv.invalid,
+    )
