@@ -21,6 +21,7 @@ and ``derive`` before weighing; the simulator's baselines use ``current`` (no me
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -88,8 +89,8 @@ def _occupancy(
     before: tuple[float, float] | None, metrics: ClusterMetrics
 ) -> tuple[float, float] | None:
     kv, running = metrics.kv_mean, metrics.running
-    if kv is None or running is None:
-        return before
+    if kv is None or running is None or not (math.isfinite(kv) and math.isfinite(running)):
+        return before  # a reading that is not a number never enters the filter
     if before is None:
         return kv, running
     a = OCCUPANCY_SMOOTHING
@@ -161,7 +162,7 @@ def on_one_basis(healthy: Mapping[str, Signals]) -> tuple[dict[str, Signals], st
             from_ = CapacityFrom.READY_ENDPOINTS if s.capacity_from in _READY else CapacityFrom.PODS
             result[name] = replace(s, capacity=s.pods, capacity_from=from_)
         return result, None
-    per_pod = min(sizes)
+    per_pod, largest = min(sizes), max(sizes)
     per_request = _tokens_per_request(known.values())
     result = dict(healthy)
     notes = []
@@ -170,10 +171,15 @@ def on_one_basis(healthy: Mapping[str, Signals]) -> tuple[dict[str, Signals], st
         if per_request is not None and _measurable(s):
             assert s.running is not None and s.occupied is not None
             estimate = s.running * per_request / s.occupied
+            # never more than its pods as the largest pod known: a cluster that reports a
+            # little KV use and many requests must not draw a fleet's traffic to itself
+            ceiling = (s.pods or 1.0) * largest
+            capped = " (capped: its pods × the largest pod)" if estimate > ceiling else ""
+            estimate = min(estimate, ceiling)
             result[name] = replace(s, capacity=estimate, capacity_from=CapacityFrom.MEASURED)
             notes.append(
                 f"{name}: {estimate:.0f} tokens measured, {s.running:.1f} running × "
-                f"{per_request:.0f} tokens a request / {s.occupied:.3f} KV use"
+                f"{per_request:.0f} tokens a request / {s.occupied:.3f} KV use{capped}"
             )
             continue
         estimate_ = s.pods * per_pod if s.pods else None
@@ -200,8 +206,8 @@ def _measurable(s: Signals) -> bool:
     return (
         s.occupied is not None
         and s.running is not None
-        and s.occupied >= MIN_OCCUPIED
-        and s.running >= MIN_RUNNING
+        and MIN_OCCUPIED <= s.occupied <= 1.0
+        and MIN_RUNNING <= s.running < math.inf
     )
 
 

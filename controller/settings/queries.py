@@ -9,12 +9,14 @@ Placeholders: ``$selector`` becomes the matchers, each with a leading comma
 cluster label, or nothing for a querier of one cluster's own) and ``$and_by`` the same after a
 comma; ``$window`` the rate window and ``$lookback`` how far back a gauge's last sample is taken
 (both follow the querier's push interval); ``$quantile`` the quantile. A ``$`` that PromQL
-itself needs (``label_replace``'s ``"$1"``) is written ``$$``. ``ns:`` names are matched as
-``ns[:_]…``: prometheus-client >= 0.23 serves ``ns_…`` to a Prometheus that negotiates
-OpenMetrics. Where a signal has several names, ``or`` keeps the first name's series and adds
-the later names' only where the first has none (``or`` matches label sets without the name);
-an engine's label matchers (TensorRT-LLM's ``kv_cache_block_type="fraction"``) are part of
-its selector.
+itself needs (``label_replace``'s ``"$1"``) is written ``$$``. An ``ns:`` name is read under
+both spellings, ``ns:x or ns_x`` (prometheus-client >= 0.23 serves ``ns_…`` to a Prometheus
+that negotiates OpenMetrics), each an exact selector of its own (``selectors``). Where a
+signal has several names, ``or`` keeps the first name's series and adds the later names'
+only where the first has none (``or`` matches label sets without the name); an engine's
+label matchers (TensorRT-LLM's ``kv_cache_block_type="fraction"``) are part of its selector.
+``timestamp()`` is taken of each plain selector (of anything else it is the time of
+evaluation).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from string import Template
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from controller.engines import ENGINES, VLLM, Engine, Family, Pool
+from controller.engines import ENGINES, VLLM, Engine, Family, Pool, spellings
 from controller.families import EPP_LATENCY
 
 
@@ -47,29 +49,39 @@ def renders(template: str, quantile: bool = False) -> str | None:
         return f"unknown placeholder ${exc.args[0]} (known: {known}; write a literal $ as $$)"
     except ValueError as exc:  # string.Template: "Invalid placeholder in string: line 1, col 5"
         return f'{exc}: a $ that PromQL needs (label_replace\'s "$1") is written $$'
+    if quantile and render(template, "", "", "1m", "30s", quantile="0.5") == render(
+        template, "", "", "1m", "30s", quantile="0.9"
+    ):
+        return "does not use $quantile: p50 and p90 would be the same number"
     return None
 
 
-def series(name: str, suffix: str = "", family: Family | None = None) -> str:
-    """A selector of ``name`` (with ``suffix``: ``_bucket``, ``_count``), the matchers of
-    ``family`` and ``$selector``."""
+def selectors(name: str, suffix: str = "", family: Family | None = None) -> list[str]:
+    """A selector of each spelling of ``name`` (with ``suffix``: ``_bucket``, ``_count``),
+    with the matchers of ``family`` and ``$selector``. One exact name each, never a regex
+    over both: a target that serves both spellings within the lookback (prometheus-client
+    upgraded in place) would otherwise count twice in a sum, or fail a function
+    (``timestamp``, ``rate``: "vector cannot contain metrics with the same labelset") or a
+    product ("many-to-many matching")."""
     matchers = "".join(f',{k}="{v}"' for k, v in family.match) if family else ""
-    if ":" in name:
-        return f'{{__name__=~"{name.replace(":", "[:_]")}{suffix}"{matchers}$selector}}'
-    return f'{{__name__="{name}{suffix}"{matchers}$selector}}'
+    return [f'{{__name__="{spelled}{suffix}"{matchers}$selector}}' for spelled in spellings(name)]
+
+
+def either(name: str, shape: str, suffix: str = "", family: Family | None = None) -> str:
+    """``shape`` (``{}`` for a selector) for each spelling of ``name``, joined by ``or``: the
+    first spelling's series, the other's only where the first has none (``or`` matches label
+    sets without the name)."""
+    return " or ".join(shape.format(s) for s in selectors(name, suffix, family))
 
 
 def _each(engines: Sequence[Engine], family_of: str, shape: str) -> str:
-    """``shape`` (with ``{}`` for a selector) for every name of one signal of every engine
-    (``family_of``: ``kv``, ``waiting``, ``running``), joined by ``or``."""
+    """``shape`` for every name of one signal of every engine (``family_of``: ``kv``,
+    ``waiting``, ``running``), each spelling of each, joined by ``or``."""
     families: list[Family] = [getattr(engine, family_of) for engine in engines]
-    return " or ".join(
-        shape.format(series(name, family=family)) for family in families for name in family.names
-    )
+    return " or ".join(either(name, shape, family=f) for f in families for name in f.names)
 
 
-def _last(name: str, family: Family) -> str:
-    return f"last_over_time({series(name, family=family)}[$lookback])"
+_LAST = "last_over_time({}[$lookback])"
 
 
 def _pool(pool: Pool) -> str | None:
@@ -80,10 +92,11 @@ def _pool(pool: Pool) -> str | None:
     if pool.block is not None and pool.count is not None:
         ignored = sorted({k for k, _ in (*pool.block.match, *pool.count.match)})
         matching = f" ignoring({', '.join(ignored)})" if ignored else ""
-        block, count = pool.block.names[0], pool.count.names[0]
-        return f"{_last(block, pool.block)} *{matching} {_last(count, pool.count)}"
+        block = either(pool.block.names[0], _LAST, family=pool.block)
+        count = either(pool.count.names[0], _LAST, family=pool.count)
+        return f"({block}) *{matching} ({count})"
     if pool.tokens is not None:
-        return _last(pool.tokens.names[0], pool.tokens)
+        return either(pool.tokens.names[0], _LAST, family=pool.tokens)
     return None
 
 
@@ -93,32 +106,33 @@ _VLLM_CACHE_INFO = next(p.info for p in VLLM.pools if p.info)
 def default_templates(engines: Sequence[Engine]) -> dict[str, str]:
     """The default PromQL of every template, for the clusters of ``engines`` (the built-in
     rows, and the config's own: ``Settings.engines``)."""
-    kv = _each(engines, "kv", "{}")
-    kv_last = _each(engines, "kv", "last_over_time({}[$lookback])")
+    kv_last = _each(engines, "kv", _LAST)
+    # each sample's own time: timestamp() of a plain selector (of anything else it is the
+    # time of evaluation, and a dead pod would never look stale)
+    kv_times = _each(engines, "kv", "timestamp({})")
     # the EPP's histogram, newest name first, then each engine's e2e one
     latency = (*EPP_LATENCY, *(e.latency for e in engines if e.latency))
     # each engine's pool rules in its order (``or``: the first a series has): tokens by pod
     pools = " or ".join(
         f"({rule})" for e in engines for rule in map(_pool, e.pools) if rule is not None
     )
-    last = "last_over_time({}[$lookback])"
     return {
         "kv_mean": f"avg by ($by) ({kv_last})",
         "kv_max": f"max by ($by) ({kv_last})",
-        "kv_oldest": f"min by ($by) (max_over_time(timestamp({kv})[$lookback:]))",
+        "kv_oldest": f"min by ($by) (max_over_time(({kv_times})[$lookback:]))",
         "pods": f"count by ($by) (count by (job, instance$and_by) ({kv_last}))",
         "kv_pools": "count by (job, instance, num_gpu_blocks, block_size$and_by) "
-        f"(last_over_time({series(_VLLM_CACHE_INFO)}[$lookback]))",
+        f"({either(_VLLM_CACHE_INFO, _LAST)})",
         "kv_tokens": f"sum by (job, instance$and_by) ({pools})",
-        "queue": f"sum by ($by) ({_each(engines, 'waiting', last)})",
-        "running": f"sum by ($by) ({_each(engines, 'running', last)})",
+        "queue": f"sum by ($by) ({_each(engines, 'waiting', _LAST)})",
+        "running": f"sum by ($by) ({_each(engines, 'running', _LAST)})",
         "latency_quantile": " or ".join(
             "histogram_quantile($quantile, sum by (le$and_by) "
-            f"(rate({series(f, '_bucket')}[$window])))"
+            f"({either(f, 'rate({}[$window])', '_bucket')}))"
             for f in latency
         ),
         "latency_requests": " or ".join(
-            f"sum by ($by) (increase({series(f, '_count')}[$window]))" for f in latency
+            f"sum by ($by) ({either(f, 'increase({}[$window])', '_count')})" for f in latency
         ),
     }
 

@@ -254,18 +254,22 @@ def finite(samples: Sequence[Sample]) -> list[float]:
     return [s.value for s in samples if math.isfinite(s.value)]
 
 
-def pool_tokens(page: ByName, pools: Sequence[Pool]) -> float | None:
+def pool_tokens(
+    page: ByName, pools: Sequence[Pool], keep: Mapping[str, str] | None = None
+) -> float | None:
     """What a pod's KV cache holds, in tokens, by the first of its engine's ``pools`` rules
-    the page has; ``None`` when it says nothing usable (vLLM's ``num_gpu_blocks="None"``
-    before profiling, a zero, a fraction, a NaN)."""
+    the page has, for the model ``keep`` names (a gauge rule's series carry the model's
+    label; vLLM's info gauge does not, and is one pool per engine process whatever it
+    serves); ``None`` when it says nothing usable (vLLM's ``num_gpu_blocks="None"`` before
+    profiling, a zero, a fraction, a NaN)."""
     for pool in pools:
         if pool.info is not None and pool.info in page:
             return _info_tokens(page[pool.info], pool)
         if pool.block is not None and pool.count is not None:
-            block, count = of_family(page, pool.block, None), of_family(page, pool.count, None)
+            block, count = of_family(page, pool.block, keep), of_family(page, pool.count, keep)
             if block is not None and count is not None:
                 return _product_tokens(block[1], count[1], pool)
-        if pool.tokens is not None and (found := of_family(page, pool.tokens, None)):
+        if pool.tokens is not None and (found := of_family(page, pool.tokens, keep)):
             values = [s.value for s in found[1]]
             return sum(values) if all(_a_size(v) for v in values) else None
     return None

@@ -38,7 +38,7 @@ from controller.families import (
 from controller.histograms import Fold, Folded, Layouts
 from controller.model import CapacityFrom, ClusterMetrics, Latency, PodError, Reason
 from controller.settings import ClusterSettings
-from controller.sources import pod_count_problem
+from controller.sources import kv_tokens_problem, pod_count_problem
 from controller.sources.between import Continuity, Counters, LatencyWindow
 from controller.sources.page import (
     ByName,
@@ -73,6 +73,7 @@ class Summary:
     kv_tokens: float | None = None
     kv_tokens_from: str | None = None
     engine: str | None = None
+    notices: tuple[PodError, ...] = ()  # what was read past (a pool no GPU holds)
 
 
 class _PodKV(NamedTuple):
@@ -205,7 +206,7 @@ class PageReader:
             invalid_samples=values.invalid_samples + sum(p.skipped for p in read),
             duplicate_samples=sum(p.duplicates for p in read),
             errors=tuple(errors),
-            notices=tuple(n for p in read for n in p.notices),
+            notices=(*(n for p in read for n in p.notices), *values.notices),
             pages=len(results) + (epp is not None),
             # the increase between two scrapes: what completed since the last one (unknown
             # when a counter fell: a restart, or another process behind the URL)
@@ -236,6 +237,7 @@ class PageReader:
         waiting: list[float] = []
         running: list[float] = []
         pools: list[float | None] = []
+        notices: list[PodError] = []
         for pod, engine, family, samples in kvs:
             if family is not None:
                 kv.add(family, samples)
@@ -245,10 +247,15 @@ class PageReader:
             keep = self._keep(engine)
             waiting += _pod_total(pod.samples, engine.waiting, keep)
             running += _pod_total(pod.samples, engine.running, keep)
-            pools.append(pool_tokens(pod.samples, engine.pools))
+            pool = pool_tokens(pod.samples, engine.pools, keep)
+            if pool is not None and (why := kv_tokens_problem(pool, 1.0, "its KV pool")):
+                # a pool no GPU holds is no capacity: unknown (measured), and named
+                notices.append(PodError(pod.url, Reason.OUT_OF_RANGE, why))
+                pool = None
+            pools.append(pool)
         summary = _summary(kv, waiting, running, per_pod=len(waiting) or None)
         engines = sorted({e.name for _, e, _, _ in kvs if e is not None})
-        summary = replace(summary, engine="+".join(engines) or None)
+        summary = replace(summary, engine="+".join(engines) or None, notices=tuple(notices))
         if pools and all(p is not None for p in pools):  # every pod says what it holds
             tokens = sum(p for p in pools if p is not None)
             return replace(summary, kv_tokens=tokens, kv_tokens_from=CapacityFrom.KV_BLOCKS)

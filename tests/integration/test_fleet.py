@@ -5,6 +5,7 @@ turns out to be several pods behind a load balancer."""
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -488,3 +489,20 @@ async def test_an_epp_only_cluster_with_a_known_pod_size_is_weighed_in_tokens() 
     assert report["clusters"]["epp"]["capacity_from"] == "kv_tokens_per_pod"
     assert report["clusters"]["epp"]["kv_tokens"] == 2 * 3 * 2048 * 16
     assert report["targets"]["configured"]["applied"] == {"pods": 25, "epp": 75}
+
+
+def test_a_cluster_cannot_measure_itself_bigger_than_the_largest_pod_known() -> None:
+    """Review of #41: KV use at the floor and 5,000 running made a 1-pod cluster 800M tokens
+    and 96% of the traffic. Now at most its pods × the largest pod known."""
+    known = {"occupied": 0.5, "running": 40.0, "pods": 4, "kv_tokens": 640_000.0}
+    healthy = {
+        "a": Signals(kv=0.5, **known),  # type: ignore[arg-type]
+        "b": Signals(kv=0.5, **known),  # type: ignore[arg-type]
+        "evil": Signals(kv=0.05, pods=1, occupied=0.05, running=5000.0),
+    }
+    weighed, note = on_one_basis(healthy)
+    assert weighed["evil"].capacity == 160_000  # one pod of a or b
+    assert note is not None and "(capped: its pods × the largest pod)" in note
+    for running in (math.inf, math.nan, -3.0):
+        odd = {**healthy, "evil": Signals(kv=0.5, pods=1, occupied=0.5, running=running)}
+        assert on_one_basis(odd)[0]["evil"].capacity_from == "learned_per_pod"

@@ -99,7 +99,8 @@ def test_selector_and_templates() -> None:
     settings = build_settings({"clusters": [{"name": "x", "epp_url": "http://127.0.0.1/"}]})
     queries = settings.prometheus_queries
     built = queries_for(queries, {"cluster": "b"}, windows=Windows.of(queries, 15.0))
-    assert 'vllm[:_]kv_cache_usage_perc",cluster="b"}[30s]' in built["kv_mean"]  # 2 pushes
+    assert 'vllm:kv_cache_usage_perc",cluster="b"}[30s]' in built["kv_mean"]  # 2 pushes
+    assert 'vllm_kv_cache_usage_perc",cluster="b"}[30s]' in built["kv_mean"]  # both spellings
     assert "histogram_quantile(0.9," in built["p90"] and "[60s]" in built["p90"]  # the 1m
     assert "$" not in "".join(built.values())
     # samples that arrive every 5 minutes: gauges over 10, rates over 20 (two samples at least)
@@ -121,7 +122,7 @@ async def test_answers_become_cluster_metrics(serve: Serve, session: aiohttp.Cli
     async def api(request: web.Request) -> web.Response:
         query = request.query["query"]
         seen.append(query)
-        if query.startswith("min by () (max_over_time(timestamp("):
+        if query.startswith("min by () (max_over_time((timestamp("):
             return web.json_response(vector("1712345678.5"))
         for needle, value in answers.items():
             if needle in query and not query.startswith("max by"):

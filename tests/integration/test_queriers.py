@@ -59,7 +59,7 @@ class HubThanos:
             return web.json_response(body, status=503)
         grouped = ("by (cluster)", "le, cluster", "block_size, cluster", "instance, cluster")
         assert 'cluster=~"' in query and any(g in query for g in grouped), query
-        if query.startswith("min by (cluster) (max_over_time(timestamp("):
+        if query.startswith("min by (cluster) (max_over_time((timestamp("):
             fresh = time.time() - 5  # each cluster's newest sample: a push 5 s ago
             return web.json_response(vector(dict.fromkeys(CLUSTERS, fresh)))
         if "histogram_quantile" in query:

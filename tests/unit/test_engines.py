@@ -165,7 +165,7 @@ def test_the_default_templates_read_an_engine_of_your_own_and_keep_yours() -> No
         }
     ).prometheus_queries
     assert '{__name__="acme_kv_blocks",kind="fraction"$selector}' in own.kv_mean
-    assert "vllm[:_]kv_cache_usage_perc" in own.kv_mean  # the built-ins stay
+    assert '{__name__="vllm:kv_cache_usage_perc"$selector}' in own.kv_mean  # built-ins stay
     assert 'acme_batch",state="active"' in own.running
     assert "acme_request_seconds_bucket" in own.latency_quantile
     assert "ignoring(kind)" in own.kv_tokens
@@ -206,3 +206,24 @@ def test_a_cluster_names_a_known_engine_and_names_are_unique() -> None:
     assert any(
         line.startswith("clusters[0].engine: 'acm' is not an engine: auto,") for line in lines
     )
+
+
+# ---- what a stranger's review of #41 found ---------------------------------------------------
+
+
+def test_a_pool_no_gpu_holds_is_no_capacity_and_is_named() -> None:
+    text = PAGES["trtllm-serve"](Load(kv=0.5, blocks=10**15))
+    metrics = reader().read(pages([text]), None, 0.0, 0.0)
+    assert metrics.kv_tokens is None and metrics.kv_mean == 0.5
+    assert [(n.reason, "more than any pod" in n.detail) for n in metrics.notices] == [
+        (Reason.OUT_OF_RANGE, True)
+    ]
+
+
+def test_the_pool_is_the_named_model_s_own() -> None:
+    """A Triton server of two models: the cluster's model's pool, not both (51x too much)."""
+    a = PAGES["triton-tensorrt-llm"](Load(kv=0.9, blocks=1000), model="a")
+    b = PAGES["triton-tensorrt-llm"](Load(kv=0.1, blocks=50_000), model="b")
+    both = a + "".join(line + "\n" for line in b.splitlines() if not line.startswith("#"))
+    metrics = reader(model="a").read(pages([both]), None, 0.0, 0.0)
+    assert (metrics.kv_mean, metrics.kv_tokens) == (0.9, 1000 * 16)
