@@ -88,12 +88,18 @@ class Engine:
     latency: str | None  # a histogram family (``_bucket``, ``_count``, ``_sum``)
     model_label: str
     pools: tuple[Pool, ...] = ()
+    # Requests a process has completed since it started, for a row without a latency
+    # histogram (whose ``_count`` says it otherwise): a count that falls and comes back is
+    # one URL answering as several processes (``sources.between.Continuity``).
+    completed: str | None = None
 
     def gauges(self) -> Iterator[str]:
         """Every gauge family name this row reads."""
         yield from self.kv.names
         yield from self.waiting.names
         yield from self.running.names
+        if self.completed:
+            yield self.completed
         for pool in self.pools:
             if pool.info:
                 yield pool.info
@@ -148,6 +154,9 @@ TRITON_TENSORRT_LLM = Engine(
     running=_trt(_TRT_REQUESTS, "request_type", "scheduled"),
     latency=None,
     model_label="model",
+    # Triton's own counter ("Number of successful inference requests, all batch sizes"),
+    # labelled model and version (triton-inference-server/server docs/user_guide/metrics.md)
+    completed="nv_inference_request_success",
     pools=(
         Pool(
             block=_trt(_TRT_BLOCKS, "kv_cache_block_type", "tokens_per"),

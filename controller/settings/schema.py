@@ -137,6 +137,12 @@ class EngineSettings(_Group):
         description="An end-to-end latency histogram (its name, without _bucket).",
     )
     model_label: str = Field(default="model_name", pattern=_LABEL_NAME)
+    completed: str | None = Field(
+        default=None,
+        pattern=r"^[a-zA-Z_:][a-zA-Z0-9_:]*$",
+        description="Without a latency histogram: a counter of requests completed, so a URL "
+        "answering as several processes is named load_balanced.",
+    )
     pool: EnginePoolSettings | None = Field(
         default=None, description="How a pod's KV pool size is read; none: it is measured."
     )
@@ -159,6 +165,7 @@ class EngineSettings(_Group):
             latency=self.latency,
             model_label=self.model_label,
             pools=(self.pool.pool(),) if self.pool else (),
+            completed=self.completed,
         )
 
 

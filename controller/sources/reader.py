@@ -171,7 +171,7 @@ class PageReader:
         ``lookup``: why finding the pods failed this tick (the pods found before are read)."""
         checked = [self._check(r) if isinstance(r, Page) else r for r in results]
         if isinstance(epp, Page):
-            epp = self._identify(epp, EPP_LATENCY)
+            epp = self._identify(epp, [f + "_count" for f in EPP_LATENCY])
         kvs = [r for r in checked if isinstance(r, _PodKV)]
         pods = [kv.page for kv in kvs]
         errors = [r for r in (*checked, epp, lookup) if isinstance(r, PodError)]
@@ -275,8 +275,7 @@ class PageReader:
             hint = " (a percentage? it must be a fraction 0..1)" if 1 < bad.value <= 100 else ""
             detail = f"{name}{{{labels_text(series_of(bad))}}}={bad.value:g} is outside 0..1{hint}"
             return PodError(page.url, Reason.OUT_OF_RANGE, detail)
-        latency = (engine.latency,) if engine and engine.latency else ()
-        identified = self._identify(page, latency)
+        identified = self._identify(page, _counters(engine))
         return _PodKV(page, engine, name, chosen) if isinstance(identified, Page) else identified
 
     def _engine_of(self, page: Page) -> tuple[Engine | None, str | None, list[Sample]]:
@@ -295,9 +294,11 @@ class PageReader:
         only = self._engines[0] if len(self._engines) == 1 else None
         return only, None, []
 
-    def _identify(self, page: Page, latency: Sequence[str]) -> Page | PodError:
-        """The page, or why its URL is several processes (``Continuity``)."""
-        counts = first_family(page.samples, [f + "_count" for f in latency], None)
+    def _identify(self, page: Page, counters: Sequence[str]) -> Page | PodError:
+        """The page, or why its URL is several processes (``Continuity``): by the first of
+        ``counters`` (requests completed since the process started) on the page, and the
+        process start time."""
+        counts = first_family(page.samples, counters, None)
         total = sum(finite(counts[1])) if counts else None
         start = finite(page.samples.get(PROCESS_START, ()))
         why = self._continuity.check(page.url, total, start[0] if len(start) == 1 else None)
@@ -404,3 +405,13 @@ def _summary(kv: _KV, waiting: list[float], running: list[float], per_pod: int |
         observed_newest=kv.newest,
         invalid_samples=kv.invalid,
     )
+
+
+def _counters(engine: Engine | None) -> list[str]:
+    """What says how many requests a pod's process completed: its e2e histogram's count, or
+    the row's own counter where it has no histogram (Triton)."""
+    if engine is None:
+        return []
+    if engine.latency:
+        return [engine.latency + "_count"]
+    return [engine.completed] if engine.completed else []

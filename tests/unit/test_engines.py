@@ -227,3 +227,17 @@ def test_the_pool_is_the_named_model_s_own() -> None:
     both = a + "".join(line + "\n" for line in b.splitlines() if not line.startswith("#"))
     metrics = reader(model="a").read(pages([both]), None, 0.0, 0.0)
     assert (metrics.kv_mean, metrics.kv_tokens) == (0.9, 1000 * 16)
+
+
+@pytest.mark.parametrize("engine", list(ENGINES))
+def test_a_url_in_front_of_two_pods_is_named_for_every_engine(engine: str) -> None:
+    """One URL answering as two processes, each with its own count of completed requests:
+    named load_balanced for Triton too, which has no latency histogram (its own counter,
+    nv_inference_request_success, says it)."""
+    read, reasons = reader(), []
+    for tick in range(8):
+        load = Load(kv=0.9 if tick % 2 else 0.1, completed=1000 + tick if tick % 2 else 10 + tick)
+        page = read_page("http://svc/metrics", PAGES[engine](load), POD_EXTRACTOR)
+        assert isinstance(page, Page)
+        reasons += [e.reason for e in read.read([page], None, float(tick), 0.0).errors]
+    assert Reason.LOAD_BALANCED in reasons
