@@ -1,5 +1,5 @@
-"""The upstream ExternalModel/ExternalProvider CRDs (../shared/upstream-crds/) as an API server
-applies them: prune unknown fields, apply defaults, validate against ``openAPIV3Schema``.
+"""The upstream ExternalModel/ExternalProvider CRDs (../shared/upstream-crds/, or rendered from
+their facts where that is absent: ``crd_facts``) as an API server applies them: prune unknown fields, apply defaults, validate against ``openAPIV3Schema``.
 
 Structural-schema behaviour as the Kubernetes docs describe it
 (https://kubernetes.io/docs/tasks/extend-kubernetes/custom-resources/custom-resource-definitions/):
@@ -18,6 +18,8 @@ from typing import Any
 import jsonschema
 import yaml
 
+from tests.support.crd_facts import rendered_crd
+
 CRD_DIR = Path(__file__).resolve().parents[3] / "shared" / "upstream-crds"
 VERSIONS = {"v0.2.0": "v0.2.0", "v0.2.1": "v0.2.1-and-main"}
 PLURALS = ("externalmodels", "externalproviders")
@@ -26,9 +28,17 @@ Json = dict[str, Any]
 
 @cache
 def crd(version: str, plural: str) -> Json:
-    path = CRD_DIR / f"{VERSIONS[version]}-inference.opendatahub.io_{plural}.yaml"
+    """The upstream file where ``../shared`` is beside the repository, else the same CRD
+    rendered from its facts (``crd_facts``; held equal to the files where both are here)."""
+    path = upstream_path(version, plural)
+    if not path.is_file():
+        return rendered_crd(version, plural)
     loaded: Json = yaml.safe_load(path.read_text())
     return loaded
+
+
+def upstream_path(version: str, plural: str) -> Path:
+    return CRD_DIR / f"{VERSIONS[version]}-inference.opendatahub.io_{plural}.yaml"
 
 
 def schema(version: str, plural: str) -> Json:
