@@ -1,0 +1,33 @@
+"""The repository's Markdown points only at files it has: a link to a path that is not there
+is a reader sent nowhere (#44 found one)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def markdown_files() -> list[Path]:
+    listed = subprocess.run(
+        ["git", "ls-files", "*.md"], cwd=ROOT, capture_output=True, text=True, check=False
+    ).stdout.split()
+    return [ROOT / name for name in listed] or sorted(ROOT.glob("**/*.md"))
+
+
+def test_every_relative_link_in_the_markdown_points_at_a_file_that_exists() -> None:
+    files = markdown_files()
+    assert any(f.name == "README.md" for f in files)
+    broken = []
+    for doc in files:
+        for match in LINK.finditer(doc.read_text(encoding="utf-8")):
+            target = match.group(1)
+            if re.match(r"^[a-z]+:", target) or target.startswith("#"):
+                continue  # a URL, or a heading of the same page
+            path = target.split("#", 1)[0]
+            if not (doc.parent / path).exists():
+                broken.append(f"{doc.relative_to(ROOT)}: {target}")
+    assert broken == []
