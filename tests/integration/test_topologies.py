@@ -34,7 +34,7 @@ def test_the_chapter_shows_every_topology_and_its_config() -> None:
     chapter = (TOPOLOGIES / "README.md").read_text()
     for config in CONFIGS[1:]:
         assert config.relative_to(TOPOLOGIES).as_posix() in chapter, config
-    assert "../config.yaml" in chapter  # the base's own: the spoke EPP
+    assert "../base/config.yaml" in chapter  # the base's own: the spoke EPP
     readme = (ROOT / "README.md").read_text()
     assert "manifests/topologies/README.md" in readme
 
