@@ -92,6 +92,12 @@ class Engine:
     # histogram (whose ``_count`` says it otherwise): a count that falls and comes back is
     # one URL answering as several processes (``sources.between.Continuity``).
     completed: str | None = None
+    # A page that holds several serving processes, each with series of its own: a Ray node's
+    # page holds every Ray Serve replica placed on it, of every model, told apart by
+    # ``replica_label``. Each replica is read as a pod, whatever node page it is on; a replica
+    # restarted keeps its id under a new ``process_label`` (Ray's ``WorkerId``).
+    replica_label: str | None = None
+    process_label: str | None = None
 
     def gauges(self) -> Iterator[str]:
         """Every gauge family name this row reads."""
@@ -179,8 +185,29 @@ TRTLLM_SERVE = Engine(
     ),
 )
 
+RAY_VLLM = Engine(
+    name="ray-vllm",
+    kv=Family(("ray_vllm_kv_cache_usage_perc", "ray_vllm_gpu_cache_usage_perc")),
+    waiting=Family(("ray_vllm_num_requests_waiting",)),
+    running=Family(("ray_vllm_num_requests_running",)),
+    latency="ray_vllm_e2e_request_latency_seconds",
+    model_label="model_name",
+    pools=(
+        Pool(
+            info="ray_vllm_cache_config_info",
+            block_label="block_size",
+            count_label="num_gpu_blocks",
+            engine_label="engine",
+        ),
+    ),
+    replica_label="ReplicaId",
+    process_label="WorkerId",
+)
+
 # The built-in rows, in the order ``auto`` tries them on a page.
-ENGINES: dict[str, Engine] = {e.name: e for e in (VLLM, SGLANG, TRITON_TENSORRT_LLM, TRTLLM_SERVE)}
+ENGINES: dict[str, Engine] = {
+    e.name: e for e in (VLLM, SGLANG, TRITON_TENSORRT_LLM, TRTLLM_SERVE, RAY_VLLM)
+}
 AUTO = "auto"
 
 

@@ -42,11 +42,15 @@ class CapacityFrom(StrEnum):
     KV_TOKENS_PER_POD = "kv_tokens_per_pod"  # the EPP's ready endpoints × the configured size
     READY_ENDPOINTS = "ready_endpoints"  # the EPP's ready endpoints, in pods
     PODS = "pods"  # the pods that answered
+    REPLICAS = "replicas"  # the Ray Serve replicas on the Ray nodes' pages that answered
     # Estimated where the pages publish no pool (``signals.on_one_basis``): its running
     # requests × the tokens a running request holds on the target's clusters that publish
     # theirs, over its own KV use; or, before it has load to measure, its pods × their
     # smallest pod.
     MEASURED = "measured"
+    # KV_BLOCKS, some replicas' pools as last seen: Ray drops a gauge that is not set again
+    # (vLLM sets its pool's once, at start), so a Ray Serve replica's is kept while it lives.
+    KV_BLOCKS_KEPT = "kv_blocks_kept"
     LEARNED_PER_POD = "learned_per_pod"
 
 
@@ -112,6 +116,9 @@ class ClusterMetrics:
     # endpoints × kv_tokens_per_pod), and where that came from; None: unknown.
     kv_tokens: float | None = None
     kv_tokens_from: str | None = None
+    # Serving processes read from pages that hold several (Ray Serve's replicas of the
+    # cluster's model on its Ray nodes' pages); None: a page is a pod.
+    replicas: int | None = None
     # The pod URLs discovery found this tick (None: the pods are listed in the config).
     discovered: tuple[str, ...] | None = None
 

@@ -57,7 +57,7 @@ def _latency(view: ClusterView, quantile: str) -> float | None:
     return latency.p50 if quantile == "p50" else latency.p90
 
 
-_PODS = "Pods scraped and answering."
+_PODS = "Pods (or Ray nodes) scraped and answering; Ray Serve replicas read from them."
 _LATENCY = "Request latency quantile over the last scrape interval."
 
 CLUSTER: tuple[Column, ...] = (
@@ -138,6 +138,14 @@ CLUSTER: tuple[Column, ...] = (
         labels=(("state", "answering"),),
         help=_PODS,
         log="pods_answering",
+    ),
+    Column(
+        "replicas",
+        lambda v: _m(v, lambda m: m.replicas),
+        metric="cluster_pods",
+        labels=(("state", "replicas"),),
+        help=_PODS,
+        log="replicas",
     ),
     Column(
         "scrape_duration_seconds",

@@ -120,9 +120,12 @@ def current(health: ClusterHealth, quantile: str) -> Signals | None:
 
 
 def pods(metrics: ClusterMetrics) -> float | None:
-    """The pods serving: the EPP's ready endpoints where it says, else the pods that answered."""
+    """The pods serving: the EPP's ready endpoints where it says, else the replicas read
+    from Ray's node pages, else the pods that answered."""
     if metrics.ready is not None:
         return metrics.ready
+    if metrics.replicas is not None:
+        return float(metrics.replicas) or None
     return float(metrics.pods_answering) if metrics.pods_answering else None
 
 
@@ -137,6 +140,8 @@ def capacity_from(metrics: ClusterMetrics) -> str | None:
         return metrics.kv_tokens_from or CapacityFrom.KV_BLOCKS
     if metrics.ready is not None:
         return CapacityFrom.READY_ENDPOINTS
+    if metrics.replicas is not None:
+        return CapacityFrom.REPLICAS if metrics.replicas else None
     return CapacityFrom.PODS if metrics.pods_answering else None
 
 

@@ -100,7 +100,47 @@ def _pool(pool: Pool) -> str | None:
     return None
 
 
-_VLLM_CACHE_INFO = next(p.info for p in VLLM.pools if p.info)
+_VLLM_INFO = next(p for p in VLLM.pools if p.info)
+# How long a replica's pool is read back through a querier after Ray stopped exporting it
+# (a gauge not set again is dropped; vLLM sets its pool's once, at start), while the
+# replica's KV series is there. A replica that lives longer counts as a replica.
+POOL_KEPT = "2w"
+
+
+def _units(engines: Sequence[Engine]) -> str:
+    """The labels that tell apart the serving processes of one page beside ``job`` and
+    ``instance`` (Ray Serve's ``ReplicaId``), each after a comma."""
+    return "".join(
+        f", {label}" for label in sorted({e.replica_label or "" for e in engines} - {""})
+    )
+
+
+def _infos(engines: Sequence[Engine]) -> str:
+    """Every info rule with vLLM's pool labels (vLLM's own, and vLLM's inside Ray Serve), as
+    its last sample; a replica's kept while the replica's KV series is there."""
+    shapes = []
+    for engine in engines:
+        for pool in engine.pools:
+            if pool.info is None or (pool.block_label, pool.count_label) != (
+                _VLLM_INFO.block_label,
+                _VLLM_INFO.count_label,
+            ):
+                continue
+            if engine.replica_label is None:
+                shapes.append(either(pool.info, _LAST))
+                continue
+            # The info gauge names no model (vLLM's labels are the cache config's and the
+            # engine's): the replicas are the model's by their KV series (``$selector``), the
+            # info theirs by the join, never by matchers it cannot carry.
+            process = f", {engine.process_label}" if engine.process_label else ""
+            alive = _each([engine], "kv", _LAST)
+            kept = " or ".join(
+                f'last_over_time({{__name__="{name}"}}[{POOL_KEPT}])'
+                for name in spellings(pool.info)
+            )
+            on = f"job, instance, {engine.replica_label}{process}$and_by"
+            shapes.append(f"(({kept}) and on ({on}) ({alive}))")
+    return " or ".join(shapes)
 
 
 def default_templates(engines: Sequence[Engine]) -> dict[str, str]:
@@ -116,14 +156,19 @@ def default_templates(engines: Sequence[Engine]) -> dict[str, str]:
     pools = " or ".join(
         f"({rule})" for e in engines for rule in map(_pool, e.pools) if rule is not None
     )
+    units = _units(engines)
+    sizes = f"{_VLLM_INFO.count_label}, {_VLLM_INFO.block_label}"
     return {
         "kv_mean": f"avg by ($by) ({kv_last})",
         "kv_max": f"max by ($by) ({kv_last})",
         "kv_oldest": f"min by ($by) (max_over_time(({kv_times})[$lookback:]))",
-        "pods": f"count by ($by) (count by (job, instance$and_by) ({kv_last}))",
-        "kv_pools": "count by (job, instance, num_gpu_blocks, block_size$and_by) "
-        f"({either(_VLLM_CACHE_INFO, _LAST)})",
-        "kv_tokens": f"sum by (job, instance$and_by) ({pools})",
+        "pods": f"count by ($by) (count by (job, instance{units}$and_by) ({kv_last}))",
+        # engine processes by pod (or replica) and pool; a replica restarted under a new
+        # worker while the old one's series linger is still one (``group``)
+        "kv_pools": f"count by (job, instance{units}, {sizes}$and_by) "
+        f"(group by (job, instance{units}, {_VLLM_INFO.engine_label}, {sizes}$and_by) "
+        f"({_infos(engines)}))",
+        "kv_tokens": f"sum by (job, instance{units}$and_by) ({pools})",
         "queue": f"sum by ($by) ({_each(engines, 'waiting', _LAST)})",
         "running": f"sum by ($by) ({_each(engines, 'running', _LAST)})",
         "latency_quantile": " or ".join(

@@ -174,3 +174,64 @@ def _count_evidence(state: _Identity, total: float | None) -> str | None:
         if state.since_fall >= FALL_WINDOW:
             state.fell_from = None  # a restart, counting up from where it fell to
     return None
+
+
+# Reads a replica is remembered after it was last seen on a page: a node page that fails a
+# scrape or two does not forget the pools of the replicas on it.
+REPLICA_READS = 30
+# Processes remembered per replica: its own and those whose series may linger after restarts.
+_PROCESSES = 4
+
+
+@dataclass(slots=True)
+class _Replica:
+    processes: list[str] = field(default_factory=list)  # in the order first seen
+    pools: dict[str, float] = field(default_factory=dict)  # by process: its pool, last seen
+    unseen: int = 0  # reads since it was last on a page
+
+
+class Replicas:
+    """Ray Serve's replicas across a cluster's node pages, by id: which process is each
+    replica's own now, and each process's KV pool as last seen.
+
+    A replica restarted keeps its id under a new process (Ray's ``WorkerId``), and the old
+    process's series stay on the page until Ray drops them (a gauge not set again within its
+    time to live): the process seen first most recently is the replica's, so a restart never
+    doubles the count. Ray drops vLLM's pool (``cache_config_info``, set once at start) the
+    same way, about 35 s after start: a process's pool, once seen, is kept while the replica
+    is seen (``REPLICA_READS``)."""
+
+    def __init__(self) -> None:
+        self._replicas: dict[str, _Replica] = {}
+
+    def current(self, replica: str, processes: Sequence[str]) -> str:
+        """The process of ``processes`` (on the page now) that is ``replica``'s: the one
+        first seen most recently. Of several first seen at once (the controller started while
+        an old process's series were still on the page) nothing tells which is new; the
+        last in sorted order is taken, and the other's series expire within Ray's time to
+        live."""
+        state = self._replicas.setdefault(replica, _Replica())
+        state.unseen = 0
+        state.processes += [p for p in sorted(processes) if p not in state.processes]
+        return max(processes, key=state.processes.index)
+
+    def pool(self, replica: str, process: str, seen: float | None) -> tuple[float | None, bool]:
+        """The process's pool: ``seen`` on the page now, else as last seen, and whether it
+        was remembered rather than seen."""
+        state = self._replicas.setdefault(replica, _Replica())
+        if seen is not None:
+            state.pools[process] = seen
+            return seen, False
+        kept = state.pools.get(process)
+        return kept, kept is not None
+
+    def read(self) -> None:
+        """One more read done: forget replicas not seen for ``REPLICA_READS`` reads, and the
+        processes a replica no longer runs."""
+        for replica, state in list(self._replicas.items()):
+            state.unseen += 1
+            if state.unseen > REPLICA_READS:
+                del self._replicas[replica]
+            elif len(state.processes) > _PROCESSES:
+                state.processes = state.processes[-_PROCESSES:]
+                state.pools = {k: v for k, v in state.pools.items() if k in state.processes}

@@ -188,6 +188,30 @@ def _deduplicated(url: str, by_name: ByName, fold: Fold | None, found: Extractio
     return Page(url, by_name, fold, duplicates, found.skipped, tuple(notices))
 
 
+def by_replica(page: ByName, engine: Engine) -> dict[str, dict[str, ByName]]:
+    """A node page's samples by replica and process (``Engine.replica_label``,
+    ``process_label``), each name's in page order; the node's own series (without the
+    replica label) belong to none."""
+    assert engine.replica_label is not None
+    label, process = engine.replica_label, engine.process_label
+    units: dict[str, dict[str, ByName]] = {}
+    for name, samples in page.items():
+        for sample in samples:
+            labels = sample.labels
+            replica = labels.get(label)
+            if replica is None:
+                continue
+            unit = units.setdefault(replica, {}).setdefault(
+                labels.get(process, "") if process else "", {}
+            )
+            group = unit.get(name)
+            if group is None:
+                unit[name] = [sample]
+            else:
+                group.append(sample)
+    return units
+
+
 def kept(samples: Sequence[Sample], keep: Mapping[str, str] | None) -> list[Sample]:
     if not keep:
         return list(samples)

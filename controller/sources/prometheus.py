@@ -115,12 +115,15 @@ def vectors(body: str, url: str, label: str, finite: bool = True) -> dict[str, f
     return found
 
 
+_POOL_LABELS = frozenset(("num_gpu_blocks", "block_size"))
+
+
 def pools(body: str, url: str, label: str) -> tuple[dict[str, float], dict[str, float]]:
     """The ``kv_pools`` answer (engines by pod and KV pool) as KV tokens and pods with a
     pool, by the value of ``label``; a series whose pool labels are not whole numbers > 0
     leaves its cluster out (unknown, never a guess)."""
     tokens: dict[str, float] = {}
-    pods: dict[str, set[tuple[str, str]]] = {}
+    pods: dict[str, set[tuple[tuple[str, str], ...]]] = {}
     broken: set[str] = set()
     for metric, engines in answer_series(body, url):
         key = str(metric.get(label, "")) if label else ""
@@ -133,7 +136,9 @@ def pools(body: str, url: str, label: str) -> tuple[dict[str, float], dict[str, 
             broken.add(key)
             continue
         tokens[key] = tokens.get(key, 0.0) + engines * blocks * size
-        pods.setdefault(key, set()).add((metric.get("job", ""), metric.get("instance", "")))
+        # a pod (or a replica of a Ray node's): every label but the pool's
+        pod = tuple(sorted((k, str(v)) for k, v in metric.items() if k not in _POOL_LABELS))
+        pods.setdefault(key, set()).add(pod)
     return (
         {k: v for k, v in tokens.items() if k not in broken},
         {k: float(len(v)) for k, v in pods.items() if k not in broken},

@@ -39,10 +39,11 @@ from controller.histograms import Fold, Folded, Layouts
 from controller.model import CapacityFrom, ClusterMetrics, Latency, PodError, Reason
 from controller.settings import ClusterSettings
 from controller.sources import kv_tokens_problem, pod_count_problem
-from controller.sources.between import Continuity, Counters, LatencyWindow
+from controller.sources.between import Continuity, Counters, LatencyWindow, Replicas
 from controller.sources.page import (
     ByName,
     Page,
+    by_replica,
     finite,
     first_family,
     kept,
@@ -74,16 +75,19 @@ class Summary:
     kv_tokens_from: str | None = None
     engine: str | None = None
     notices: tuple[PodError, ...] = ()  # what was read past (a pool no GPU holds)
+    replicas: int | None = None  # read from pages that hold several (Ray Serve's)
 
 
 class _PodKV(NamedTuple):
     """An answering pod's page, the engine that wrote it (``None``: no engine's KV family is
-    on it) and its KV series (``pod_kv``)."""
+    on it) and its KV series (``pod_kv``); for a replica read from a node page (Ray Serve),
+    its id and process, and ``page`` holds its series alone."""
 
     page: Page
     engine: Engine | None
     family: str | None
     samples: list[Sample]
+    replica: tuple[str, str] | None = None
 
 
 @dataclass(slots=True)
@@ -138,6 +142,8 @@ class PageReader:
         self._continuity = Continuity()
         # the EPP's last page carried the request-duration histogram (see ``pod_extractor``)
         self._epp_latency = False
+        self._replicas = Replicas()
+        self._replica_nodes: dict[str, str] = {}  # last read: a replica's URL → its node's
 
     @property
     def pod_extractor(self) -> Extractor:
@@ -151,7 +157,8 @@ class PageReader:
         buckets (the pods' own histograms give the latency), the buckets folded as they are
         read (``Fold``)."""
         extractor, latency = self.pod_extractor, self._engine.latency
-        if extractor is self._lean or latency is None:
+        # a node page's replicas are folded each on its own, once told apart (``_folded``)
+        if extractor is self._lean or latency is None or self._engine.replica_label:
             return PageStream(extractor)
         return PageStream(extractor, fold=Fold(latency, self._keep(self._engine), self._layouts))
 
@@ -169,25 +176,37 @@ class PageReader:
     ) -> ClusterMetrics:
         """``results``: one entry per vLLM pod; ``epp``: the EPP's, if configured;
         ``lookup``: why finding the pods failed this tick (the pods found before are read)."""
-        checked = [self._check(r) if isinstance(r, Page) else r for r in results]
+        kvs: list[_PodKV] = []
+        errors: list[PodError] = []
+        nodes: list[Page] = []  # the pages that answered, pods' or Ray nodes'
+        replicated = False
+        self._replica_nodes = {}
+        for result in results:
+            if isinstance(result, PodError):
+                errors.append(result)
+                continue
+            found, wrong, node = self._check(result)
+            kvs += found
+            errors += wrong
+            replicated |= node
+            nodes += [result] if found or node else []
+        self._replicas.read()
         if isinstance(epp, Page):
             epp = self._identify(epp, [f + "_count" for f in EPP_LATENCY])
-        kvs = [r for r in checked if isinstance(r, _PodKV)]
-        pods = [kv.page for kv in kvs]
-        errors = [r for r in (*checked, epp, lookup) if isinstance(r, PodError)]
+        errors += [r for r in (epp, lookup) if isinstance(r, PodError)]
         epp_page = epp if isinstance(epp, Page) else None
         if self._has_pods:
-            values = self._from_pods(kvs)
-            scraped, answering = len(results), len(pods)
+            values = self._from_pods(kvs, replicated)
+            scraped, answering = len(results), len(nodes)
         else:
             values, error = self._from_epp_pool(epp_page)
             errors += [error] if error else []
             scraped, answering = 1, int(epp_page is not None and error is None)
-        answered = pods if self._has_pods else ([epp_page] if epp_page and answering else [])
+        answered = nodes if self._has_pods else ([epp_page] if epp_page and answering else [])
         if answered and values.kv_mean is None:
             errors.append(self._missing(len(answered)))
         latency, fell = self._latency_from(epp_page, kvs)
-        read = [*pods, *([epp_page] if epp_page else [])]
+        read = [*nodes, *([epp_page] if epp_page else [])]
         return ClusterMetrics(
             cluster=self._name,
             scraped_at=started,
@@ -216,11 +235,14 @@ class PageReader:
             kv_tokens=values.kv_tokens,
             kv_tokens_from=values.kv_tokens_from,
             engine=values.engine,
+            replicas=values.replicas,
         )
 
     def retain(self, urls: Sequence[str]) -> None:
-        """Forget what is kept of pages no longer read (pods discovery no longer finds)."""
+        """Forget what is kept of pages no longer read (pods discovery no longer finds), and
+        of the replicas on them."""
         keep = set(urls)
+        keep |= {unit for unit, node in self._replica_nodes.items() if node in keep}
         self._latency.retain(keep)
         self._continuity.retain(keep)
 
@@ -232,13 +254,14 @@ class PageReader:
         detail = f"no {names} series{scope} on {answered} page(s) that answered"
         return PodError("*", Reason.MISSING_METRIC, detail)
 
-    def _from_pods(self, kvs: Sequence[_PodKV]) -> Summary:
+    def _from_pods(self, kvs: Sequence[_PodKV], replicated: bool = False) -> Summary:
         kv = _KV(values=[])
         waiting: list[float] = []
         running: list[float] = []
         pools: list[float | None] = []
         notices: list[PodError] = []
-        for pod, engine, family, samples in kvs:
+        remembered = 0
+        for pod, engine, family, samples, replica in kvs:
             if family is not None:
                 kv.add(family, samples)
             if engine is None:
@@ -252,42 +275,106 @@ class PageReader:
                 # a pool no GPU holds is no capacity: unknown (measured), and named
                 notices.append(PodError(pod.url, Reason.OUT_OF_RANGE, why))
                 pool = None
+            if replica is not None:
+                pool, kept_ = self._replicas.pool(*replica, pool)
+                remembered += kept_
             pools.append(pool)
         summary = _summary(kv, waiting, running, per_pod=len(waiting) or None)
-        engines = sorted({e.name for _, e, _, _ in kvs if e is not None})
-        summary = replace(summary, engine="+".join(engines) or None, notices=tuple(notices))
+        engines = sorted({kv.engine.name for kv in kvs if kv.engine is not None})
+        summary = replace(
+            summary,
+            engine="+".join(engines) or None,
+            notices=tuple(notices),
+            replicas=len(kvs) if replicated else None,
+        )
         if pools and all(p is not None for p in pools):  # every pod says what it holds
             tokens = sum(p for p in pools if p is not None)
-            return replace(summary, kv_tokens=tokens, kv_tokens_from=CapacityFrom.KV_BLOCKS)
+            # Ray drops a pool's gauge once it is not set again: kept as last seen, and said
+            source = CapacityFrom.KV_BLOCKS_KEPT if remembered else CapacityFrom.KV_BLOCKS
+            return replace(summary, kv_tokens=tokens, kv_tokens_from=source)
         if pools and self._pod_tokens:  # the operator says what one pod holds
             tokens = len(pools) * self._pod_tokens
             return replace(summary, kv_tokens=tokens, kv_tokens_from=CapacityFrom.KV_TOKENS_PER_POD)
         return summary
 
-    def _check(self, page: Page) -> _PodKV | PodError:
-        """A vLLM page whose KV series are all out of range is an error of its own: its pod
-        does not count as answering. So is one URL that is several processes. An answering
-        pod comes back with its KV series (``pod_kv``), worked out once; a series repeated on
-        the page was kept at its first sample when the page was read (``page_of``)."""
+    def _check(self, page: Page) -> tuple[list[_PodKV], list[PodError], bool]:
+        """A page's pods (one, or a Ray node's replicas of the cluster's model), what is
+        wrong with them, and whether the page is a node of replicas (which answers even
+        holding none of the model's).
+
+        A page whose KV series are all out of range is an error of its own: its pod does not
+        count as answering. So is one URL that is several processes. An answering pod comes
+        back with its KV series (``pod_kv``), worked out once; a series repeated on the page
+        was kept at its first sample when the page was read (``page_of``)."""
         engine, name, chosen = self._engine_of(page)
+        if engine is not None and engine.replica_label is not None:
+            found, wrong = self._replicas_on(page, engine)
+            return found, wrong, True
+        checked = self._check_pod(page, engine, name, chosen)
+        return ([checked], [], False) if isinstance(checked, _PodKV) else ([], [checked], False)
+
+    def _check_pod(
+        self,
+        page: Page,
+        engine: Engine | None,
+        name: str | None,
+        chosen: list[Sample],
+        replica: tuple[str, str] | None = None,
+    ) -> _PodKV | PodError:
         if name is not None and chosen and not any(valid_fraction(s.value) for s in chosen):
             bad = chosen[0]
             hint = " (a percentage? it must be a fraction 0..1)" if 1 < bad.value <= 100 else ""
             detail = f"{name}{{{labels_text(series_of(bad))}}}={bad.value:g} is outside 0..1{hint}"
             return PodError(page.url, Reason.OUT_OF_RANGE, detail)
         identified = self._identify(page, _counters(engine))
-        return _PodKV(page, engine, name, chosen) if isinstance(identified, Page) else identified
+        if not isinstance(identified, Page):
+            return identified
+        return _PodKV(page, engine, name, chosen, replica)
+
+    def _replicas_on(self, page: Page, engine: Engine) -> tuple[list[_PodKV], list[PodError]]:
+        """A node page's replicas of the cluster's model, each read as a pod of its own
+        (its series alone, under its own URL: ``page.url#ReplicaId=…,WorkerId=…``), by the
+        process that is the replica's now (``Replicas.current``)."""
+        assert engine.replica_label is not None
+        found: list[_PodKV] = []
+        wrong: list[PodError] = []
+        for replica, processes in by_replica(page.samples, engine).items():
+            mine = {p: s for p, s in processes.items() if self._kv_of(s, engine)[0] is not None}
+            if not mine:
+                continue  # another model's replica
+            process = self._replicas.current(replica, list(mine))
+            samples = mine[process]
+            unit = f"{page.url}#{engine.replica_label}={replica}"
+            if engine.process_label:
+                unit += f",{engine.process_label}={process}"
+            self._replica_nodes[unit] = page.url
+            name, chosen = self._kv_of(samples, engine)
+            checked = self._check_pod(Page(unit, samples), engine, name, chosen, (replica, process))
+            if isinstance(checked, _PodKV):
+                found.append(checked)
+            else:
+                wrong.append(checked)
+        return found, wrong
+
+    def _kv_of(self, samples: ByName, engine: Engine) -> tuple[str | None, list[Sample]]:
+        """A pod's KV series by ``engine``'s row, of the cluster's model (``pod_kv``)."""
+        keep = self._keep(engine)
+        found = [
+            [s for s in kept(samples.get(n, ()), keep) if engine.kv.matches(s.labels)]
+            for n in engine.kv.names
+        ]
+        return pod_kv(found, engine.kv.names)
 
     def _engine_of(self, page: Page) -> tuple[Engine | None, str | None, list[Sample]]:
         """The engine whose KV family is on the page (the first of the cluster's rows that
-        has one; with a single row, that row even without), its KV name and series."""
+        has one; with a single row, that row even without), its KV name and series. A row
+        whose pages hold replicas (``Engine.replica_label``) is the page's by its KV family
+        of any model: which replicas are the cluster's model's is for ``_replicas_on``."""
         for engine in self._engines:
-            keep = self._keep(engine)
-            found = [
-                [s for s in kept(page.samples.get(n, ()), keep) if engine.kv.matches(s.labels)]
-                for n in engine.kv.names
-            ]
-            name, chosen = pod_kv(found, engine.kv.names)
+            if engine.replica_label and any(n in page.samples for n in engine.kv.names):
+                self._engine = engine
+                return engine, None, []
+            name, chosen = self._kv_of(page.samples, engine)
             if name is not None:
                 self._engine = engine
                 return engine, name, chosen

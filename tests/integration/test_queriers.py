@@ -57,7 +57,7 @@ class HubThanos:
         if self.failing and self.failing in query:
             body = {"status": "error", "errorType": "timeout", "error": "query timed out"}
             return web.json_response(body, status=503)
-        grouped = ("by (cluster)", "le, cluster", "block_size, cluster", "instance, cluster")
+        grouped = ("by (cluster)", "le, cluster", "block_size, cluster", "ReplicaId, cluster")
         assert 'cluster=~"' in query and any(g in query for g in grouped), query
         if query.startswith("min by (cluster) (max_over_time((timestamp("):
             fresh = time.time() - 5  # each cluster's newest sample: a push 5 s ago
@@ -66,11 +66,15 @@ class HubThanos:
             return web.json_response(vector(dict.fromkeys(CLUSTERS, 1.5)))
         if "increase(" in query:
             return web.json_response(vector(dict.fromkeys(CLUSTERS, 600)))
-        if query.startswith("count by (job, instance, num_gpu_blocks"):  # engines by pod and pool
+        if query.startswith(
+            "count by (job, instance, ReplicaId, num_gpu_blocks"
+        ):  # engines by pod and pool
             return web.json_response(pools(POOLS))
         if query.startswith("count by (cluster)"):
             return web.json_response(vector(dict.fromkeys(CLUSTERS, 4)))
-        if query.startswith("sum by (job, instance, cluster)"):  # no other engine's pools
+        if query.startswith(
+            "sum by (job, instance, ReplicaId, cluster)"
+        ):  # no other engine's pools
             return web.json_response(vector({}))
         if "num_requests" in query:
             return web.json_response(vector(dict.fromkeys(CLUSTERS, 2)))
@@ -145,7 +149,7 @@ class HostileHub(HubThanos):
             return web.json_response(
                 {"status": "success", "data": {"resultType": "vector", "result": rows}}
             )
-        if query.startswith("count by (job, instance, num_gpu_blocks"):  # the same GPUs
+        if query.startswith("count by (job, instance, ReplicaId, num_gpu_blocks"):  # the same GPUs
             self.queries.append(query)
             return web.json_response(pools(dict.fromkeys(CLUSTERS, 2048)))
         if self.huge and query.startswith("max by (cluster)"):  # KV max

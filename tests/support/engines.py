@@ -17,6 +17,11 @@ upstream sources (names, types, labels and layouts; the numbers are the test's):
 - trtllm-serve: ``tensorrt_llm/metrics/collector.py`` (NVIDIA/TensorRT-LLM 050f80de): the
   ``trtllm_`` gauges and e2e histogram, labelled ``model_name`` and ``engine_type`` as
   ``serve/openai_server.py`` sets them (``"undefined"`` unless a caller names them).
+- Ray Serve LLM's vLLM: ``vllm/v1/metrics/ray_wrappers.py`` (``RayPrometheusStatLogger``:
+  each ``vllm:`` name with ``:`` made ``_``, a ``ReplicaId`` tag beside ``model_name`` and
+  ``engine``), exported by the Ray node's metrics agent with a ``ray_`` prefix and the
+  worker's ``Component``, ``NodeAddress``, ``SessionName``, ``Version`` and ``WorkerId``, as a
+  real Ray 2.60 head served it (labels sorted, OpenTelemetry's scope labels last).
 """
 
 from __future__ import annotations
@@ -264,6 +269,114 @@ def trtllm_serve_page(load: Load, model: str = "undefined") -> str:
     return "".join(out)
 
 
+@dataclass(frozen=True)
+class Replica:
+    """One Ray Serve replica of ``model`` on a node: its id, the worker process it runs in
+    (a restart keeps the id under a new worker), its load, and whether its pool's info gauge
+    is still on the page (Ray drops a gauge not set again; vLLM sets this one once)."""
+
+    model: str
+    load: Load
+    replica: str = "llama-replica-0"
+    worker: str = "01" * 28
+    info: bool = True
+
+
+RAY_SESSION = "session_2026-12-04_21-29-38_098586_7125"
+
+
+def ray_node_page(replicas: Iterable[Replica], node: str = "10.0.0.5") -> str:
+    """A Ray node's metrics-export page holding ``replicas`` (of any models), beside some of
+    Ray's own series for the node."""
+    replicas = list(replicas)
+    scope = [
+        ("otel_scope_name", "ray._private.telemetry.open_telemetry_metric_recorder"),
+        ("otel_scope_schema_url", ""),
+        ("otel_scope_version", ""),
+    ]
+
+    def tags(
+        r: Replica, engine: int, *more: tuple[str, str], model: bool = True
+    ) -> list[tuple[str, str]]:
+        return (
+            sorted(
+                [
+                    ("Component", "core_worker"),
+                    ("NodeAddress", node),
+                    ("ReplicaId", r.replica),
+                    ("SessionName", RAY_SESSION),
+                    ("Version", "2.60.0"),
+                    ("WorkerId", r.worker),
+                    ("engine", str(engine)),
+                    *([("model_name", r.model)] if model else []),
+                    *more,
+                ]
+            )
+            + scope
+        )
+
+    def engines(r: Replica) -> range:
+        return range(r.load.processes)
+
+    out = [
+        _family(
+            "ray_node_cpu_utilization",
+            "gauge",
+            "Total CPU usage on a ray node",
+            [(_labels([("InstanceId", ""), ("ip", node), ("SessionName", RAY_SESSION)]), 12.5)],
+        )
+    ]
+
+    def per_engine(load: Load) -> tuple[float, float, float]:
+        return load.running / load.processes, load.waiting / load.processes, load.kv
+
+    for at, name in enumerate(
+        (
+            "ray_vllm_num_requests_running",
+            "ray_vllm_num_requests_waiting",
+            "ray_vllm_kv_cache_usage_perc",
+        )
+    ):
+        rows = [(_labels(tags(r, e)), per_engine(r.load)[at]) for r in replicas for e in engines(r)]
+        out.append(_family(name, "gauge", name, rows))
+    info = [
+        (
+            _labels(
+                tags(  # the cache config's fields and the engine, as vLLM's info gauge
+                    r,
+                    e,
+                    ("block_size", str(r.load.block_size)),
+                    ("cache_dtype", "auto"),
+                    ("num_gpu_blocks", str(r.load.blocks)),
+                    model=False,
+                )
+            ),
+            1.0,
+        )
+        for r in replicas
+        if r.info
+        for e in engines(r)
+    ]
+    out.append(_family("ray_vllm_cache_config_info", "gauge", "cache config", info))
+    for r in replicas:
+        for e in engines(r):
+            out.append(
+                _histogram(
+                    "ray_vllm_e2e_request_latency_seconds",
+                    "e2e",
+                    tags(r, e),
+                    VLLM_E2E_BOUNDS,
+                    r.load.completed // r.load.processes,
+                )
+            )
+    return "".join(out)
+
+
+def ray_vllm_page(load: Load, model: str = "llama") -> str:
+    """A Ray node holding one replica of ``model``."""
+    return ray_node_page([Replica(model, load)])
+
+
 # An engine of one's own (``engines[]`` in the config), and a page it writes.
 OWN = {
     "name": "acme",
@@ -294,6 +407,7 @@ PAGES = {
     "sglang": sglang_page,
     "triton-tensorrt-llm": triton_trtllm_page,
     "trtllm-serve": trtllm_serve_page,
+    "ray-vllm": ray_vllm_page,
 }
 # The engines whose page gives latency (Triton's TensorRT-LLM backend has no histogram).
-WITH_LATENCY = ("vllm", "sglang", "trtllm-serve")
+WITH_LATENCY = ("vllm", "sglang", "trtllm-serve", "ray-vllm")

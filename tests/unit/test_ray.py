@@ -1,0 +1,140 @@
+"""Ray Serve LLM: a Ray node's page holds replicas of several models; each replica of the
+cluster's model is read as a pod, keyed by its ``ReplicaId`` whatever node page it is on."""
+
+from __future__ import annotations
+
+import pytest
+
+from controller.model import CapacityFrom, ClusterMetrics, Reason
+from controller.settings import build_settings
+from controller.signals import capacity_from, pods
+from controller.sources.page import POD_EXTRACTOR, Page, read_page
+from controller.sources.reader import PageReader
+from tests.support.engines import Load, Replica, ray_node_page
+
+A, B = "meta-llama/Llama-3.1-8B-Instruct", "Qwen/Qwen2.5-7B-Instruct"
+OLD, NEW = "aa" * 28, "bb" * 28
+
+
+def reader(model: str | None, nodes: int = 1, per_pod: int | None = None) -> PageReader:
+    cluster = {
+        "name": "c",
+        "vllm_urls": [f"http://10.0.0.{i}:8080/metrics" for i in range(nodes)],
+        "model_name": model,
+        "kv_tokens_per_pod": per_pod,
+    }
+    settings = build_settings({"clusters": [cluster]})
+    return PageReader(settings.clusters[0], min_latency_requests=1)
+
+
+def node(replicas: list[Replica], index: int = 0) -> Page:
+    page = read_page(
+        f"http://10.0.0.{index}:8080/metrics",
+        ray_node_page(replicas, f"10.0.0.{index}"),
+        POD_EXTRACTOR,
+    )
+    assert isinstance(page, Page), page
+    return page
+
+
+def read(r: PageReader, pages: list[Page], at: float = 0.0) -> ClusterMetrics:
+    return r.read(pages, None, at, 0.0)
+
+
+TWO_MODELS = [
+    Replica(A, Load(kv=0.95, waiting=8, running=4, blocks=20_000), "a-1", "01" * 28),
+    Replica(A, Load(kv=0.85, waiting=4, running=2, blocks=30_000), "a-2", "02" * 28),
+    Replica(B, Load(kv=0.20, waiting=0, running=1, blocks=50_000), "b-1", "03" * 28),
+]
+
+
+def test_one_node_of_two_models_is_read_as_two_clusters_by_model_name() -> None:
+    a = read(reader(A), [node(TWO_MODELS)])
+    b = read(reader(B), [node(TWO_MODELS)])
+    assert a.errors == () and b.errors == ()
+    assert (a.engine, a.replicas, a.pods_answering, a.pods_scraped) == ("ray-vllm", 2, 1, 1)
+    assert a.kv_mean == pytest.approx(0.90) and a.kv_max == 0.95
+    assert (a.queue_depth, a.running, a.queue_per_pod) == (12.0, 6.0, 6.0)
+    assert (a.kv_tokens, a.kv_tokens_from) == ((20_000 + 30_000) * 16, CapacityFrom.KV_BLOCKS)
+    assert (b.replicas, b.kv_mean, b.queue_depth, b.kv_tokens) == (1, 0.2, 0.0, 50_000 * 16)
+    assert (pods(a), pods(b)) == (2.0, 1.0)  # replicas, not the one node
+
+
+def test_a_model_s_replicas_are_counted_over_every_node_page() -> None:
+    first, second = TWO_MODELS[:1], [*TWO_MODELS[1:], Replica(A, Load(kv=0.5), "a-3", "04" * 28)]
+    metrics = read(reader(A, nodes=2), [node(first, 0), node(second, 1)])
+    assert (metrics.replicas, metrics.pods_answering) == (3, 2)
+    assert metrics.kv_mean == pytest.approx((0.95 + 0.85 + 0.5) / 3)
+
+
+def test_a_node_without_the_model_answers_and_the_cluster_is_not_degraded() -> None:
+    metrics = read(reader(B, nodes=2), [node(TWO_MODELS[:2], 0), node(TWO_MODELS[2:], 1)])
+    assert (metrics.replicas, metrics.pods_answering, metrics.pods_scraped) == (1, 2, 2)
+    assert metrics.errors == ()
+
+
+def test_no_replica_of_the_model_is_a_missing_metric_naming_the_model() -> None:
+    metrics = read(reader("mistral"), [node(TWO_MODELS)])
+    assert [e.reason for e in metrics.errors] == [Reason.MISSING_METRIC]
+    assert "mistral" in metrics.errors[0].detail and metrics.replicas == 0
+
+
+def test_a_pool_is_kept_after_ray_drops_its_info_gauge_and_said_so() -> None:
+    r = reader(A)
+    seen = read(r, [node(TWO_MODELS)])
+    gone = [Replica(x.model, x.load, x.replica, x.worker, info=False) for x in TWO_MODELS]
+    later = read(r, [node(gone)], 10.0)
+    assert later.kv_tokens == seen.kv_tokens == 50_000 * 16
+    assert later.kv_tokens_from == CapacityFrom.KV_BLOCKS_KEPT
+
+
+def test_a_replica_never_seen_with_its_pool_counts_by_the_configured_size_or_replicas() -> None:
+    gone = [Replica(x.model, x.load, x.replica, x.worker, info=False) for x in TWO_MODELS]
+    sized = read(reader(A, per_pod=100_000), [node(gone)])
+    assert (sized.kv_tokens, sized.kv_tokens_from) == (200_000, CapacityFrom.KV_TOKENS_PER_POD)
+    plain = read(reader(A), [node(gone)])
+    assert plain.kv_tokens is None and capacity_from(plain) == CapacityFrom.REPLICAS
+    assert pods(plain) == 2.0
+
+
+def test_a_restarted_replica_is_one_replica_and_not_a_load_balanced_url() -> None:
+    """A replica restarted under a new worker keeps its ReplicaId; the old worker's series
+    stay on the page until Ray drops them. The count is not doubled, the new worker's values
+    are read, and its counts starting over are not another process behind the URL."""
+    r = reader(A)
+    before = Replica(A, Load(kv=0.9, waiting=6, completed=5000), "a-1", OLD)
+    assert read(r, [node([before])]).replicas == 1
+    reasons = []
+    for tick in range(1, 6):
+        after = Replica(A, Load(kv=0.3, waiting=1, completed=10 * tick), "a-1", NEW)
+        lingering = [before, after] if tick < 4 else [after]
+        metrics = read(r, [node(lingering)], 10.0 * tick)
+        reasons += [e.reason for e in metrics.errors]
+        assert (metrics.replicas, metrics.kv_mean, metrics.queue_depth) == (1, 0.3, 1.0)
+    assert Reason.LOAD_BALANCED not in reasons and reasons == []
+
+
+def test_latency_comes_from_each_replica_s_own_histogram() -> None:
+    r = reader(A)
+    replicas = [Replica(A, Load(kv=0.5, completed=100), "a-1"), Replica(B, Load(kv=0.5), "b-1")]
+    assert read(r, [node(replicas)]).latency is None  # a baseline
+    replicas[0] = Replica(A, Load(kv=0.5, completed=160), "a-1")
+    then = read(r, [node(replicas)], 10.0)
+    assert then.latency is not None and then.latency.requests == 60
+    assert then.latency.family == "ray_vllm_e2e_request_latency_seconds"
+
+
+def test_forgetting_a_node_forgets_its_replicas_but_not_another_s() -> None:
+    """Discovery drops node 0: its replica's latency baseline goes, node 1's stays."""
+    r = reader(A, nodes=2)
+
+    def both(completed: int, at: float) -> ClusterMetrics:
+        load = Load(kv=0.5, completed=completed)
+        nodes = [node([Replica(A, load, "a-1", "01" * 28)], 0)]
+        nodes.append(node([Replica(A, load, "a-2", "02" * 28)], 1))
+        return read(r, nodes, at)
+
+    both(100, 0.0)
+    r.retain(["http://10.0.0.1:8080/metrics"])
+    then = both(160, 10.0)
+    assert then.latency is not None and then.latency.requests == 60  # a-2's increase alone
