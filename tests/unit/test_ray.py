@@ -3,6 +3,8 @@ cluster's model is read as a pod, keyed by its ``ReplicaId`` whatever node page 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from controller.model import CapacityFrom, ClusterMetrics, Reason
@@ -138,3 +140,26 @@ def test_forgetting_a_node_forgets_its_replicas_but_not_another_s() -> None:
     r.retain(["http://10.0.0.1:8080/metrics"])
     then = both(160, 10.0)
     assert then.latency is not None and then.latency.requests == 60  # a-2's increase alone
+
+
+CAPTURE = Path(__file__).parents[1] / "fixtures" / "ray-2.60-node-two-models.prom"
+
+
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [(A, (2, 0.90, 12.0, 6.0, (20_000 + 30_000) * 16)), (B, (1, 0.20, 0.0, 1.0, 50_000 * 16))],
+)
+def test_a_page_captured_from_a_real_ray_node_reads_each_model_exactly(
+    model: str, expected: tuple[float, ...]
+) -> None:
+    page = read_page("http://10.0.0.0:8080/metrics", CAPTURE.read_text(), POD_EXTRACTOR)
+    assert isinstance(page, Page), page
+    metrics = read(reader(model), [page])
+    assert metrics.errors == () and metrics.engine == "ray-vllm"
+    got = (*by_model(metrics), metrics.kv_tokens)
+    assert got == pytest.approx(expected)
+
+
+def by_model(metrics: ClusterMetrics) -> tuple[float | None, ...]:
+    replicas = float(metrics.replicas) if metrics.replicas is not None else None
+    return (replicas, metrics.kv_mean, metrics.queue_depth, metrics.running)
