@@ -2,13 +2,15 @@
 and its CPU per page against the Python floor measured in the same run on the same pages.
 
     python benchmarks/bench_daemon.py [--endpoints 200 2000 10000] [--seconds 60]
-        [--concurrency N] [--epp] [--keep-alive]
+        [--concurrency N] [--epp] [--keep-alive] [--ray]
 
 Separate processes serve the ~150 KiB vLLM V1 page on loopback (their CPU is not counted),
 every pod on a loopback address of its own (127.1.x.y), every connection closed after its
 page, as a fleet of default vLLMs does (``VLLM_HTTP_TIMEOUT_KEEP_ALIVE`` is 5 s, under a 10 s
 interval) unless ``--keep-alive``. ``--epp`` gives every cluster of 10 pods an EPP page too
-(the llm-d-router request-duration capture), as a cluster behind llm-d has.
+(the llm-d-router request-duration capture), as a cluster behind llm-d has. ``--ray`` serves
+a Ray node's page instead (``ray_page``: 16 Ray Serve replicas of 3 models, ~374 KiB), and
+each 10 nodes are three clusters, one per model, each scraping all 10.
 ``weight-controller run`` scrapes them every 10 s for ``--seconds``. Its CPU comes from
 /proc/<pid>/stat, its peak RSS from VmHWM, tick durations from its own reconcile histogram on
 /metrics, and failing pages (first tick and last) from /debug/state.
@@ -43,6 +45,7 @@ sys.path.insert(0, str(ROOT))
 import aiohttp  # noqa: E402
 
 from benchmarks.bench_fetch import free_port  # noqa: E402
+from benchmarks.ray_page import MODELS  # noqa: E402
 
 SERVERS = 2  # page servers, so serving is not the bottleneck on a 2-core machine
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -61,7 +64,8 @@ import sys, json
 from aiohttp import web
 sys.path.insert(0, {root!r})
 from benchmarks.vllm_page import vllm_v1_page
-body = vllm_v1_page().encode()
+from benchmarks.ray_page import ray_node_page
+body = (ray_node_page() if {ray!r} else vllm_v1_page()).encode()
 epp = [line.rsplit(" ", 1) if line and not line.startswith("#") else [line]
        for line in open({epp!r}).read().splitlines()]
 keep = {keep!r}
@@ -99,14 +103,14 @@ def epp_host(c: int) -> str:
 
 
 @contextlib.contextmanager
-def fleet_servers(endpoints: int, epp: bool, keep: bool) -> Iterator[list[str]]:
+def fleet_servers(endpoints: int, epp: bool, keep: bool, ray: bool = False) -> Iterator[list[str]]:
     """Page servers for ``endpoints`` pods (and an EPP per cluster); yields the pods' URLs
     then the EPPs', every one on its own loopback address."""
     port = free_port()
     pods = [pod_host(i) for i in range(endpoints)]
     epps = [epp_host(c) for c in range(endpoints // PODS_PER_CLUSTER)] if epp else []
     hosts = pods + epps
-    script = SERVER.format(root=str(ROOT), port=port, epp=str(EPP_FIXTURE), keep=keep)
+    script = SERVER.format(root=str(ROOT), port=port, epp=str(EPP_FIXTURE), keep=keep, ray=ray)
     servers = []
     for k in range(SERVERS):
         server = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE)
@@ -240,16 +244,20 @@ async def floor_in_gaps(pid: int, urls: list[str], seconds: float) -> float:
 
 
 async def run_one(
-    endpoints: int, seconds: float, urls: list[str], concurrency: int | None
+    endpoints: int, seconds: float, urls: list[str], concurrency: int | None, ray: bool = False
 ) -> dict[str, Any]:
     pods, epps = urls[:endpoints], urls[endpoints:]
     clusters = []
+    models = MODELS if ray else (None,)  # a Ray node's page is read once per model's cluster
     for c in range(endpoints // PODS_PER_CLUSTER):
         mine = pods[c * PODS_PER_CLUSTER : (c + 1) * PODS_PER_CLUSTER]
-        cluster: dict[str, Any] = {"name": f"c{c:05}", "vllm_urls": mine}
-        if epps:
-            cluster["epp_url"] = epps[c]
-        clusters.append(cluster)
+        for m, model in enumerate(models):
+            cluster: dict[str, Any] = {"name": f"c{c:05}-{m}", "vllm_urls": mine}
+            if model:
+                cluster["model_name"] = model
+            if epps:
+                cluster["epp_url"] = epps[c]
+            clusters.append(cluster)
     metrics_port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         config = Path(tmp) / "config.yaml"
@@ -308,7 +316,7 @@ async def run_one(
             child.terminate()
             await asyncio.wait_for(child.wait(), 20)
     ticks = ticks1 - ticks0
-    pages = wall / INTERVAL * len(urls)  # a tick every interval, each reads every page
+    pages = wall / INTERVAL * len(urls) * len(models)  # a tick every interval reads every page
     return {
         "endpoints": endpoints,
         "pages_per_tick": len(urls),
@@ -325,13 +333,18 @@ async def run_one(
 
 
 async def measure(
-    sizes: list[int], seconds: float, concurrency: int | None, epp: bool, keep: bool
+    sizes: list[int],
+    seconds: float,
+    concurrency: int | None,
+    epp: bool,
+    keep: bool,
+    ray: bool = False,
 ) -> None:
     rows = []
     for n in sizes:
-        with fleet_servers(n, epp, keep) as urls:
+        with fleet_servers(n, epp, keep, ray) as urls:
             await asyncio.sleep(2 + n / 1000)  # the page servers start
-            rows.append(await run_one(n, seconds, urls, concurrency))
+            rows.append(await run_one(n, seconds, urls, concurrency, ray))
     limit = concurrency or "default"
     print(f"the daemon, 10 s interval, {seconds:g} s measured after the first tick,")
     print(
@@ -366,10 +379,13 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, help="scrape.max_concurrency (default: ours)")
     parser.add_argument("--epp", action="store_true", help="an EPP page per cluster")
     parser.add_argument("--keep-alive", action="store_true", help="servers keep connections")
+    parser.add_argument("--ray", action="store_true", help="Ray node pages, 3 models each")
     args = parser.parse_args()
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    asyncio.run(measure(args.endpoints, args.seconds, args.concurrency, args.epp, args.keep_alive))
+    asyncio.run(
+        measure(args.endpoints, args.seconds, args.concurrency, args.epp, args.keep_alive, args.ray)
+    )
     return 0
 
 

@@ -21,10 +21,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks.ray_page import MODELS, ray_node_page
 from benchmarks.sglang_page import sglang_page
 from benchmarks.vllm_page import vllm_v1_page
 from controller.exposition import Extractor
-from controller.sources.page import POD_EXTRACTOR, POD_GAUGES, POD_HISTOGRAMS
+from controller.settings import build_settings
+from controller.sources.page import POD_EXTRACTOR, POD_GAUGES, POD_HISTOGRAMS, Page, read_page
+from controller.sources.reader import PageReader
 
 
 def per_call_ms(work: Callable[[], object], number: int) -> float:
@@ -111,6 +114,32 @@ def engines_compared(repeat: int) -> tuple[float, float]:
     return statistics.median(per_kib), statistics.median(per_sample)
 
 
+def ray_node(repeat: int) -> tuple[float, float, float]:
+    """A Ray node's page of 16 replicas of 3 models read for one model's cluster, warm: the
+    page extracted, split by replica and summed (``PageReader.read``), against ``splitlines``
+    of the page in the same rounds (#42: at most 2.0×). Each model's cluster reads the node's
+    page on its own, as the daemon does. Returns the best ms of ours and of the floor, and the
+    median of the rounds' ratios."""
+    page = ray_node_page()
+    url = "http://10.0.0.5:8080/metrics"
+    config = {"name": "c", "vllm_urls": [url], "model_name": MODELS[0]}
+    reader = PageReader(build_settings({"clusters": [config]}).clusters[0], 1)
+
+    def ours() -> object:
+        read = read_page(url, page, reader.pod_extractor)
+        assert isinstance(read, Page)
+        return reader.read([read], None, 0.0, 0.0)
+
+    metrics = ours()
+    assert getattr(metrics, "replicas", None) == 6 and not getattr(metrics, "errors", ()), metrics
+    rounds = [(per_call_ms(ours, 20), per_call_ms(page.splitlines, 20)) for _ in range(repeat)]
+    return (
+        min(r[0] for r in rounds),
+        min(r[1] for r in rounds),
+        statistics.median(r[0] / r[1] for r in rounds),
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=7)
@@ -131,6 +160,11 @@ def main() -> int:
     print(
         f"SGLang page / vLLM V1 page, warm (median of rounds): {kib:.2f} per KiB,"
         f" {sample:.2f} per wanted sample"
+    )
+    ours, floor, ratio = ray_node(args.repeat)
+    print(
+        f"Ray node page (16 replicas of 3 models, {len(ray_node_page()) // 1024} KiB), one model's"
+        f" cluster, warm: {ours:.3f} ms, splitlines {floor:.3f} ms, {ratio:.2f}x the floor"
     )
     return 0
 

@@ -500,8 +500,8 @@ def first_of_each(samples: list[Sample]) -> tuple[list[Sample], Sample | None, i
     normalises them."""
     if len(samples) < 2:
         return samples, None, 0
-    try:  # the usual group: as many series (without le) as samples, read in C from the slots
-        if len(set(map(_SERIES, map(_LABELS, samples)))) == len(samples):
+    try:  # the usual group: as many series (le as a number) as samples, in C from the slots
+        if len(set(map(_SERIES_BOUND, map(_LABELS, samples)))) == len(samples):
             return samples, None, 0
     except AttributeError:  # a label set not worked out yet, or a plain dict: read below
         pass
@@ -524,7 +524,9 @@ def _derived(labels: dict[str, str]) -> tuple[tuple[tuple[str, str], ...], float
     return Labels(labels).derived()
 
 
-_LABELS, _SERIES = itemgetter(1), attrgetter("series")  # a Sample's labels; their worked-out key
+# A Sample's labels; their worked-out series and bound (distinct pairs are distinct keys below:
+# a bound that is not a number is None, and its le text decides only where pairs are equal)
+_LABELS, _SERIES_BOUND = itemgetter(1), attrgetter("series", "bound")
 
 
 # No real sample line comes near this (labels are short); a longer "line" is a hostile or
