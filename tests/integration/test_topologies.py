@@ -19,7 +19,7 @@ import yaml
 
 from controller import families
 from controller.engines import ENGINES
-from controller.settings import load_settings
+from controller.settings import build_settings, load_settings
 from controller.settings.queries import PrometheusQueries
 from tests.support.manifests import ROOT
 
@@ -166,3 +166,16 @@ def test_the_acm_allowlist_carries_exactly_what_the_controller_reads() -> None:
     for engine in ENGINES.values():
         assert {*engine.kv.names, *engine.waiting.names, *engine.running.names} <= wanted
     assert {*families.EPP_LATENCY} <= {n.removesuffix("_bucket") for n in wanted}
+
+
+def test_the_ray_serve_section_s_config_and_service_are_valid() -> None:
+    """The Ray Serve section's snippets: a config the controller accepts, reading its
+    clusters by the ray-vllm row, and a headless Service Kubernetes accepts."""
+    chapter = (TOPOLOGIES / "README.md").read_text()
+    section = chapter.split("## Ray Serve LLM", 1)[1].split("\n## ", 1)[0]
+    config, service = (yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", section, re.S))
+    settings = build_settings(config)
+    assert {c.engine for c in settings.clusters} == {"ray-vllm"}
+    assert all(c.model_name for c in settings.clusters)
+    kubernetes_validate.validate(service, K8S_VERSION, strict=True)
+    assert service["spec"]["clusterIP"] == "None"
