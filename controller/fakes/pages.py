@@ -54,18 +54,23 @@ def engine_page(
     timestamp_ms: int | None = None,
     blocks: int | None = 2048,
     block_size: int = 16,
+    replica: str = "replica-0",
 ) -> str:
     """One server of ``engine`` as its row reads it: each signal under its newest name and
     label matchers (a matcher of ``""`` is a label left out), the model under the row's model
     label, the pool by the row's first rule (``blocks=None``: a server that publishes none),
-    and the e2e histogram where the row has one."""
+    and the e2e histogram where the row has one. A row whose pages hold replicas (Ray Serve's)
+    gets a node page of one, ``replica``, run by one worker: every series carries both."""
     stamp = "" if timestamp_ms is None else f" {timestamp_ms}"
+    unit = [(engine.replica_label, replica)] if engine.replica_label else []
+    if engine.process_label:
+        unit.append((engine.process_label, f"{replica}-worker"))
     model_label = (engine.model_label, model)
     lines: list[str] = []
 
     def gauge(family: Family, value: float, labels: Sequence[tuple[str, str]] = ()) -> None:
         name = family.names[0]
-        pairs = [*((k, v) for k, v in family.match if v), *labels]
+        pairs = [*((k, v) for k, v in family.match if v), *labels, *unit]
         text = ",".join(f'{k}="{v}"' for k, v in sorted(pairs))
         lines.extend([f"# HELP {name} {name}", f"# TYPE {name} gauge"])
         lines.append(f"{name}{{{text}}} {value}{stamp}")
@@ -84,7 +89,8 @@ def engine_page(
         if pool.tokens is not None:
             gauge(pool.tokens, blocks * block_size, [model_label])
     if engine.latency is not None and e2e is not None:
-        lines += e2e.lines(engine.latency, f'{model_label[0]}="{model}"')
+        named = ",".join(f'{k}="{v}"' for k, v in [model_label, *unit])
+        lines += e2e.lines(engine.latency, named)
     return "\n".join(lines) + "\n"
 
 

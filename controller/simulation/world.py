@@ -223,7 +223,16 @@ class Scraper:
         if cluster.spec.engine != VLLM.name:
             engine = ENGINES[cluster.spec.engine]
             return engine_page(
-                engine, MODEL, round(kv, 4), waiting, running, replica.e2e, stamp, blocks, size
+                engine,
+                MODEL,
+                round(kv, 4),
+                waiting,
+                running,
+                replica.e2e,
+                stamp,
+                blocks,
+                size,
+                f"{cluster.spec.name}-replica-{pod}",
             )
         if cluster.style == "v0":
             return vllm_v0_page(

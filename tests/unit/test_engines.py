@@ -6,6 +6,7 @@ import pytest
 
 from controller.engines import AUTO, ENGINES, Family, spellings
 from controller.errors import ConfigError
+from controller.fakes.pages import engine_page
 from controller.model import Reason
 from controller.settings import build_settings
 from controller.sources.page import POD_EXTRACTOR, Page, read_page
@@ -241,3 +242,16 @@ def test_a_url_in_front_of_two_pods_is_named_for_every_engine(engine: str) -> No
         assert isinstance(page, Page)
         reasons += [e.reason for e in read.read([page], None, float(tick), 0.0).errors]
     assert Reason.LOAD_BALANCED in reasons
+
+
+@pytest.mark.parametrize("engine", list(ENGINES))
+def test_the_fakes_render_each_row_as_the_reader_reads_it(engine: str) -> None:
+    """The simulator's and the demo's pages (``fakes.pages.engine_page``): one server of each
+    row, a Ray node of one replica for ``ray-vllm``, read back exactly."""
+    row = ENGINES[engine]
+    text = engine_page(row, "m", 0.75, 3, 2, blocks=1000, block_size=16, replica="r-7")
+    metrics = reader(model="m").read(pages([text]), None, 0.0, 0.0)
+    assert metrics.errors == () and metrics.engine == engine
+    assert (metrics.kv_mean, metrics.queue_depth, metrics.running) == (0.75, 3.0, 2.0)
+    assert metrics.kv_tokens == 16_000
+    assert metrics.replicas == (1 if row.replica_label else None)
