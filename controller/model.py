@@ -26,6 +26,8 @@ class Reason(StrEnum):
     # that bounds nothing, a native histogram)
     DUPLICATE_SERIES = "duplicate_series"
     SKIPPED_LINES = "skipped_lines"
+    # Ray Serve replicas of several models read as one cluster: it names no model_name
+    MIXED_MODELS = "mixed_models"
     AUTH = "auth"
     MISSING_METRIC = "missing_metric"
     STALE = "stale"

@@ -165,6 +165,8 @@ def on_one_basis(healthy: Mapping[str, Signals]) -> tuple[dict[str, Signals], st
         result = {}
         for name, s in healthy.items():
             from_ = CapacityFrom.READY_ENDPOINTS if s.capacity_from in _READY else CapacityFrom.PODS
+            if s.capacity_from == CapacityFrom.REPLICAS:  # Ray Serve's replicas, not its nodes
+                from_ = CapacityFrom.REPLICAS
             result[name] = replace(s, capacity=s.pods, capacity_from=from_)
         return result, None
     per_pod, largest = min(sizes), max(sizes)

@@ -12,7 +12,7 @@ from controller import histograms
 from controller.exposition import Sample
 from controller.histograms import Folded, Histogram, SeriesKey
 from controller.model import Latency
-from controller.sources.page import series_of
+from controller.sources.page import ByName, series_of
 
 
 class LatencyWindow:
@@ -187,6 +187,7 @@ _PROCESSES = 4
 class _Replica:
     processes: list[str] = field(default_factory=list)  # in the order first seen
     pools: dict[str, float] = field(default_factory=dict)  # by process: its pool, last seen
+    gauges: dict[str, dict[str, list[Sample]]] = field(default_factory=dict)  # likewise
     unseen: int = 0  # reads since it was last on a page
 
 
@@ -194,12 +195,14 @@ class Replicas:
     """Ray Serve's replicas across a cluster's node pages, by id: which process is each
     replica's own now, and each process's KV pool as last seen.
 
-    A replica restarted keeps its id under a new process (Ray's ``WorkerId``), and the old
-    process's series stay on the page until Ray drops them (a gauge not set again within its
-    time to live): the process seen first most recently is the replica's, so a restart never
-    doubles the count. Ray drops vLLM's pool (``cache_config_info``, set once at start) the
-    same way, about 35 s after start: a process's pool, once seen, is kept while the replica
-    is seen (``REPLICA_READS``)."""
+    A process restarted under the same id (a new ``WorkerId``) leaves the old process's
+    series on the page until Ray drops them (a gauge not set again within its time to live,
+    two report intervals): the process first seen most recently is the replica's, so it never
+    doubles the count. (Ray Serve replaces a dead replica under a new id: that one counts
+    beside its replacement until Ray drops it.) Ray drops vLLM's pool (``cache_config_info``,
+    set once at start) the same way, and an idle replica's gauges (vLLM sets them as it
+    steps): a process's pool and gauges, once seen, are kept while the replica is seen
+    (``REPLICA_READS``)."""
 
     def __init__(self) -> None:
         self._replicas: dict[str, _Replica] = {}
@@ -225,6 +228,16 @@ class Replicas:
         kept = state.pools.get(process)
         return kept, kept is not None
 
+    def gauges(self, replica: str, process: str, samples: ByName, names: Sequence[str]) -> ByName:
+        """``samples`` with each of the gauges ``names`` as last seen where Ray dropped it
+        (vLLM sets them only as its engine steps: an idle replica's leave the page), and
+        what is on the page kept for next time."""
+        state = self._replicas.setdefault(replica, _Replica())
+        kept = state.gauges.setdefault(process, {})
+        missing = [n for n in names if n not in samples and n in kept]
+        kept.update((n, samples[n]) for n in names if n in samples)
+        return {**samples, **{n: kept[n] for n in missing}} if missing else samples
+
     def read(self) -> None:
         """One more read done: forget replicas not seen for ``REPLICA_READS`` reads, and the
         processes a replica no longer runs."""
@@ -235,3 +248,4 @@ class Replicas:
             elif len(state.processes) > _PROCESSES:
                 state.processes = state.processes[-_PROCESSES:]
                 state.pools = {k: v for k, v in state.pools.items() if k in state.processes}
+                state.gauges = {k: v for k, v in state.gauges.items() if k in state.processes}

@@ -39,7 +39,13 @@ from controller.histograms import Fold, Folded, Layouts
 from controller.model import CapacityFrom, ClusterMetrics, Latency, PodError, Reason
 from controller.settings import ClusterSettings
 from controller.sources import kv_tokens_problem, pod_count_problem
-from controller.sources.between import Continuity, Counters, LatencyWindow, Replicas
+from controller.sources.between import (
+    REPLICA_READS,
+    Continuity,
+    Counters,
+    LatencyWindow,
+    Replicas,
+)
 from controller.sources.page import (
     ByName,
     Page,
@@ -88,6 +94,10 @@ class _PodKV(NamedTuple):
     family: str | None
     samples: list[Sample]
     replica: tuple[str, str] | None = None
+
+
+# A read's replicas over its node pages: replica → process → (the node page, its series there)
+_Units = dict[str, dict[str, tuple[Page, ByName]]]
 
 
 @dataclass(slots=True)
@@ -143,7 +153,11 @@ class PageReader:
         # the EPP's last page carried the request-duration histogram (see ``pod_extractor``)
         self._epp_latency = False
         self._replicas = Replicas()
-        self._replica_nodes: dict[str, str] = {}  # last read: a replica's URL → its node's
+        # a replica's URL → its node's, and reads since it was last read: what is kept of
+        # it (latency, continuity) goes with its node, or after REPLICA_READS
+        self._replica_nodes: dict[str, str] = {}
+        self._replica_unseen: dict[str, int] = {}
+        self._notice: PodError | None = None  # this read's, of the replicas (mixed models)
 
     @property
     def pod_extractor(self) -> Extractor:
@@ -179,18 +193,38 @@ class PageReader:
         kvs: list[_PodKV] = []
         errors: list[PodError] = []
         nodes: list[Page] = []  # the pages that answered, pods' or Ray nodes'
-        replicated = False
-        self._replica_nodes = {}
+        units: _Units = {}  # replica → process → (node page, its series there)
+        row: Engine | None = None  # the row of the node pages, if any
         for result in results:
             if isinstance(result, PodError):
                 errors.append(result)
                 continue
-            found, wrong, node = self._check(result)
+            engine, name, chosen = self._engine_of(result)
+            if engine is not None and engine.replica_label is not None:
+                row = engine
+                nodes.append(result)
+                for replica, processes in by_replica(result.samples, engine).items():
+                    for process, samples in processes.items():
+                        units.setdefault(replica, {})[process] = (result, samples)
+                continue
+            checked = self._check_pod(result, engine, name, chosen)
+            if isinstance(checked, _PodKV):
+                kvs.append(checked)
+                nodes.append(result)
+            else:
+                errors.append(checked)
+        replicated = row is not None
+        self._notice = None
+        if row is not None:
+            # a node without the row's series (a KubeRay head) holds no replica: a node
+            # that answered, never a pod of unknown engine
+            kvs = [kv for kv in kvs if kv.engine is not None]
+            found, wrong, refused = self._replicas_of(units, row)
             kvs += found
             errors += wrong
-            replicated |= node
-            nodes += [result] if found or node else []
+            nodes = [n for n in nodes if n.url not in refused]
         self._replicas.read()
+        self._age_replicas(results, epp)
         if isinstance(epp, Page):
             epp = self._identify(epp, [f + "_count" for f in EPP_LATENCY])
         errors += [r for r in (epp, lookup) if isinstance(r, PodError)]
@@ -225,7 +259,11 @@ class PageReader:
             invalid_samples=values.invalid_samples + sum(p.skipped for p in read),
             duplicate_samples=sum(p.duplicates for p in read),
             errors=tuple(errors),
-            notices=(*(n for p in read for n in p.notices), *values.notices),
+            notices=(
+                *(n for p in read for n in p.notices),
+                *values.notices,
+                *([self._notice] if self._notice else []),
+            ),
             pages=len(results) + (epp is not None),
             # the increase between two scrapes: what completed since the last one (unknown
             # when a counter fell: a restart, or another process behind the URL)
@@ -243,8 +281,7 @@ class PageReader:
         of the replicas on them."""
         keep = set(urls)
         keep |= {unit for unit, node in self._replica_nodes.items() if node in keep}
-        self._latency.retain(keep)
-        self._continuity.retain(keep)
+        self._forget_replicas_but(keep)
 
     def _missing(self, answered: int) -> PodError:
         """Pages came back but none carries KV use: say which names were looked for."""
@@ -297,22 +334,6 @@ class PageReader:
             return replace(summary, kv_tokens=tokens, kv_tokens_from=CapacityFrom.KV_TOKENS_PER_POD)
         return summary
 
-    def _check(self, page: Page) -> tuple[list[_PodKV], list[PodError], bool]:
-        """A page's pods (one, or a Ray node's replicas of the cluster's model), what is
-        wrong with them, and whether the page is a node of replicas (which answers even
-        holding none of the model's).
-
-        A page whose KV series are all out of range is an error of its own: its pod does not
-        count as answering. So is one URL that is several processes. An answering pod comes
-        back with its KV series (``pod_kv``), worked out once; a series repeated on the page
-        was kept at its first sample when the page was read (``page_of``)."""
-        engine, name, chosen = self._engine_of(page)
-        if engine is not None and engine.replica_label is not None:
-            found, wrong = self._replicas_on(page, engine)
-            return found, wrong, True
-        checked = self._check_pod(page, engine, name, chosen)
-        return ([checked], [], False) if isinstance(checked, _PodKV) else ([], [checked], False)
-
     def _check_pod(
         self,
         page: Page,
@@ -331,30 +352,84 @@ class PageReader:
             return identified
         return _PodKV(page, engine, name, chosen, replica)
 
-    def _replicas_on(self, page: Page, engine: Engine) -> tuple[list[_PodKV], list[PodError]]:
-        """A node page's replicas of the cluster's model, each read as a pod of its own
-        (its series alone, under its own URL: ``page.url#ReplicaId=…,WorkerId=…``), by the
-        process that is the replica's now (``Replicas.current``)."""
-        assert engine.replica_label is not None
+    def _replicas_of(
+        self, units: _Units, engine: Engine
+    ) -> tuple[list[_PodKV], list[PodError], set[str]]:
+        """The replicas of the cluster's model on this read's node pages, each read as a pod
+        of its own (its series alone, under its own URL: ``node#ReplicaId=…,WorkerId=…``),
+        by the process that is the replica's now (``Replicas.current``, over every node page:
+        a replica is one whichever node shows it); what is wrong with them; and the nodes
+        whose every replica of the model was refused (they do not count as answering).
+
+        A replica whose gauges Ray dropped (vLLM sets them as its engine steps; an idle one
+        stops, and Ray drops a gauge not set again) while its other series stay is read from
+        its gauges as last seen (``Replicas.gauges``), never as gone."""
         found: list[_PodKV] = []
         wrong: list[PodError] = []
-        for replica, processes in by_replica(page.samples, engine).items():
-            mine = {p: s for p, s in processes.items() if self._kv_of(s, engine)[0] is not None}
+        accepted: set[str] = set()
+        refused: set[str] = set()
+        for replica, processes in units.items():
+            mine = {p: v for p, v in processes.items() if self._of_model(v[1], engine)}
             if not mine:
                 continue  # another model's replica
             process = self._replicas.current(replica, list(mine))
-            samples = mine[process]
-            unit = f"{page.url}#{engine.replica_label}={replica}"
+            node, samples = mine[process]
+            gauges = [*engine.kv.names, *engine.waiting.names, *engine.running.names]
+            samples = self._replicas.gauges(replica, process, samples, gauges)
+            name, chosen = self._kv_of(samples, engine)
+            if name is None:
+                continue  # never seen with its KV use: nothing to read it by yet
+            unit = f"{node.url}#{engine.replica_label}={replica}"
             if engine.process_label:
                 unit += f",{engine.process_label}={process}"
-            self._replica_nodes[unit] = page.url
-            name, chosen = self._kv_of(samples, engine)
+            self._replica_nodes[unit] = node.url
+            self._replica_unseen[unit] = 0
             checked = self._check_pod(Page(unit, samples), engine, name, chosen, (replica, process))
             if isinstance(checked, _PodKV):
                 found.append(checked)
+                accepted.add(node.url)
             else:
                 wrong.append(checked)
-        return found, wrong
+                refused.add(node.url)
+        models = {kv.samples[0].labels.get(engine.model_label, "") for kv in found}
+        if len(models) > 1:  # a node page holds every model's replicas: name the model
+            detail = (
+                f"replicas of {len(models)} models ({', '.join(sorted(models))}) read as one "
+                "cluster: give the cluster model_name"
+            )
+            self._notice = PodError("*", Reason.MIXED_MODELS, detail)
+        return found, wrong, refused - accepted
+
+    def _of_model(self, samples: ByName, engine: Engine) -> bool:
+        """A replica's series are the cluster's model's: any of them names it (its gauges
+        may be gone, its histogram stays)."""
+        if not self._model:
+            return True
+        label = engine.model_label
+        return any(s.labels.get(label) == self._model for group in samples.values() for s in group)
+
+    def _age_replicas(
+        self, results: Sequence[Page | PodError], epp: Page | PodError | None
+    ) -> None:
+        """One read more since each replica was last read; what is kept of one unread for
+        REPLICA_READS reads is forgotten (with its node still listed, nothing else would)."""
+        gone = []
+        for unit in self._replica_unseen:
+            self._replica_unseen[unit] += 1
+            if self._replica_unseen[unit] > REPLICA_READS:
+                gone.append(unit)
+        if gone:
+            for unit in gone:
+                del self._replica_unseen[unit]
+                del self._replica_nodes[unit]
+            pages = [r.url for r in (*results, epp) if r is not None]
+            self._forget_replicas_but({*pages, *self._replica_unseen})
+
+    def _forget_replicas_but(self, keep: set[str]) -> None:
+        self._latency.retain(keep)
+        self._continuity.retain(keep)
+        self._replica_nodes = {u: n for u, n in self._replica_nodes.items() if u in keep}
+        self._replica_unseen = {u: n for u, n in self._replica_unseen.items() if u in keep}
 
     def _kv_of(self, samples: ByName, engine: Engine) -> tuple[str | None, list[Sample]]:
         """A pod's KV series by ``engine``'s row, of the cluster's model (``pod_kv``)."""
@@ -368,10 +443,11 @@ class PageReader:
     def _engine_of(self, page: Page) -> tuple[Engine | None, str | None, list[Sample]]:
         """The engine whose KV family is on the page (the first of the cluster's rows that
         has one; with a single row, that row even without), its KV name and series. A row
-        whose pages hold replicas (``Engine.replica_label``) is the page's by its KV family
-        of any model: which replicas are the cluster's model's is for ``_replicas_on``."""
+        whose pages hold replicas (``Engine.replica_label``) is the page's by any of its
+        families, of any model (an idle replica's gauges may be gone, its histogram stays):
+        which replicas are the cluster's model's is for ``_replicas_of``."""
         for engine in self._engines:
-            if engine.replica_label and any(n in page.samples for n in engine.kv.names):
+            if engine.replica_label and any(n in page.samples for n in _families(engine)):
                 self._engine = engine
                 return engine, None, []
             name, chosen = self._kv_of(page.samples, engine)
@@ -492,6 +568,12 @@ def _summary(kv: _KV, waiting: list[float], running: list[float], per_pod: int |
         observed_newest=kv.newest,
         invalid_samples=kv.invalid,
     )
+
+
+def _families(engine: Engine) -> list[str]:
+    """The sample names that say a page is ``engine``'s."""
+    names = [*engine.kv.names, *engine.waiting.names, *engine.running.names]
+    return names + ([engine.latency + "_count"] if engine.latency else [])
 
 
 def _counters(engine: Engine | None) -> list[str]:

@@ -280,6 +280,7 @@ class Replica:
     replica: str = "llama-replica-0"
     worker: str = "01" * 28
     info: bool = True
+    gauges: bool = True  # False: idle, its gauges dropped by Ray (vLLM sets them as it steps)
 
 
 RAY_SESSION = "session_2026-12-04_21-29-38_098586_7125"
@@ -337,7 +338,12 @@ def ray_node_page(replicas: Iterable[Replica], node: str = "10.0.0.5") -> str:
             "ray_vllm_kv_cache_usage_perc",
         )
     ):
-        rows = [(_labels(tags(r, e)), per_engine(r.load)[at]) for r in replicas for e in engines(r)]
+        rows = [
+            (_labels(tags(r, e)), per_engine(r.load)[at])
+            for r in replicas
+            if r.gauges
+            for e in engines(r)
+        ]
         out.append(_family(name, "gauge", name, rows))
     info = [
         (
@@ -373,8 +379,9 @@ def ray_node_page(replicas: Iterable[Replica], node: str = "10.0.0.5") -> str:
 
 
 def ray_vllm_page(load: Load, model: str = "llama") -> str:
-    """A Ray node holding one replica of ``model``."""
-    return ray_node_page([Replica(model, load)])
+    """A Ray node holding one replica of ``model``, its id by its pool (two nodes of
+    different pools hold two replicas; the same node read twice, one)."""
+    return ray_node_page([Replica(model, load, f"{model}-{load.blocks}")])
 
 
 # An engine of one's own (``engines[]`` in the config), and a page it writes.

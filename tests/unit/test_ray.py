@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from controller.model import CapacityFrom, ClusterMetrics, Reason
+from controller.model import CapacityFrom, ClusterMetrics, PodError, Reason
 from controller.settings import build_settings
 from controller.signals import capacity_from, pods
+from controller.sources.between import REPLICA_READS
 from controller.sources.page import POD_EXTRACTOR, Page, read_page
 from controller.sources.reader import PageReader
 from tests.support.engines import Load, Replica, ray_node_page
@@ -163,3 +164,89 @@ def test_a_page_captured_from_a_real_ray_node_reads_each_model_exactly(
 def by_model(metrics: ClusterMetrics) -> tuple[float | None, ...]:
     replicas = float(metrics.replicas) if metrics.replicas is not None else None
     return (replicas, metrics.kv_mean, metrics.queue_depth, metrics.running)
+
+
+# ---- what a stranger's review of #42 found ---------------------------------------------------
+
+
+def test_an_idle_replica_whose_gauges_ray_dropped_is_read_as_last_seen() -> None:
+    """vLLM sets its gauges as its engine steps; an idle replica's are dropped by Ray while
+    its histogram stays. It is still a replica, read from its gauges as last seen: a fully
+    idle cluster is healthy, not missing."""
+    r = reader(A)
+    read(r, [node(TWO_MODELS)])
+    idle = [
+        Replica(x.model, x.load, x.replica, x.worker, info=False, gauges=False) for x in TWO_MODELS
+    ]
+    metrics = read(r, [node(idle)], 10.0)
+    assert metrics.errors == ()
+    assert by_model(metrics) == pytest.approx((2.0, 0.90, 12.0, 6.0))
+    assert metrics.kv_tokens == (20_000 + 30_000) * 16
+
+
+def test_a_node_without_vllm_series_holds_no_replica_under_auto() -> None:
+    """A KubeRay head node's page has Ray's own series only: an answering node, never a pod
+    of unknown engine that would take the cluster's capacity away."""
+    metrics = read(reader(A, nodes=2), [node([], 0), node(TWO_MODELS, 1)])
+    assert (metrics.replicas, metrics.pods_answering, metrics.errors) == (2, 2, ())
+    assert metrics.kv_tokens_from == CapacityFrom.KV_BLOCKS
+
+
+def test_a_node_whose_replicas_are_all_refused_does_not_answer() -> None:
+    bad = Replica(A, Load(kv=42.0), "a-9", "09" * 28)
+    one = read(reader(A, nodes=2), [node([bad, *TWO_MODELS[:1]], 0), node(TWO_MODELS[1:2], 1)])
+    assert (one.replicas, one.pods_answering) == (2, 2)
+    assert [e.reason for e in one.errors] == [Reason.OUT_OF_RANGE]
+    every = read(reader(A, nodes=2), [node([bad], 0), node(TWO_MODELS[1:2], 1)])
+    assert (every.replicas, every.pods_answering, every.pods_scraped) == (1, 1, 2)
+
+
+def test_one_replica_shown_by_two_nodes_is_one_replica() -> None:
+    r = reader(A, nodes=2)
+    read(r, [node([Replica(A, Load(kv=0.9), "a-1", OLD)], 0), node([], 1)])
+    moved = [node([Replica(A, Load(kv=0.9), "a-1", OLD)], 0)]
+    moved.append(node([Replica(A, Load(kv=0.3), "a-1", NEW)], 1))
+    metrics = read(r, moved, 10.0)
+    assert (metrics.replicas, metrics.kv_mean) == (1, 0.3)
+
+
+def test_a_node_that_misses_a_scrape_keeps_its_replicas_baselines() -> None:
+    """Discovery keeps both nodes; node 1 fails one scrape: its replica's latency baseline
+    is kept, so the next read counts its requests since the last it saw."""
+    r = reader(A, nodes=2)
+    urls = [f"http://10.0.0.{i}:8080/metrics" for i in range(2)]
+
+    def tick(completed: int, at: float, down: bool = False) -> ClusterMetrics:
+        r.retain(urls)
+        load = Load(kv=0.5, completed=completed)
+        second = PodError(urls[1], Reason.TIMEOUT, "no answer")
+        pages: list[Page | PodError] = [node([Replica(A, load, "a-1", "01" * 28)], 0)]
+        pages.append(second if down else node([Replica(A, load, "a-2", "02" * 28)], 1))
+        return r.read(pages, None, at, 0.0)
+
+    tick(100, 0.0)
+    tick(150, 10.0, down=True)
+    then = tick(200, 20.0)
+    assert then.latency is not None and then.latency.requests == 50 + 100  # a-1's, a-2's
+
+
+def test_a_replica_unread_for_long_is_forgotten() -> None:
+    """Listed nodes are never retained away: a replica not read for REPLICA_READS reads is
+    forgotten (its latency baseline with it), so replicas that come and go cannot grow
+    what is kept without end."""
+    r = reader(A)
+    first = [Replica(A, Load(kv=0.5, completed=100), "a-1", "01" * 28)]
+    other = [Replica(A, Load(kv=0.5), "a-2", "02" * 28)]
+    read(r, [node(first)])
+    for tick in range(1, REPLICA_READS + 2):
+        read(r, [node(other)], 10.0 * tick)
+    back = [Replica(A, Load(kv=0.5, completed=160), "a-1", "01" * 28), *other]
+    metrics = read(r, [node(back)], 1000.0)
+    assert metrics.latency is None or metrics.latency.requests == 0  # a-1: a baseline again
+
+
+def test_a_cluster_naming_no_model_on_a_node_of_two_is_told_so() -> None:
+    mixed = read(reader(None), [node(TWO_MODELS)])
+    assert [n.reason for n in mixed.notices] == [Reason.MIXED_MODELS]
+    assert A in mixed.notices[0].detail and B in mixed.notices[0].detail
+    assert read(reader(A), [node(TWO_MODELS)]).notices == ()
