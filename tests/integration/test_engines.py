@@ -23,9 +23,14 @@ async def test_once_moves_traffic_from_the_hot_cluster_of_each_engine(
     serve: Serve, engine: str
 ) -> None:
     render = PAGES[engine]
+
+    def pod(load: Load, i: int) -> str:
+        # a Ray node of each pod: a replica of its own (one id on two nodes is one replica)
+        return render(load).replace('ReplicaId="', f'ReplicaId="{i}-')
+
     server = await serve(
         {
-            f"/{c}/{i}": text_handler(render(load))
+            f"/{c}/{i}": text_handler(pod(load, i))
             for c, load in (("hot", HOT), ("cool", COOL))
             for i in range(2)
         }
