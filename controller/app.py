@@ -22,7 +22,11 @@ from controller.kube import client as kube_client
 from controller.kube.access import AccessReviewer
 from controller.kube.discovery import TargetDiscovery
 from controller.kube.endpoints import slice_lister
+from controller.kube.errors import APIGate
+from controller.kube.informer import CoreObjects, Lister
 from controller.kube.leader import LeaderElector
+from controller.kube.pools import PoolResolver
+from controller.kube.sdk import client as kube_sdk
 from controller.publish import Publisher
 from controller.publish.configured import implicit
 from controller.publish.dryrun import DryRun
@@ -57,6 +61,7 @@ def source_factory(
     session: aiohttp.ClientSession,
     clock: Callable[[], float],
     api: kube_client.ApiClient | None = None,
+    pools: PoolResolver | None = None,
 ) -> Callable[[ClusterSettings], ClusterMetricsSource]:
     # One limiter for every page of every cluster: bounded, clusters served in the order
     # their fetches began (sources/limiter.py), so one big cluster's pages queue among the
@@ -72,7 +77,7 @@ def source_factory(
         timeout = settings.cluster_timeout(cluster)
         slices = slice_lister(api, settings.kubernetes.api_timeout) if api is not None else None
         return ScrapeSource(
-            cluster, scrape, timeout, session, clock, limiter, slices, engines=engines
+            cluster, scrape, timeout, session, clock, limiter, slices, engines=engines, pools=pools
         )
 
     return make
@@ -135,6 +140,7 @@ class Controller:
         self._probe_runner: server.Serving | None = None
         self.probe_port: int | None = None
         self._discovery: TargetDiscovery | None = None
+        self._pools: PoolResolver | None = None
         self.port: int | None = None
         self.reconciler: Reconciler | None = None
         self._certificate: server.ServingCertificate | None = None
@@ -154,11 +160,14 @@ class Controller:
         )
         try:
             await self._connect_kubernetes()
+            self._pools = self._pool_resolver()
         except BaseException:
             await self._session.close()
             raise
         self._warn_about_opt_outs()
-        make_source = source_factory(self.settings, self._session, self._clock, self._api)
+        make_source = source_factory(
+            self.settings, self._session, self._clock, self._api, self._pools
+        )
         self.reconciler = Reconciler(
             self.settings,
             [make_source(cluster) for cluster in self.settings.clusters],
@@ -279,9 +288,21 @@ class Controller:
             self._discovery = writer.discovery
             self.publisher = DryRun(writer) if self._dry_run else writer
 
+    def _pool_resolver(self) -> PoolResolver | None:
+        """InferencePools and their EPP Services, watched in the pools' namespaces through the
+        API client (its own throttle gate: a pool lookup never waits behind a write)."""
+        kube = self.settings.kubernetes
+        if self._api is None or all(c.inference_pool is None for c in self.settings.clusters):
+            return None
+        custom, core = kube_sdk.CustomObjectsApi(self._api), CoreObjects(self._api)
+        lister = Lister(custom, kube.api_timeout, kube.watch, APIGate(), kube.watch_idle, core)
+        return PoolResolver(lister)
+
     async def _close_clients(self) -> None:
         if self._discovery is not None:  # its watches, before the client they use
             await self._discovery.close()
+        if self._pools is not None:
+            await self._pools.close()
         if self._api is not None and self._owns_api:
             await self._api.close()
         if self._session is not None:

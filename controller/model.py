@@ -33,7 +33,8 @@ class Reason(StrEnum):
     STALE = "stale"
     NO_PODS = "no_pods"
     LOAD_BALANCED = "load_balanced"  # one URL answers as several processes (a Service, an LB)
-    DISCOVERY = "discovery"  # the cluster's pods could not be looked up
+    DISCOVERY = "discovery"  # the cluster's pods (or its pool) could not be looked up
+    INFERENCE_POOL = "inference_pool"  # its InferencePool names no EPP page to read
     INTERNAL = "internal"
 
 

@@ -54,10 +54,57 @@ SHORT_WATCH = 1.0
 Json = dict[str, Any]
 
 
+# The list/watch arguments Informer passes, as the API's query parameters.
+_QUERY = {
+    "label_selector": "labelSelector",
+    "resource_version": "resourceVersion",
+    "allow_watch_bookmarks": "allowWatchBookmarks",
+    "timeout_seconds": "timeoutSeconds",
+    "watch": "watch",
+}
+
+
+class CoreObjects:
+    """``CustomObjectsApi``'s two list calls for the core group (``/api/v1``: Services), with
+    its arguments and its answer, plain JSON: what ``Informer`` keeps, for any group. (The
+    typed ``CoreV1Api`` would answer models, not the objects as the server sent them.)"""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self._api = api
+
+    async def list_namespaced_custom_object(
+        self, group: str, version: str, namespace: str, plural: str, **kwargs: Any
+    ) -> Any:
+        return await self._list(f"/api/{version}/namespaces/{namespace}/{plural}", kwargs)
+
+    async def list_cluster_custom_object(
+        self, group: str, version: str, plural: str, **kwargs: Any
+    ) -> Any:
+        return await self._list(f"/api/{version}/{plural}", kwargs)
+
+    async def _list(self, path: str, kwargs: dict[str, Any]) -> Any:
+        options = ("_preload_content", "_request_timeout")
+        if unknown := sorted(set(kwargs) - set(_QUERY) - set(options)):
+            raise TypeError(f"list {path}: unexpected arguments {unknown}")
+        query = [(_QUERY[k], v) for k, v in kwargs.items() if k in _QUERY and v is not None]
+        return await self._api.call_api(
+            path,
+            "GET",
+            {},
+            query,
+            {"Accept": "application/json"},
+            response_types_map={200: "object"},
+            auth_settings=["BearerToken"],
+            _return_http_data_only=True,
+            _preload_content=kwargs.get("_preload_content", True),
+            _request_timeout=kwargs.get("_request_timeout"),
+        )
+
+
 class Informer:
     def __init__(
         self,
-        custom: client.CustomObjectsApi,
+        custom: client.CustomObjectsApi | CoreObjects,
         gvp: tuple[str, str, str],
         namespace: str | None,
         selector: str,
@@ -229,7 +276,8 @@ Scope = tuple[
 
 class Lister:
     """Objects of one kind in one scope: from that scope's informer, started on first use, or
-    a LIST on every call when ``watch`` is off."""
+    a LIST on every call when ``watch`` is off. The core group (``""``: Services) is read
+    through ``core``."""
 
     def __init__(
         self,
@@ -238,8 +286,10 @@ class Lister:
         watch: bool,
         gate: APIGate,
         idle: float = IDLE_SECONDS,
+        core: CoreObjects | None = None,
     ) -> None:
         self._custom, self._timeout, self._watch, self._gate = custom, api_timeout, watch, gate
+        self._core = core
         self._idle = idle
         self._informers: dict[Scope, Informer] = {}
 
@@ -253,14 +303,17 @@ class Lister:
         """The objects, or the API failure a LIST would give. An informer's first LIST is
         awaited within the API timeout; while its LIST or watch fails, that failure is raised,
         so discovery keeps the last targets and reports the API unreadable."""
+        objects = self._custom if gvp[0] else self._core
+        if objects is None:
+            raise ValueError(f"{gvp[2]}: the core group needs a Lister given core objects")
         if not self._watch:
-            once = Informer(self._custom, gvp, namespace, selector, self._timeout, self._gate)
+            once = Informer(objects, gvp, namespace, selector, self._timeout, self._gate)
             await once.relist()
             return once.objects()
         informer = self._informers.get((gvp, namespace, selector))
         if informer is None:
             informer = Informer(
-                self._custom, gvp, namespace, selector, self._timeout, self._gate, self._idle
+                objects, gvp, namespace, selector, self._timeout, self._gate, self._idle
             )
             self._informers[(gvp, namespace, selector)] = informer
             informer.start()

@@ -313,6 +313,38 @@ class PodDiscovery(_Group):
         return self
 
 
+class InferencePoolRef(_Group):
+    """An llm-d / Gateway API Inference Extension InferencePool of the controller's own cluster
+    (``inference.networking.k8s.io/v1``): its EPP is read at the metrics port of the Service
+    ``spec.endpointPickerRef`` names (``endpointPickerRef.port`` is the gRPC port the gateway
+    calls, not the metrics one), and its pool averages by the pool's name."""
+
+    namespace: str = Field(
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        max_length=63,
+        description="The pool's namespace.",
+    )
+    name: str = Field(
+        pattern=r"^[a-z0-9]([-.a-z0-9]*[a-z0-9])?$", max_length=253, description="The pool's name."
+    )
+    metrics_port: str = Field(
+        default="http-metrics",
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        max_length=15,
+        description="The name of the EPP Service's port that serves /metrics: http-metrics in "
+        "the inferencepool chart (config/charts/inferencepool/templates/epp-service.yaml, port "
+        "9090).",
+    )
+    scheme: Literal["http", "https"] = Field(
+        default="http", description="The EPP serves its metrics over plain HTTP by default."
+    )
+    path: str = Field(default="/metrics", pattern=r"^/", description="The metrics path.")
+
+    @property
+    def where(self) -> str:
+        return f"inferencepool:{self.namespace}/{self.name}"
+
+
 # A DNS label, or namespace/name (a Kubernetes object's own: a namespace is a DNS label, a
 # name a DNS subdomain).
 CLUSTER_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(/[a-z0-9]([-.a-z0-9]*[a-z0-9])?)?$"
@@ -335,6 +367,12 @@ class ClusterSettings(_Group):
     )
     epp_url: HttpUrl | None = Field(
         default=None, description="The EPP /metrics page: request latency and pool averages."
+    )
+    inference_pool: InferencePoolRef | None = Field(
+        default=None,
+        description="Instead of epp_url: the InferencePool whose EPP to read, resolved from "
+        "the pool and its EPP Service and followed as they change (needs kubernetes.enabled, "
+        "and list/watch on inferencepools and services there); pool_name defaults to its name.",
     )
     engine: str = Field(
         default=AUTO,
@@ -405,6 +443,16 @@ class ClusterSettings(_Group):
         description="Read this cluster's signals with PromQL instead of scraping its pods.",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _pool_name_of_the_pool(cls, data: Any) -> Any:
+        """An InferencePool's EPP labels its pool averages with the pool's name."""
+        if isinstance(data, dict) and data.get("pool_name") is None:
+            pool = data.get("inference_pool")
+            if isinstance(pool, dict) and isinstance(pool.get("name"), str):
+                return {**data, "pool_name": pool["name"]}
+        return data
+
     @field_validator("vllm_urls")
     @classmethod
     def _once_each(cls, value: list[HttpUrl]) -> list[HttpUrl]:
@@ -426,6 +474,9 @@ class ClusterSettings(_Group):
         plain = [host for host, scheme in self.tokened() if scheme == "http"]
         if self.token_over_cluster_network:
             plain = [host for host in plain if not _in_cluster_name(host)]
+            plain = [
+                host for host in plain if self.inference_pool is None or host != self._pool_epp
+            ]
         if plain:
             raise ValueError(
                 f"a bearer token would go over plain http to {plain[0]}: use https, "
@@ -447,15 +498,31 @@ class ClusterSettings(_Group):
         epp_token = self.epp_bearer_token_file or self.bearer_token_file
         if epp_token and self.epp_url is not None:
             found.append((self.epp_url.host or "", self.epp_url.scheme))
+        if epp_token and self.inference_pool is not None:
+            found.append((self._pool_epp, self.inference_pool.scheme))
         return found
+
+    @property
+    def _pool_epp(self) -> str:
+        """How the EPP Service of ``inference_pool`` is named before it is resolved: always a
+        Service of this cluster."""
+        assert self.inference_pool is not None
+        return f"the EPP Service of InferencePool {self.inference_pool.namespace}/" + (
+            self.inference_pool.name
+        )
 
     @model_validator(mode="after")
     def _has_a_source(self) -> Self:
-        scraped = bool(self.vllm_urls) or self.epp_url is not None or self.pods is not None
+        epp = self.epp_url is not None or self.inference_pool is not None
+        scraped = bool(self.vllm_urls) or epp or self.pods is not None
         if self.prometheus is not None and scraped:
-            raise ValueError("use either prometheus or vllm_urls/pods/epp_url, not both")
+            raise ValueError(
+                "use either prometheus or vllm_urls/pods/epp_url/inference_pool, not both"
+            )
         if self.prometheus is None and not scraped:
-            raise ValueError("needs vllm_urls, pods, epp_url or prometheus")
+            raise ValueError("needs vllm_urls, pods, epp_url, inference_pool or prometheus")
+        if self.epp_url is not None and self.inference_pool is not None:
+            raise ValueError("name the EPP by epp_url or by inference_pool, not both")
         if self.vllm_urls and self.pods is not None:
             raise ValueError("list the pods (vllm_urls) or discover them (pods), not both")
         return self

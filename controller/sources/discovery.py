@@ -1,4 +1,5 @@
-"""Finding a cluster's vLLM pods instead of listing them (``ClusterSettings.pods``).
+"""Finding a cluster's vLLM pods instead of listing them (``ClusterSettings.pods``), and its
+EPP from its InferencePool (``ClusterSettings.inference_pool``: ``PoolFinder``).
 
 From the A/AAAA records of a headless Service, as Prometheus's ``dns_sd_configs`` does, or
 from the ready endpoints of a Service's EndpointSlices (a lister the app gives, over the
@@ -13,13 +14,60 @@ from __future__ import annotations
 import ipaddress
 import time
 from collections.abc import Awaitable, Callable
+from enum import StrEnum
 
 from controller.model import PodError, Reason
-from controller.settings import PodDiscovery
+from controller.settings import InferencePoolRef, PodDiscovery
 from controller.sources import dns
 
 # (namespace, service) → the addresses of its ready endpoints
 SliceLister = Callable[[str, str], Awaitable[list[str]]]
+
+
+class Problem(StrEnum):
+    """Why a pool gives no EPP to read: the first word of the cluster's error, to grep."""
+
+    NO_POOL = "no_pool"  # no InferencePool of that name
+    NO_EPP_REF = "no_endpoint_picker"  # the pool names no EPP, or one that is not a Service
+    NO_SERVICE = "no_service"  # the Service it names does not exist
+    EXTERNAL_NAME = "external_name"  # an ExternalName Service: refused, as the API says
+    NO_METRICS_PORT = "no_metrics_port"  # the Service has no port of that name
+    API = "api"  # the API could not be read
+
+
+class PoolError(Exception):
+    def __init__(self, problem: Problem, detail: str) -> None:
+        super().__init__(f"{problem}: {detail}")
+        self.problem = problem
+
+
+# an InferencePool → its EPP's metrics URL, or PoolError (controller.kube.pools)
+PoolLookup = Callable[[InferencePoolRef], Awaitable[str]]
+
+
+class PoolFinder:
+    """The EPP page of a cluster's InferencePool, looked up on every fetch (from the watched
+    objects: no request). While the API cannot be read the URL found before is kept (the
+    failure is the cluster's error ``discovery``, as for pods); a pool that no longer leads to
+    an EPP leaves none to read, and says why (``inference_pool``)."""
+
+    def __init__(self, ref: InferencePoolRef, lookup: PoolLookup | None) -> None:
+        self._ref, self._lookup = ref, lookup
+        self.url: str | None = None
+
+    async def find(self) -> PodError | None:
+        """Look the EPP up again (``url``); why it failed, if it did."""
+        if self._lookup is None:
+            self.url = None
+            return PodError(self._ref.where, Reason.INFERENCE_POOL, "needs kubernetes.enabled")
+        try:
+            self.url = await self._lookup(self._ref)
+        except PoolError as exc:
+            if exc.problem is Problem.API:
+                return PodError(self._ref.where, Reason.DISCOVERY, str(exc))
+            self.url = None
+            return PodError(self._ref.where, Reason.INFERENCE_POOL, str(exc))
+        return None
 
 
 class PodFinder:

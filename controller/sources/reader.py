@@ -186,10 +186,11 @@ class PageReader:
         epp: Page | PodError | None,
         started: float,
         duration: float,
-        lookup: PodError | None = None,
+        lookup: Sequence[PodError] = (),
     ) -> ClusterMetrics:
         """``results``: one entry per vLLM pod; ``epp``: the EPP's, if configured;
-        ``lookup``: why finding the pods failed this tick (the pods found before are read)."""
+        ``lookup``: why finding the pods or the pool's EPP failed this tick (what was found
+        before is read)."""
         kvs: list[_PodKV] = []
         errors: list[PodError] = []
         nodes: list[Page] = []  # the pages that answered, pods' or Ray nodes'
@@ -227,7 +228,7 @@ class PageReader:
         self._age_replicas(results, epp)
         if isinstance(epp, Page):
             epp = self._identify(epp, [f + "_count" for f in EPP_LATENCY])
-        errors += [r for r in (epp, lookup) if isinstance(r, PodError)]
+        errors += [*([epp] if isinstance(epp, PodError) else []), *lookup]
         epp_page = epp if isinstance(epp, Page) else None
         if self._has_pods:
             values = self._from_pods(kvs, replicated)

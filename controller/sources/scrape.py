@@ -19,7 +19,7 @@ from controller.errors import ScrapeError
 from controller.exposition import PageStream
 from controller.model import ClusterMetrics, PodError
 from controller.settings import ClusterSettings, ScrapeSettings
-from controller.sources.discovery import PodFinder, SliceLister
+from controller.sources.discovery import PodFinder, PoolFinder, PoolLookup, SliceLister
 from controller.sources.http import ACCEPT_TEXT, Endpoint, TokenFile, get_page, ssl_context
 from controller.sources.limiter import Limiter, ranked
 from controller.sources.page import EPP_EXTRACTOR, Page, page_of
@@ -39,7 +39,7 @@ async def fetch_page(
 
 class ScrapeSource:
     """Reads one cluster by scraping its vLLM pods (listed, or discovered) and, if
-    configured, its EPP."""
+    configured, its EPP (at its URL, or found from its InferencePool)."""
 
     def __init__(
         self,
@@ -52,11 +52,13 @@ class ScrapeSource:
         slices: SliceLister | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         engines: Mapping[str, Engine] = ENGINES,
+        pools: PoolLookup | None = None,
     ) -> None:
         """``clock`` stamps what is read; ``monotonic`` paces pod discovery; ``engines`` is
-        the table pages are read by (``Settings.engine_table``)."""
+        the table pages are read by (``Settings.engine_table``); ``pools`` finds an
+        InferencePool's EPP (``controller.kube.pools``)."""
         self._token = TokenFile(cluster.bearer_token_file) if cluster.bearer_token_file else None
-        epp_token = (
+        self._epp_token = (
             TokenFile(cluster.epp_bearer_token_file)
             if cluster.epp_bearer_token_file
             else self._token
@@ -65,7 +67,9 @@ class ScrapeSource:
         self._timeout, self._max_bytes, self._limiter = timeout, scrape.max_body_bytes, limiter
         self._name = cluster.name
         self._vllm = {str(url): self._endpoint(url, self._token) for url in cluster.vllm_urls}
-        self._epp = self._endpoint(cluster.epp_url, epp_token) if cluster.epp_url else None
+        self._epp = self._endpoint(cluster.epp_url, self._epp_token) if cluster.epp_url else None
+        pool = cluster.inference_pool
+        self._pool = PoolFinder(pool, pools) if pool is not None else None
         pods = cluster.pods
         self._finder = PodFinder(pods, timeout, slices, monotonic) if pods else None
         self._session = session
@@ -87,13 +91,17 @@ class ScrapeSource:
         ranked()  # this cluster's pages go ahead of clusters whose fetch began later
         started, began = self._clock(), time.perf_counter()
         pods, found = await self._pods()
+        unresolved = await self._find_epp()
         jobs = [self._fetch(e, self._reader.pod_stream) for e in pods]
         if self._epp is not None:
             jobs.append(self._fetch(self._epp, lambda: PageStream(EPP_EXTRACTOR)))
         results = await asyncio.gather(*jobs)
-        epp = results.pop() if self._epp is not None else None
+        epp: Page | PodError | None = results.pop() if self._epp is not None else None
+        lookups = [e for e in (found, unresolved) if e is not None]
+        if self._pool is not None and self._epp is None:  # no EPP: why is the EPP's error
+            epp, lookups = unresolved, [e for e in lookups if e is not unresolved]
         took = time.perf_counter() - began
-        metrics = self._reader.read(results, epp, started, took, lookup=found)
+        metrics = self._reader.read(results, epp, started, took, lookup=lookups)
         if self._finder is None:
             return metrics
         return replace(metrics, discovered=tuple(e.url for e in pods))
@@ -104,6 +112,20 @@ class ScrapeSource:
         serves them first come, first served)."""
         async with self._slots:
             return await fetch_page(self._session, endpoint, stream())
+
+    async def _find_epp(self) -> PodError | None:
+        """Where the InferencePool's EPP is now (a new URL is a new endpoint; what the reader
+        kept of the old one is forgotten with the next retain)."""
+        if self._pool is None:
+            return None
+        error = await self._pool.find()
+        url = self._pool.url
+        if url is None:
+            self._epp = None
+        elif self._epp is None or self._epp.url != url:
+            self._epp = self._endpoint(url, self._epp_token)
+            self._reader.retain([*self._vllm, url])
+        return error
 
     async def _pods(self) -> tuple[list[Endpoint], PodError | None]:
         """The pods to read this tick: the listed ones, or the ones discovery finds now

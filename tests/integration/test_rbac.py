@@ -43,7 +43,12 @@ def uses(requests: list[tuple[str, str, str, Any]]) -> dict[Use, set[str | None]
 
 def granted() -> dict[Use, set[str] | None]:
     """Each (group, resource, verb) the controller's Roles grant, with resourceNames."""
-    rendered = render("manifests")
+    return granted_by(render("manifests"))
+
+
+def granted_by(rendered: list[dict[str, Any]]) -> dict[Use, set[str] | None]:
+    """Each (group, resource, verb) the Roles among ``rendered`` grant, with resourceNames
+    (the non-resource ``get /metrics`` aside)."""
     rules = [
         rule
         for obj in rendered

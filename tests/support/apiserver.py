@@ -35,8 +35,11 @@ conventions (https://kubernetes.io/docs/reference/using-api/api-concepts/):
   a deletion) just before the next matching request is handled — the worst moment for the
   controller; ``stop()``/``start()`` make the server unreachable and back (same port).
 
-Not implemented (not used by the controller): watch, field selectors, server-side apply,
-admission beyond the above.
+- Watches (``?watch=true``) of a collection, with bookmarks, ``410 Gone`` after ``compact()``
+  and careless proxies (``watch_fault``).
+
+Not implemented (not used by the controller): field selectors, server-side apply, admission
+beyond the above (Services and InferencePools are stored as given).
 """
 
 from __future__ import annotations
@@ -67,6 +70,8 @@ KINDS = {
     "httproutes": "HTTPRoute",
     "leases": "Lease",
     "events": "Event",
+    "services": "Service",
+    "inferencepools": "InferencePool",
 }
 
 
@@ -212,6 +217,11 @@ class FakeAPIServer:
         self.objects[key] = stored
         self._emit(key, old, stored)
         return copy.deepcopy(stored)
+
+    def delete(self, prefix: str, plural: str, namespace: str, name: str) -> None:
+        """Delete a stored object as another client would (watches see it go)."""
+        key = (prefix, plural, namespace, name)
+        self._emit(key, self.objects.pop(key), None)
 
     def get(self, prefix: str, plural: str, namespace: str, name: str) -> Json | None:
         found = self.objects.get((prefix, plural, namespace, name))

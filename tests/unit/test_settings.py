@@ -89,7 +89,10 @@ def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.Monk
             "clusters:\n  - name: a\n    vllm_urls: [nope]\n",
             "clusters[0].vllm_urls[0]: Input should be a valid URL",
         ),
-        ("clusters:\n  - name: a\n", "clusters[0]: needs vllm_urls, pods, epp_url or prometheus"),
+        (
+            "clusters:\n  - name: a\n",
+            "clusters[0]: needs vllm_urls, pods, epp_url, inference_pool or prometheus",
+        ),
         (
             "clusters:\n  - name: a\n    epp_url: http://127.0.0.1/\n    prometheus: {url: http://127.0.0.1:9090}\n",
             "use either prometheus or vllm_urls/pods/epp_url",

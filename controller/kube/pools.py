@@ -1,0 +1,105 @@
+"""The EPP of an InferencePool of the controller's own cluster (``clusters[].inference_pool``):
+where its /metrics page is, resolved from the pool and the Service it names, and followed as
+they change (the Lister's informers watch both kinds in the pool's namespace).
+
+Facts, from kubernetes-sigs/gateway-api-inference-extension:
+- ``api/v1/inferencepool_types.go``: ``spec.endpointPickerRef`` {``group`` (default ``""``),
+  ``kind`` (default ``Service``), ``name``, ``port.number``}. Its port is the ext-proc (gRPC)
+  port the gateway calls, not the metrics port. ExternalName Services "MUST NOT" be supported
+  (CVE-2021-25740): they point anywhere.
+- ``config/charts/inferencepool/templates/epp-service.yaml``: the EPP Service is a ClusterIP
+  Service with ports ``grpc-ext-proc`` (9002) and ``http-metrics`` (9090).
+
+The page is read at the Service's cluster IP over http (what kube-proxy routes, no lookup per
+connection), or at its DNS name ``name.namespace.svc`` over https (the name its certificate
+carries) or when the Service is headless.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from controller.kube.errors import APIError
+from controller.kube.informer import Lister
+from controller.settings import InferencePoolRef
+from controller.sources.discovery import PoolError, Problem
+
+POOLS = ("inference.networking.k8s.io", "v1", "inferencepools")
+SERVICES = ("", "v1", "services")
+Json = dict[str, Any]
+
+
+def epp_url(ref: InferencePoolRef, pools: Sequence[Json], services: Sequence[Json]) -> str:
+    """The EPP's metrics URL, from the objects of the pool's namespace; ``PoolError`` says
+    what is missing."""
+    where = f"{ref.namespace}/{ref.name}"
+    pool = _named(pools, ref.name)
+    if pool is None:
+        raise PoolError(Problem.NO_POOL, f"no InferencePool {where}")
+    picker = (pool.get("spec") or {}).get("endpointPickerRef")
+    if not isinstance(picker, dict) or not isinstance(picker.get("name"), str):
+        raise PoolError(Problem.NO_EPP_REF, f"InferencePool {where} has no endpointPickerRef")
+    group, kind = picker.get("group") or "", picker.get("kind") or "Service"
+    if (group, kind) != ("", "Service"):
+        raise PoolError(
+            Problem.NO_EPP_REF,
+            f"InferencePool {where}'s endpointPickerRef is a {kind} of group {group!r}, not a "
+            "Service: its metrics cannot be found",
+        )
+    service = _named(services, picker["name"])
+    if service is None:
+        raise PoolError(
+            Problem.NO_SERVICE,
+            f"no Service {ref.namespace}/{picker['name']} (InferencePool {where}'s EPP)",
+        )
+    return _url(ref, service)
+
+
+def _url(ref: InferencePoolRef, service: Json) -> str:
+    name = str((service.get("metadata") or {}).get("name"))
+    spec = service.get("spec") or {}
+    if spec.get("type") == "ExternalName":
+        raise PoolError(
+            Problem.EXTERNAL_NAME,
+            f"Service {ref.namespace}/{name} is an ExternalName: it may point anywhere, and "
+            "the InferencePool API forbids following it",
+        )
+    ports = [p for p in spec.get("ports") or [] if isinstance(p, dict)]
+    port = next((p.get("port") for p in ports if p.get("name") == ref.metrics_port), None)
+    if not isinstance(port, int) or not 1 <= port <= 65535:
+        named = ", ".join(f"{p.get('name')}={p.get('port')}" for p in ports) or "none"
+        raise PoolError(
+            Problem.NO_METRICS_PORT,
+            f"Service {ref.namespace}/{name} has no port named {ref.metrics_port} (ports: "
+            f"{named}); set inference_pool.metrics_port",
+        )
+    address = spec.get("clusterIP")
+    if ref.scheme == "https" or not isinstance(address, str) or address in ("", "None"):
+        host = f"{name}.{ref.namespace}.svc"
+    else:
+        host = f"[{address}]" if ":" in address else address
+    return f"{ref.scheme}://{host}:{port}{ref.path}"
+
+
+def _named(objects: Sequence[Json], name: str) -> Json | None:
+    return next((o for o in objects if (o.get("metadata") or {}).get("name") == name), None)
+
+
+class PoolResolver:
+    """Resolves pools from the Lister's caches (watched, or listed on each call when watching
+    is off); an API failure is ``PoolError(API)``."""
+
+    def __init__(self, lister: Lister) -> None:
+        self._lister = lister
+
+    async def __call__(self, ref: InferencePoolRef) -> str:
+        try:
+            pools = await self._lister.list(POOLS, ref.namespace, "")
+            services = await self._lister.list(SERVICES, ref.namespace, "")
+        except APIError as exc:
+            raise PoolError(Problem.API, f"{exc.reason}: {exc}") from exc
+        return epp_url(ref, pools, services)
+
+    async def close(self) -> None:
+        await self._lister.close()
