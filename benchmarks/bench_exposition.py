@@ -117,9 +117,9 @@ def engines_compared(repeat: int) -> tuple[float, float]:
 def ray_node(repeat: int) -> tuple[float, float, float]:
     """A Ray node's page of 16 replicas of 3 models read for one model's cluster, warm: the
     page extracted, split by replica and summed (``PageReader.read``), against ``splitlines``
-    of the page in the same rounds (#42: at most 2.0×). Each model's cluster reads the node's
-    page on its own, as the daemon does. Returns the best ms of ours and of the floor, and the
-    median of the rounds' ratios."""
+    of the page in the same rounds: one cluster reading the page alone (the daemon reads a
+    node's page once for all of its models' clusters: ``bench_daemon --ray``). Returns the
+    best ms of ours and of the floor, and the median of the rounds' ratios."""
     page = ray_node_page()
     url = "http://10.0.0.5:8080/metrics"
     config = {"name": "c", "vllm_urls": [url], "model_name": MODELS[0]}

@@ -38,7 +38,7 @@ from controller.sources import ClusterMetricsSource
 from controller.sources.limiter import Limiter
 from controller.sources.page import EPP_EXTRACTOR, pod_extractors
 from controller.sources.prometheus import prometheus_source, shared_queriers
-from controller.sources.scrape import ScrapeSource
+from controller.sources.scrape import ScrapeSource, SharedPages
 from controller.state import Snapshot, TickReport
 
 log = structlog.get_logger("controller.app")
@@ -67,6 +67,8 @@ def source_factory(
     # their fetches began (sources/limiter.py), so one big cluster's pages queue among the
     # others' instead of starving them.
     limiter = Limiter(settings.scrape.max_concurrency)
+    # A page several clusters read (a Ray node's, one cluster per model) is fetched once a tick.
+    shared = SharedPages()
     queries, scrape = settings.prometheus_queries, settings.scrape
     queriers = shared_queriers(settings.queriers, queries, scrape, session)
     engines = settings.engine_table()
@@ -77,7 +79,16 @@ def source_factory(
         timeout = settings.cluster_timeout(cluster)
         slices = slice_lister(api, settings.kubernetes.api_timeout) if api is not None else None
         return ScrapeSource(
-            cluster, scrape, timeout, session, clock, limiter, slices, engines=engines, pools=pools
+            cluster,
+            scrape,
+            timeout,
+            session,
+            clock,
+            limiter,
+            slices,
+            engines=engines,
+            pools=pools,
+            shared=shared,
         )
 
     return make

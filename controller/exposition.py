@@ -594,6 +594,12 @@ class PageStream:
     def openmetrics(self) -> bool:
         return self.result.openmetrics
 
+    @property
+    def alike(self) -> Extractor | None:
+        """What any other stream reading the same page would get from it: its extractor, when
+        nothing of the reader's own is folded in as it reads (``None`` otherwise)."""
+        return self._extractor if self.result.fold is None else None
+
     def feed(self, text: str) -> None:
         fold = self.result.fold
         for start in range(0, len(text), PIECE):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from controller.engines import ENGINES, Engine, Family, Pool
 from controller.errors import (
@@ -84,6 +84,7 @@ class Page:
     duplicates: int = 0
     skipped: int = 0
     notices: tuple[PodError, ...] = ()
+    split: dict[str, Split] = field(default_factory=dict, compare=False, repr=False)
 
 
 # ---- one page ---------------------------------------------------------------------------------
@@ -188,28 +189,47 @@ def _deduplicated(url: str, by_name: ByName, fold: Fold | None, found: Extractio
     return Page(url, by_name, fold, duplicates, found.skipped, tuple(notices))
 
 
-def by_replica(page: ByName, engine: Engine) -> dict[str, dict[str, ByName]]:
+# A replica's series on a node page, by process: its samples by name, and the models they name
+Split = dict[str, dict[str, tuple["ByName", frozenset[str]]]]
+
+
+def replicas_on(page: Page, engine: Engine) -> Split:
     """A node page's samples by replica and process (``Engine.replica_label``,
-    ``process_label``), each name's in page order; the node's own series (without the
-    replica label) belong to none."""
+    ``process_label``), each name's in page order, with the models each process's series
+    name; the node's own series (without the replica label) belong to none. Worked out once
+    per page and row, whichever clusters read it (a Ray node's page is every model's:
+    ``SharedPages`` hands the same page to each model's cluster). Read-only."""
+    found = page.split.get(engine.name)
+    if found is None:
+        found = page.split[engine.name] = _by_replica(page.samples, engine)
+    return found
+
+
+def _by_replica(page: ByName, engine: Engine) -> Split:
     assert engine.replica_label is not None
-    label, process = engine.replica_label, engine.process_label
+    label, process, model = engine.replica_label, engine.process_label, engine.model_label
     units: dict[str, dict[str, ByName]] = {}
+    models: dict[tuple[str, str], set[str]] = {}
     for name, samples in page.items():
         for sample in samples:
             labels = sample.labels
             replica = labels.get(label)
             if replica is None:
                 continue
-            unit = units.setdefault(replica, {}).setdefault(
-                labels.get(process, "") if process else "", {}
-            )
+            worker = labels.get(process, "") if process else ""
+            unit = units.setdefault(replica, {}).setdefault(worker, {})
             group = unit.get(name)
             if group is None:
                 unit[name] = [sample]
+                models.setdefault((replica, worker), set()).add(labels.get(model, ""))
             else:
                 group.append(sample)
-    return units
+                if (value := labels.get(model, "")) not in models[replica, worker]:
+                    models[replica, worker].add(value)
+    return {
+        replica: {w: (series, frozenset(models[replica, w])) for w, series in workers.items()}
+        for replica, workers in units.items()
+    }
 
 
 def kept(samples: Sequence[Sample], keep: Mapping[str, str] | None) -> list[Sample]:

@@ -49,7 +49,6 @@ from controller.sources.between import (
 from controller.sources.page import (
     ByName,
     Page,
-    by_replica,
     finite,
     first_family,
     kept,
@@ -58,6 +57,7 @@ from controller.sources.page import (
     pod_extractors,
     pod_kv,
     pool_tokens,
+    replicas_on,
     series_of,
     valid_fraction,
 )
@@ -194,7 +194,7 @@ class PageReader:
         kvs: list[_PodKV] = []
         errors: list[PodError] = []
         nodes: list[Page] = []  # the pages that answered, pods' or Ray nodes'
-        units: _Units = {}  # replica → process → (node page, its series there)
+        units: _Units = {}  # the model's replicas → process → (node page, its series there)
         row: Engine | None = None  # the row of the node pages, if any
         for result in results:
             if isinstance(result, PodError):
@@ -204,9 +204,10 @@ class PageReader:
             if engine is not None and engine.replica_label is not None:
                 row = engine
                 nodes.append(result)
-                for replica, processes in by_replica(result.samples, engine).items():
-                    for process, samples in processes.items():
-                        units.setdefault(replica, {})[process] = (result, samples)
+                for replica, processes in replicas_on(result, engine).items():
+                    for process, (samples, models) in processes.items():
+                        if self._model is None or self._model in models:
+                            units.setdefault(replica, {})[process] = (result, samples)
                 continue
             checked = self._check_pod(result, engine, name, chosen)
             if isinstance(checked, _PodKV):
@@ -369,10 +370,7 @@ class PageReader:
         wrong: list[PodError] = []
         accepted: set[str] = set()
         refused: set[str] = set()
-        for replica, processes in units.items():
-            mine = {p: v for p, v in processes.items() if self._of_model(v[1], engine)}
-            if not mine:
-                continue  # another model's replica
+        for replica, mine in units.items():  # the cluster's model's (``read``)
             process = self._replicas.current(replica, list(mine))
             node, samples = mine[process]
             gauges = [*engine.kv.names, *engine.waiting.names, *engine.running.names]
@@ -400,14 +398,6 @@ class PageReader:
             )
             self._notice = PodError("*", Reason.MIXED_MODELS, detail)
         return found, wrong, refused - accepted
-
-    def _of_model(self, samples: ByName, engine: Engine) -> bool:
-        """A replica's series are the cluster's model's: any of them names it (its gauges
-        may be gone, its histogram stays)."""
-        if not self._model:
-            return True
-        label = engine.model_label
-        return any(s.labels.get(label) == self._model for group in samples.values() for s in group)
 
     def _age_replicas(
         self, results: Sequence[Page | PodError], epp: Page | PodError | None

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import replace
+from collections.abc import Awaitable, Callable, Hashable, Mapping
+from dataclasses import dataclass, field, replace
 
 import aiohttp
 
@@ -37,6 +37,52 @@ async def fetch_page(
         return PodError(url=endpoint.url, reason=exc.reason, detail=exc.detail)
 
 
+@dataclass(slots=True)
+class _Round:
+    answer: asyncio.Future[Page | PodError]
+    began: float
+    asked: set[str] = field(default_factory=set)
+
+
+class SharedPages:
+    """A page several clusters read is fetched once a round: a Ray node holding replicas of
+    several models (one cluster per model), an EPP serving several pools. Every cluster that
+    asks for it within a round shares the answer (as ``prometheus.Querier`` shares a round's
+    queries); a cluster asking again starts the next round, and so does anyone asking once a
+    round is older than the page's timeout (a tick's clusters ask within moments of each
+    other, ticks are an interval apart), when the round is also forgotten. Only pages read
+    the same way for everyone are shared (``PageStream.alike``), with the same credentials
+    and limits (the key)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._rounds: dict[Hashable, _Round] = {}
+        self.fetched = 0  # rounds begun: for tests and benchmarks
+
+    async def read(
+        self,
+        key: Hashable,
+        cluster: str,
+        fresh_for: float,
+        fetch: Callable[[], Awaitable[Page | PodError]],
+    ) -> Page | PodError:
+        now = self._clock()
+        round_ = self._rounds.get(key)
+        if round_ is None or cluster in round_.asked or now - round_.began > fresh_for:
+            round_ = _Round(asyncio.ensure_future(fetch()), now)
+            self._rounds[key] = round_
+            self.fetched += 1
+            loop = asyncio.get_running_loop()
+            loop.call_later(fresh_for, self._forget, key, round_)
+        round_.asked.add(cluster)
+        # a cluster's fetch cancelled at its deadline leaves the round to the others
+        return await asyncio.shield(round_.answer)
+
+    def _forget(self, key: Hashable, round_: _Round) -> None:
+        if self._rounds.get(key) is round_:
+            del self._rounds[key]
+
+
 class ScrapeSource:
     """Reads one cluster by scraping its vLLM pods (listed, or discovered) and, if
     configured, its EPP (at its URL, or found from its InferencePool)."""
@@ -53,10 +99,12 @@ class ScrapeSource:
         monotonic: Callable[[], float] = time.monotonic,
         engines: Mapping[str, Engine] = ENGINES,
         pools: PoolLookup | None = None,
+        shared: SharedPages | None = None,
     ) -> None:
         """``clock`` stamps what is read; ``monotonic`` paces pod discovery; ``engines`` is
         the table pages are read by (``Settings.engine_table``); ``pools`` finds an
-        InferencePool's EPP (``controller.kube.pools``)."""
+        InferencePool's EPP (``controller.kube.pools``); ``shared`` reads a page other
+        clusters read once for all of them."""
         self._token = TokenFile(cluster.bearer_token_file) if cluster.bearer_token_file else None
         self._epp_token = (
             TokenFile(cluster.epp_bearer_token_file)
@@ -64,6 +112,16 @@ class ScrapeSource:
             else self._token
         )
         self._tls = ssl_context(cluster.ca_file, cluster.tls_insecure_skip_verify)
+        self._shared = shared
+        # what a page's reading depends on beside its URL and extractor: shared only alike
+        self._reading = (
+            str(cluster.bearer_token_file),
+            str(cluster.epp_bearer_token_file),
+            str(cluster.ca_file),
+            cluster.tls_insecure_skip_verify,
+            timeout,
+            scrape.max_body_bytes,
+        )
         self._timeout, self._max_bytes, self._limiter = timeout, scrape.max_body_bytes, limiter
         self._name = cluster.name
         self._vllm = {str(url): self._endpoint(url, self._token) for url in cluster.vllm_urls}
@@ -111,7 +169,16 @@ class ScrapeSource:
         behind each other, not in front of the other clusters' (the process-wide limiter then
         serves them first come, first served)."""
         async with self._slots:
-            return await fetch_page(self._session, endpoint, stream())
+            fresh = stream()
+            if self._shared is None or (extractor := fresh.alike) is None:
+                return await fetch_page(self._session, endpoint, fresh)
+            key = (endpoint.url, id(extractor), self._reading)
+            return await self._shared.read(
+                key,
+                self._name,
+                self._timeout,
+                lambda: fetch_page(self._session, endpoint, fresh),
+            )
 
     async def _find_epp(self) -> PodError | None:
         """Where the InferencePool's EPP is now (a new URL is a new endpoint; what the reader
