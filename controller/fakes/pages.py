@@ -44,6 +44,18 @@ class CumulativeHistogram:
         return out
 
 
+@dataclass(frozen=True, slots=True)
+class Served:
+    """One server's signals as a page shows them: a pod, or a Ray Serve replica on a node."""
+
+    kv: float
+    waiting: float
+    running: float
+    e2e: CumulativeHistogram | None = None
+    blocks: int | None = 2048  # its KV pool (None: it publishes none)
+    replica: str = "replica-0"
+
+
 def engine_page(
     engine: Engine,
     model: str,
@@ -61,37 +73,57 @@ def engine_page(
     label, the pool by the row's first rule (``blocks=None``: a server that publishes none),
     and the e2e histogram where the row has one. A row whose pages hold replicas (Ray Serve's)
     gets a node page of one, ``replica``, run by one worker: every series carries both."""
+    served = Served(kv, waiting, running, e2e, blocks, replica)
+    return node_page(engine, model, [served], timestamp_ms, block_size)
+
+
+def node_page(
+    engine: Engine,
+    model: str,
+    servers: Sequence[Served],
+    timestamp_ms: int | None = None,
+    block_size: int = 16,
+) -> str:
+    """``engine_page`` for several servers on one page, each family once with every
+    server's series under it: a Ray node's metrics-export page holding several replicas
+    (each tagged with its ``ReplicaId`` and a worker of its own)."""
     stamp = "" if timestamp_ms is None else f" {timestamp_ms}"
-    unit = [(engine.replica_label, replica)] if engine.replica_label else []
-    if engine.process_label:
-        unit.append((engine.process_label, f"{replica}-worker"))
     model_label = (engine.model_label, model)
-    lines: list[str] = []
+    families: dict[str, list[str]] = {}
+    histograms: list[str] = []
 
-    def gauge(family: Family, value: float, labels: Sequence[tuple[str, str]] = ()) -> None:
+    def gauge(family: Family, value: float, labels: Sequence[tuple[str, str]]) -> None:
         name = family.names[0]
-        pairs = [*((k, v) for k, v in family.match if v), *labels, *unit]
+        pairs = [*((k, v) for k, v in family.match if v), *labels]
         text = ",".join(f'{k}="{v}"' for k, v in sorted(pairs))
-        lines.extend([f"# HELP {name} {name}", f"# TYPE {name} gauge"])
-        lines.append(f"{name}{{{text}}} {value}{stamp}")
+        families.setdefault(name, []).append(f"{name}{{{text}}} {value}{stamp}")
 
-    gauge(engine.kv, kv, [model_label])
-    gauge(engine.waiting, waiting, [model_label])
-    gauge(engine.running, running, [model_label])
-    pool = engine.pools[0] if engine.pools and blocks is not None else None
-    if pool is not None and blocks is not None:
-        if pool.info is not None:
-            sizes = [(pool.block_label, str(block_size)), (pool.count_label, str(blocks))]
-            gauge(Family((pool.info,)), 1.0, sizes)
-        if pool.block is not None and pool.count is not None:
-            gauge(pool.block, block_size, [model_label])
-            gauge(pool.count, blocks, [model_label])
-        if pool.tokens is not None:
-            gauge(pool.tokens, blocks * block_size, [model_label])
-    if engine.latency is not None and e2e is not None:
-        named = ",".join(f'{k}="{v}"' for k, v in [model_label, *unit])
-        lines += e2e.lines(engine.latency, named)
-    return "\n".join(lines) + "\n"
+    for server in servers:
+        unit = [(engine.replica_label, server.replica)] if engine.replica_label else []
+        if engine.process_label:
+            unit.append((engine.process_label, f"{server.replica}-worker"))
+        gauge(engine.kv, server.kv, [model_label, *unit])
+        gauge(engine.waiting, server.waiting, [model_label, *unit])
+        gauge(engine.running, server.running, [model_label, *unit])
+        blocks = server.blocks
+        pool = engine.pools[0] if engine.pools and blocks is not None else None
+        if pool is not None and blocks is not None:
+            if pool.info is not None:
+                sizes = [(pool.block_label, str(block_size)), (pool.count_label, str(blocks))]
+                gauge(Family((pool.info,)), 1.0, [*sizes, *unit])
+            if pool.block is not None and pool.count is not None:
+                gauge(pool.block, block_size, [model_label, *unit])
+                gauge(pool.count, blocks, [model_label, *unit])
+            if pool.tokens is not None:
+                gauge(pool.tokens, blocks * block_size, [model_label, *unit])
+        if engine.latency is not None and server.e2e is not None:
+            named = ",".join(f'{k}="{v}"' for k, v in [model_label, *unit])
+            lines = server.e2e.lines(engine.latency, named)
+            histograms += lines if not histograms else lines[2:]  # HELP and TYPE once
+    out: list[str] = []
+    for name, lines in families.items():
+        out += [f"# HELP {name} {name}", f"# TYPE {name} gauge", *lines]
+    return "\n".join([*out, *histograms]) + "\n"
 
 
 def cache_config(blocks: int, block_size: int, engine: str | None) -> list[str]:

@@ -328,6 +328,25 @@ def mixed_engines() -> Scenario:
     )
 
 
+def ray_serve() -> Scenario:
+    """A Ray Serve LLM cluster among vLLM Deployments: its four replicas on two Ray nodes,
+    each node's page holding two replicas, each replica read as a pod by its ReplicaId and
+    its pool kept as Ray drops the info gauge (#42)."""
+    clusters = [
+        ClusterSpec("h100", 2, BIG_GPU),
+        ClusterSpec("l40s-ray", 4, MID_GPU, engine="ray-vllm", nodes=2),
+        ClusterSpec("a10", 2),
+    ]
+    return Scenario(
+        "ray-serve",
+        "vLLM on 2 pods of 80 GB, Ray Serve LLM with 4 replicas on 2 Ray nodes of 48 GB GPUs"
+        " (each node's page holding 2), vLLM on 2 pods of 24 GB, at 60%, from an even split",
+        clusters,
+        constant(rate_for(0.6, *clusters)),
+        hot="a10",
+    )
+
+
 def local_heavy() -> Scenario:
     a, b, c = three()
     extra = 0.6 * b.replicas * capacity(b.replica)
@@ -388,6 +407,7 @@ BASE = (
     rename,
     unequal_gpus,
     mixed_engines,
+    ray_serve,
     local_heavy,
     daily_curve,
     epp_only,

@@ -29,8 +29,9 @@ from typing import Literal
 from controller.engines import ENGINES, VLLM
 from controller.fakes.pages import (
     CumulativeHistogram,
-    engine_page,
+    Served,
     epp_page,
+    node_page,
     vllm_v0_page,
     vllm_v1_page,
 )
@@ -84,6 +85,9 @@ class ClusterSpec:
     read: Literal["pods", "epp"] = "pods"  # how the controller sees it
     engine: str = "vllm"
     pool: bool = True
+    # A row whose pages hold replicas (Ray Serve's): its replicas on this many node pages,
+    # replica i on node i mod nodes, each page holding every replica of its node.
+    nodes: int = 0
 
 
 @dataclass
@@ -190,8 +194,7 @@ class Scraper:
             return [PodError(u, Reason.TIMEOUT, "no answer in time") for u in urls]
         gauges = cluster.gauges_at(now - self._rng.uniform(0.0, cluster.scrape_age))
         return [
-            read_page(u, self._text(cluster, i, gauges[i]), POD_EXTRACTOR)
-            for i, u in enumerate(urls)
+            read_page(u, self._page(cluster, i, gauges), POD_EXTRACTOR) for i, u in enumerate(urls)
         ]
 
     def freeze(self, cluster: Cluster, now: float) -> None:
@@ -199,15 +202,37 @@ class Scraper:
         spec = cluster.spec
         gauges = cluster.gauges_at(now)
         cluster.frozen = [
-            read_page(
-                pod_urls(spec)[i],
-                self._text(cluster, i, gauges[i], int(now * 1000)),
-                POD_EXTRACTOR,
-            )
-            for i in range(spec.replicas)
+            read_page(url, self._page(cluster, i, gauges, int(now * 1000)), POD_EXTRACTOR)
+            for i, url in enumerate(pod_urls(spec))
         ]
 
-    def _text(
+    def _page(
+        self,
+        cluster: Cluster,
+        index: int,
+        gauges: list[tuple[float, int, int]],
+        stamp: int | None = None,
+    ) -> str:
+        """The page at ``pod_urls(spec)[index]``: a pod's, or a node's with its replicas."""
+        spec = cluster.spec
+        if spec.engine == VLLM.name:
+            return self._vllm(cluster, index, gauges[index], stamp)
+        held = range(index, spec.replicas, spec.nodes) if spec.nodes else [index]
+        served = [self._served(cluster, i, gauges[i]) for i in held]
+        size = cluster.replicas[0].spec.block_size
+        return node_page(ENGINES[spec.engine], MODEL, served, stamp, size)
+
+    def _served(self, cluster: Cluster, pod: int, gauges: tuple[float, int, int]) -> Served:
+        """A server of a row other than vLLM's (its page as the row reads it)."""
+        kv, waiting, running = gauges
+        if cluster.noise:
+            kv = min(1.0, max(0.0, kv + self._rng.gauss(0.0, cluster.noise)))
+        replica = cluster.replicas[pod]
+        blocks = replica.spec.num_gpu_blocks if cluster.spec.pool else None
+        name = f"{cluster.spec.name}-replica-{pod}"
+        return Served(round(kv, 4), waiting, running, replica.e2e, blocks, name)
+
+    def _vllm(
         self,
         cluster: Cluster,
         pod: int,
@@ -220,20 +245,6 @@ class Scraper:
         replica = cluster.replicas[pod]
         size = replica.spec.block_size
         blocks = replica.spec.num_gpu_blocks if cluster.spec.pool else None
-        if cluster.spec.engine != VLLM.name:
-            engine = ENGINES[cluster.spec.engine]
-            return engine_page(
-                engine,
-                MODEL,
-                round(kv, 4),
-                waiting,
-                running,
-                replica.e2e,
-                stamp,
-                blocks,
-                size,
-                f"{cluster.spec.name}-replica-{pod}",
-            )
         if cluster.style == "v0":
             return vllm_v0_page(
                 MODEL, round(kv, 4), waiting, running, replica.e2e, stamp, blocks, size
@@ -244,6 +255,9 @@ class Scraper:
 
 
 def pod_urls(spec: ClusterSpec) -> list[str]:
+    """Its pods' pages, or its Ray nodes' (``ClusterSpec.nodes``)."""
+    if spec.nodes:
+        return [f"http://{spec.name}-node-{i}:8080/metrics" for i in range(spec.nodes)]
     return [f"http://{spec.name}-pod-{i}:8000/metrics" for i in range(spec.replicas)]
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import random
 import statistics
 import subprocess
 import sys
@@ -20,13 +21,15 @@ from pathlib import Path
 
 import pytest
 
-from controller.settings import WeightSettings
+from controller.settings import WeightSettings, build_settings
 from controller.simulation.engine import DT, Trace, run
 from controller.simulation.policies import Ours
 from controller.simulation.report import Job, Outcome, run_all, run_job, sim_settings
 from controller.simulation.scenarios import SCENARIOS
 from controller.simulation.scores import Scores
 from controller.simulation.vllm import Replica, ReplicaSpec, Request
+from controller.simulation.world import Cluster, Scraper, pod_urls
+from controller.sources.reader import PageReader
 
 DEFAULTS = WeightSettings()
 INTERVAL = 10.0
@@ -40,6 +43,7 @@ PLAN: dict[str, tuple[tuple[str, ...], tuple[float, ...], float]] = {
     "heterogeneous": (("ours", "naive"), DELAYS, 900.0),
     "unequal-gpus": (("ours", "integral"), DELAYS, 1800.0),
     "mixed-engines": (("ours", "pods"), DELAYS, 1800.0),
+    "ray-serve": (("ours", "pods"), (10.0,), 1800.0),
     "daily": (("ours",), (30.0,), 1800.0),
     "dead-return": (("ours", "naive"), DELAYS, 1500.0),
     "all-hot": (("ours", "static"), (10.0,), 600.0),
@@ -233,6 +237,32 @@ def test_a_cluster_that_publishes_no_pool_leaves_the_others_their_hardware(
     assert ours <= pods / 2
     assert median(runs, "mixed-engines", "ours", delay, lambda s: s.writes_per_hour) <= 10
     assert median(runs, "mixed-engines", "ours", delay, lambda s: s.reversals_per_hour) <= 4
+
+
+def test_a_ray_serve_cluster_is_read_by_its_replicas_on_its_node_pages() -> None:
+    """#42: the world renders a Ray cluster as node pages, each holding two replicas; the
+    reader counts four replicas and their pools, never two pods."""
+    spec = next(c for c in SCENARIOS["ray-serve"]().clusters if c.nodes)
+    cluster = Cluster.build(spec)
+    cluster.remember(0.0)
+    pages = Scraper(random.Random(1)).pages(cluster, 0.0)
+    assert len(pages) == spec.nodes == 2
+    settings = build_settings({"clusters": [{"name": spec.name, "vllm_urls": pod_urls(spec)}]})
+    metrics = PageReader(settings.clusters[0], 1).read(pages, None, 0.0, 0.0)
+    assert (metrics.replicas, metrics.engine, metrics.errors) == (4, "ray-vllm", ())
+    assert metrics.kv_tokens == 4 * spec.replica.num_gpu_blocks * spec.replica.block_size
+
+
+def test_a_ray_serve_cluster_among_vllm_ones_settles_as_unequal_gpus_do(
+    runs: list[Outcome],
+) -> None:
+    """Weighed by its replicas' pools it settles; in pods (four replicas against two pods of
+    GPUs twice its size) it overloads the small cluster and flaps."""
+    ours = median(runs, "ray-serve", "ours", 10.0, lambda s: s.overload_cluster_s)
+    pods = median(runs, "ray-serve", "pods", 10.0, lambda s: s.overload_cluster_s)
+    assert ours <= pods / 2
+    assert median(runs, "ray-serve", "ours", 10.0, lambda s: s.writes_per_hour) <= 10
+    assert median(runs, "ray-serve", "ours", 10.0, lambda s: s.reversals_per_hour) <= 4
 
 
 def test_a_daily_curve_behind_a_slow_gateway_writes_little(runs: list[Outcome]) -> None:
