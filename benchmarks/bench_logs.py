@@ -28,24 +28,16 @@ from controller.app import Controller  # noqa: E402
 from controller.demo.runner import PERIOD, apply_scenario, demo_fleet  # noqa: E402
 from controller.model import ClusterMetrics  # noqa: E402
 from controller.settings import build_settings  # noqa: E402
-from controller.testing import build_loop  # noqa: E402
+from controller.testing import Driver, VirtualClock  # noqa: E402
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class Steady:
-    def __init__(self, name: str, clock: Clock, rng: random.Random) -> None:
-        self.cluster, self._clock, self._rng = name, clock, rng
-
-    async def fetch(self) -> ClusterMetrics:
-        kv = 0.4 + self._rng.uniform(-0.01, 0.01)
-        return ClusterMetrics(self.cluster, self._clock(), 0.01, 2, 2, kv_mean=kv, kv_max=kv)
+def steady_metrics(names: list[str], now: float, rng: random.Random) -> dict[str, ClusterMetrics]:
+    """Clusters whose KV barely moves (±1 point)."""
+    kvs = [0.4 + rng.uniform(-0.01, 0.01) for _ in names]
+    return {
+        n: ClusterMetrics(n, now, 0.01, 2, 2, kv_mean=kv, kv_max=kv)
+        for n, kv in zip(names, kvs, strict=True)
+    }
 
 
 def capture() -> io.StringIO:
@@ -62,7 +54,6 @@ def counted(stream: io.StringIO, minutes: float) -> tuple[float, float, float]:
 
 
 async def steady(clusters: int, minutes: float) -> tuple[float, float, float]:
-    clock = Clock()
     rng = random.Random(f"steady-{clusters}")
     names = [f"c{i:03}" for i in range(clusters)]
     settings = build_settings(
@@ -71,22 +62,21 @@ async def steady(clusters: int, minutes: float) -> tuple[float, float, float]:
             "clusters": [{"name": n, "vllm_urls": ["http://127.0.0.1:1/"]} for n in names],
         }
     )
-    sources = [Steady(n, clock, rng) for n in names]
-    reconciler = build_loop(settings, sources, clock=clock).reconciler
+    driver, now = Driver(settings), 1_000_000.0
     stream = capture()
     for _ in range(6):  # the first minute settles the first weights; not counted
-        await reconciler.tick()
-        clock.now += 10
+        await driver.tick(now, steady_metrics(names, now, rng))
+        now += 10
     stream.seek(0)
     stream.truncate()
     for _ in range(int(minutes * 6)):
-        await reconciler.tick()
-        clock.now += 10
+        await driver.tick(now, steady_metrics(names, now, rng))
+        now += 10
     return counted(stream, minutes)
 
 
 async def story() -> tuple[float, float, float]:
-    clock = Clock()
+    clock = VirtualClock(1_000_000.0)
     async with demo_fleet() as fleet:
         settings = build_settings(
             {

@@ -22,7 +22,7 @@ from controller import health, signals, weights
 from controller.model import IMPLICIT_TARGET, ClusterHealth, ClusterMetrics, Signals, Write
 from controller.settings import Settings
 from controller.simulation.scenarios import Scenario, capacity
-from controller.testing import build_loop
+from controller.testing import Driver
 from controller.weights.rounding import round_to_total
 from controller.weights.steps import capped, within
 
@@ -39,59 +39,39 @@ class Policy(Protocol):
     def healthy(self, name: str) -> bool | None: ...
 
 
-class _SimSource:
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.next: ClusterMetrics | None = None
-
-    @property
-    def cluster(self) -> str:
-        return self.name
-
-    async def fetch(self) -> ClusterMetrics:
-        assert self.next is not None
-        return self.next
-
-
 class Ours:
     """The daemon's own Reconciler with simulated sources and a virtual clock."""
 
     def __init__(self, settings: Settings, name: str = "ours") -> None:
         self.name = name
-        self._now = 0.0
-        self._sources = {c.name: _SimSource(c.name) for c in settings.clusters}
-        loop = build_loop(settings, list(self._sources.values()), clock=lambda: self._now)
-        self._reconciler, self._snapshot = loop.reconciler, loop.snapshot
+        self._driver = Driver(settings)
 
     async def tick(
         self, now: float, metrics: Mapping[str, ClusterMetrics]
     ) -> dict[str, int] | None:
-        self._now = now
-        for name, source in self._sources.items():
-            source.next = metrics[name]
-        report = await self._reconciler.tick()
+        report = await self._driver.tick(now, metrics)
         only = report.only  # the implicit target: what it would apply goes to the router
         if only is None or only.outcome.write is not Write.WOULD:
             return None
         return dict(only.outcome.applied)
 
     def healthy(self, name: str) -> bool | None:
-        state = self._snapshot.report.clusters[name].health
+        state = self._driver.snapshot.report.clusters[name].health
         return None if state is None else state.healthy
 
     def realised(self) -> dict[str, float]:
         """The implicit target's realised share per cluster, as the daemon exports it."""
-        view = self._snapshot.report.targets.get(IMPLICIT_TARGET)
+        view = self._driver.snapshot.report.targets.get(IMPLICIT_TARGET)
         return dict(view.realised) if view is not None else {}
 
     def actuation_delay(self) -> float | None:
         """The implicit target's measured actuation delay, as /debug/state shows it."""
-        view = self._snapshot.report.targets.get(IMPLICIT_TARGET)
+        view = self._driver.snapshot.report.targets.get(IMPLICIT_TARGET)
         return view.actuation_delay if view is not None else None
 
     def intended(self) -> dict[str, float]:
         """... and the share its weights intended over the same window."""
-        view = self._snapshot.report.targets.get(IMPLICIT_TARGET)
+        view = self._driver.snapshot.report.targets.get(IMPLICIT_TARGET)
         return dict(view.intended) if view is not None else {}
 
 

@@ -25,6 +25,7 @@ from controller.settings import Settings, build_settings
 from controller.signals import on_one_basis
 from controller.sources import dns
 from controller.sources.scrape import ScrapeSource
+from controller.testing import VirtualClock
 from tests.support.dns import DNSServer
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -195,14 +196,6 @@ async def nameserver() -> AsyncIterator[DNSServer]:
     server.stop()
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 async def test_pods_behind_a_headless_name_come_and_go_without_a_restart(
     pods: Pods, nameserver: DNSServer
 ) -> None:
@@ -212,7 +205,7 @@ async def test_pods_behind_a_headless_name_come_and_go_without_a_restart(
     nameserver.records[name] = ["127.0.0.2", "127.0.0.3"]
     discovery = {"dns": name, "port": pods.port, "nameserver": nameserver.address, "refresh": 5}
     settings = settings_for([{"name": "a", "pods": discovery}])
-    clock = Clock()
+    clock = VirtualClock()
     async with aiohttp.ClientSession() as session:
         source = ScrapeSource(settings.clusters[0], settings.scrape, 1.0, session, monotonic=clock)
         first = await source.fetch()

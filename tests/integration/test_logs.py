@@ -29,7 +29,7 @@ from controller.kube.leader import LeaderElector
 from controller.logs import Conditions
 from controller.model import ClusterMetrics
 from controller.settings import LeaderSettings, build_settings
-from controller.testing import build_loop
+from controller.testing import Driver, VirtualClock
 from tests.support import crds
 from tests.support.apiserver import FakeAPIServer
 from tests.support.kube import CRD, NS, model, provider, wait_until
@@ -73,16 +73,8 @@ def test_every_emitted_event_is_in_the_catalogue_and_back() -> None:
 # ---- conditions ------------------------------------------------------------------------------
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_condition_logs_when_it_starts_at_most_every_repeat_and_when_it_ends() -> None:
-    clock = Clock()
+    clock = VirtualClock(1000.0)
     log = structlog.get_logger("test")
     conditions = Conditions(log, repeat=300, clock=clock)
     with capture_logs() as lines:
@@ -106,7 +98,7 @@ def test_a_condition_logs_when_it_starts_at_most_every_repeat_and_when_it_ends()
 
 
 def test_retain_ends_only_the_conditions_of_that_scope_not_seen_again() -> None:
-    conditions = Conditions(structlog.get_logger("test"), clock=Clock())
+    conditions = Conditions(structlog.get_logger("test"), clock=VirtualClock(1000.0))
     with capture_logs() as lines:
         for key in (("pod", "a", "u1"), ("pod", "a", "u2"), ("pod", "b", "u1")):
             conditions.observe("pod failing", key, cluster=key[1], pod=key[2])
@@ -161,18 +153,12 @@ def test_json_and_logfmt_carry_the_same_typed_keys(rendered: Any) -> None:
 # ---- quiet steady state ----------------------------------------------------------------------
 
 
-class Steady:
-    """A cluster whose KV never moves: the world of a quiet night."""
-
-    def __init__(self, name: str, clock: Clock) -> None:
-        self.cluster, self._clock = name, clock
-
-    async def fetch(self) -> ClusterMetrics:
-        return ClusterMetrics(self.cluster, self._clock(), 0.01, 2, 2, kv_mean=0.4, kv_max=0.45)
+def steady(names: list[str], now: float) -> dict[str, ClusterMetrics]:
+    """Clusters whose KV never moves: the world of a quiet night."""
+    return {n: ClusterMetrics(n, now, 0.01, 2, 2, kv_mean=0.4, kv_max=0.45) for n in names}
 
 
 async def test_two_hundred_steady_clusters_write_only_the_summaries() -> None:
-    clock = Clock()
     names = [f"c{i:03}" for i in range(200)]
     settings = build_settings(
         {
@@ -180,13 +166,12 @@ async def test_two_hundred_steady_clusters_write_only_the_summaries() -> None:
             "clusters": [{"name": n, "vllm_urls": ["http://127.0.0.1:1/"]} for n in names],
         }
     )
-    sources = [Steady(n, clock) for n in names]
-    reconciler = build_loop(settings, sources, clock=clock).reconciler
-    await reconciler.tick()  # the start: every cluster's first status, the first weights
+    driver, now = Driver(settings), 1000.0
+    await driver.tick(now, steady(names, now))  # every cluster's first status, the weights
     with capture_logs() as lines:
         for _ in range(60):  # ten minutes
-            clock.now += 10
-            await reconciler.tick()
+            now += 10
+            await driver.tick(now, steady(names, now))
     info = [e for e in lines if e["log_level"] != "debug"]
     summaries = [e for e in info if e["event"] == "target summary" or e.get("summary")]
     besides = [e for e in info if e not in summaries]
@@ -213,7 +198,7 @@ async def test_the_cookbook_answers_what_the_story_did(
     refs = [("cluster-a", 34), ("cluster-b", 33), ("cluster-c", 33)]
     apiserver.put_object(CRD, "externalmodels", model("granite", refs))
     stream = rendered("json")
-    clock = Clock()
+    clock = VirtualClock(1000.0)
     async with (
         demo_fleet() as fleet,
         client.ApiClient(client.Configuration(host=apiserver.url)) as api,

@@ -17,22 +17,19 @@ from controller.publish import Discovery, Publisher
 from controller.reconcile.loop import Reconciler
 from controller.settings import Settings, build_settings
 from controller.state import Snapshot
-from controller.testing import build_loop
+from controller.testing import ScriptedSource, build_loop
 
 
-class ScriptedSource:
-    """A ClusterMetricsSource whose answers (and delays) a test sets; counts overlap."""
+class Timed(ScriptedSource):
+    """A scripted source whose answers take ``delay`` (or raise, once); counts overlap."""
 
     def __init__(self, name: str, kv: float = 0.3, delay: float = 0.0) -> None:
-        self.name, self.kv, self.delay = name, kv, delay
+        super().__init__(name)
+        self.kv, self.delay = kv, delay
         self.raise_next = False
         self.active = 0
         self.max_active = 0
         self.starts: list[float] = []
-
-    @property
-    def cluster(self) -> str:
-        return self.name
 
     async def fetch(self) -> ClusterMetrics:
         self.starts.append(asyncio.get_running_loop().time())
@@ -43,9 +40,10 @@ class ScriptedSource:
                 self.raise_next = False
                 raise RuntimeError("bug in a source")
             await asyncio.sleep(self.delay)
-            return ClusterMetrics(
+            self.next = ClusterMetrics(
                 self.name, time.time(), self.delay, 1, 1, kv_mean=self.kv, kv_max=self.kv
             )
+            return await super().fetch()
         finally:
             self.active -= 1
 
@@ -74,7 +72,7 @@ class FailingPublisher:
 
 
 def make(
-    settings: Settings, *sources: ScriptedSource, publisher: Publisher | None = None
+    settings: Settings, *sources: Timed, publisher: Publisher | None = None
 ) -> tuple[Reconciler, Snapshot, CollectorRegistry]:
     loop = build_loop(settings, list(sources), publisher)
     return loop.reconciler, loop.snapshot, loop.registry
@@ -112,7 +110,7 @@ class SlowPublisher:
 
 @pytest.mark.looptime  # the loop's clock is virtual: no wall time, no CPU load, no jitter
 async def test_ticks_stay_on_the_grid_skip_missed_slots_and_never_overlap() -> None:
-    a, b = ScriptedSource("a", delay=0.12), ScriptedSource("b", kv=0.9)
+    a, b = Timed("a", delay=0.12), Timed("b", kv=0.9)
     reconciler, snapshot, _ = make(settings(0.2), a, b, publisher=SlowPublisher(0.15))
     stop = asyncio.Event()
     task = asyncio.create_task(reconciler.run(stop))
@@ -136,7 +134,7 @@ async def test_ticks_stay_on_the_grid_skip_missed_slots_and_never_overlap() -> N
 
 @pytest.mark.looptime
 async def test_the_tick_deadline_fails_only_the_slow_cluster() -> None:
-    a, b = ScriptedSource("a", delay=5), ScriptedSource("b")
+    a, b = Timed("a", delay=5), Timed("b")
     reconciler, _, _ = make(settings(0.1), a, b)
     report = await asyncio.wait_for(reconciler.tick(), 1)
     assert report.clusters["a"].metrics is not None
@@ -146,7 +144,7 @@ async def test_the_tick_deadline_fails_only_the_slow_cluster() -> None:
 
 
 async def test_a_raising_source_is_counted_and_the_loop_goes_on() -> None:
-    a, b = ScriptedSource("a"), ScriptedSource("b")
+    a, b = Timed("a"), Timed("b")
     reconciler, _, registry = make(settings(), a, b)
     a.raise_next = True
     report = await reconciler.tick()
@@ -161,7 +159,7 @@ async def test_a_raising_source_is_counted_and_the_loop_goes_on() -> None:
 
 
 async def test_a_failed_publish_keeps_the_old_weights_in_force() -> None:
-    a, b = ScriptedSource("a", kv=0.9), ScriptedSource("b", kv=0.1)
+    a, b = Timed("a", kv=0.9), Timed("b", kv=0.1)
     publisher = FailingPublisher()
     reconciler, snapshot, registry = make(settings(), a, b, publisher=publisher)
     with capture_logs() as logs:
@@ -178,7 +176,7 @@ async def test_a_failed_publish_keeps_the_old_weights_in_force() -> None:
 
 
 async def test_logs_one_greppable_line_per_cluster_and_state_changes() -> None:
-    a, b = ScriptedSource("a", kv=0.95), ScriptedSource("b", kv=0.2)
+    a, b = Timed("a", kv=0.95), Timed("b", kv=0.2)
     reconciler, _, _ = make(settings(), a, b)
     with capture_logs() as logs:
         await reconciler.tick()
@@ -222,7 +220,7 @@ async def test_our_own_metrics_page_stays_under_two_kilobytes_per_cluster() -> N
             "clusters": [{"name": n, "vllm_urls": ["http://127.0.0.1:1/"]} for n in names],
         }
     )
-    sources = [ScriptedSource(n, kv=0.2 + (i % 7) / 20) for i, n in enumerate(names)]
+    sources = [Timed(n, kv=0.2 + (i % 7) / 20) for i, n in enumerate(names)]
     sources[0].raise_next = True  # one failing cluster: its error series appear too
     reconciler, _, registry = make(settings, *sources)
     for _ in range(3):
