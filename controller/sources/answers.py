@@ -1,0 +1,248 @@
+"""Pure: PromQL answers → a cluster's ``ClusterMetrics``. One conversion for the live source
+(``prometheus``: each query's instant answer now) and for replay (a range query's answer at
+one of its steps, which Prometheus evaluates exactly as an instant query at that time).
+
+A query's answer is its series, ``(labels, value)``; ``split`` turns them into one number per
+cluster (by the querier's cluster label, ``""`` when not grouped); ``cluster_metrics`` reads
+one cluster's numbers as the source's fetch would: an empty result is unknown, never 0, a
+failed query fails only what it feeds, and values no cluster can have are refused by name.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from controller.errors import ScrapeError
+from controller.model import CapacityFrom, ClusterMetrics, Latency, PodError, Reason
+from controller.sources import kv_tokens_problem, pod_count_problem
+
+REQUIRED = ("kv_mean",)  # without it a cluster cannot be weighed
+NAMES = (
+    "kv_mean",
+    "kv_max",
+    "kv_oldest",
+    "pods",
+    "kv_pools",
+    "kv_tokens",
+    "queue",
+    "running",
+    "latency_requests",
+)
+# Not queries: the pods kv_pools and kv_tokens found a pool on.
+POOL_PODS = "kv_pool_pods"
+TOKEN_PODS = "kv_token_pods"
+Series = Sequence[tuple[Mapping[str, str], float]]  # one query's answer: (labels, value)
+Answers = dict[str, dict[str, float] | ScrapeError]  # query → {cluster label value: value}
+
+
+def vectors(series: Series, label: str, finite: bool = True) -> dict[str, float]:
+    """An answer by the value of ``label`` (``""`` when it is not grouped); NaN and
+    infinities are unknown, so left out (``finite=False``: kept, for a check that names
+    them)."""
+    found: dict[str, float] = {}
+    for metric, value in series:
+        key = str(metric.get(label, "")) if label else ""
+        if not finite or math.isfinite(value):
+            found.setdefault(key, value)
+    return found
+
+
+_POOL_LABELS = frozenset(("num_gpu_blocks", "block_size"))
+
+
+def pools(series: Series, label: str) -> tuple[dict[str, float], dict[str, float]]:
+    """The ``kv_pools`` answer (engines by pod and KV pool) as KV tokens and pods with a
+    pool, by the value of ``label``; a series whose pool labels are not whole numbers > 0
+    leaves its cluster out (unknown, never a guess)."""
+    tokens: dict[str, float] = {}
+    pods: dict[str, set[tuple[tuple[str, str], ...]]] = {}
+    broken: set[str] = set()
+    for metric, engines in series:
+        key = str(metric.get(label, "")) if label else ""
+        try:
+            blocks, size = int(metric["num_gpu_blocks"]), int(metric["block_size"])
+        except (KeyError, ValueError):
+            broken.add(key)
+            continue
+        if blocks <= 0 or size <= 0 or not math.isfinite(engines) or engines <= 0:
+            broken.add(key)
+            continue
+        tokens[key] = tokens.get(key, 0.0) + engines * blocks * size
+        # a pod (or a replica of a Ray node's): every label but the pool's
+        pod = tuple(sorted((k, str(v)) for k, v in metric.items() if k not in _POOL_LABELS))
+        pods.setdefault(key, set()).add(pod)
+    return (
+        {k: v for k, v in tokens.items() if k not in broken},
+        {k: float(len(v)) for k, v in pods.items() if k not in broken},
+    )
+
+
+def pod_tokens(series: Series, label: str) -> tuple[dict[str, float], dict[str, float]]:
+    """The ``kv_tokens`` answer (tokens by pod) as KV tokens and pods with a pool, by the
+    value of ``label``; a pod whose pool is not a positive number leaves its cluster out."""
+    tokens: dict[str, float] = {}
+    pods: dict[str, float] = {}
+    broken: set[str] = set()
+    for metric, value in series:
+        key = str(metric.get(label, "")) if label else ""
+        if not math.isfinite(value) or value <= 0:
+            broken.add(key)
+            continue
+        tokens[key] = tokens.get(key, 0.0) + value
+        pods[key] = pods.get(key, 0.0) + 1
+    return (
+        {k: v for k, v in tokens.items() if k not in broken},
+        {k: v for k, v in pods.items() if k not in broken},
+    )
+
+
+def split(name: str, series: Series, label: str) -> Answers:
+    """One query's answer by cluster (with the pods a pool was found on, for the pool
+    queries)."""
+    if name == "kv_pools":
+        tokens, pods = pools(series, label)
+        return {name: tokens, POOL_PODS: pods}
+    if name == "kv_tokens":
+        tokens, pods = pod_tokens(series, label)
+        return {name: tokens, TOKEN_PODS: pods}
+    # a pod count NaN or infinite is refused by name (``_checked``)
+    return {name: vectors(series, label, finite=name != "pods")}
+
+
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """Whom the answers were asked of, for one cluster: the querier's address (named in
+    errors), its cluster label and this cluster's value of it, the queries as sent (an empty
+    one is named with its text), its rate window in seconds, and the fewest requests a
+    latency is computed over."""
+
+    base: str
+    label: str | None
+    value: str
+    queries: Mapping[str, str]
+    window: float
+    min_requests: float
+
+
+def cluster_metrics(
+    name: str,
+    answers: Answers,
+    asked: Asked,
+    started: float,
+    duration: float,
+    since: float | None,
+) -> ClusterMetrics:
+    """Cluster ``name``'s metrics from its querier's ``answers`` at ``started``; ``since``:
+    when its previous answers were read (``None``: never), for the requests completed
+    between them."""
+    values: dict[str, float | None] = {}
+    errors: list[PodError] = []
+    for query, answer in answers.items():
+        if isinstance(answer, ScrapeError):
+            url = f"{asked.base} ({query})"
+            # a querier that refuses is down, which says nothing of the cluster
+            reason = Reason.CONNECT if answer.reason is Reason.REFUSED else answer.reason
+            errors.append(PodError(url, reason, answer.detail))
+        else:
+            values[query] = answer.get(asked.value)
+    pages = sum(1 for query in answers if query not in (POOL_PODS, TOKEN_PODS))
+    if any(query not in values for query in REQUIRED):
+        failed = tuple(errors[:1])
+        return ClusterMetrics(name, started, duration, 1, 0, errors=failed, pages=pages)
+    values, refused = _checked(values, asked)
+    if values.get("kv_mean") is None:
+        refused.append(_empty("kv_mean", asked))
+    metrics = _metrics(name, values, asked, started, duration, (*errors, *refused))
+    return replace(metrics, pages=pages, completed=_completed(values, asked, since, started))
+
+
+def _completed(
+    values: Mapping[str, float | None], asked: Asked, since: float | None, now: float
+) -> float | None:
+    """Requests completed since the previous answers, from the rate window's increase: the
+    window's count scaled to the time since then (answers a tick apart share most of a
+    window). Unknown the first time."""
+    requests = values.get("latency_requests")
+    if requests is None or since is None:
+        return None
+    window = asked.window or 60.0
+    return requests * min(max(0.0, now - since), window) / window
+
+
+def _empty(query: str, asked: Asked) -> PodError:
+    """The query that answered nothing for this cluster, named with its start, so an
+    operator can run it: a cluster the querier holds no such series for (its label value,
+    its engine's names, the matchers)."""
+    who = f"{asked.label}={asked.value!r}" if asked.label else "this querier"
+    text = asked.queries[query]
+    shown = text if len(text) <= 300 else text[:299] + "…"
+    detail = f"{query} came back empty for {who}: no KV-cache series of any engine; {shown}"
+    return PodError(f"{asked.base} ({query})", Reason.MISSING_METRIC, detail)
+
+
+def _checked(
+    values: dict[str, float | None], asked: Asked
+) -> tuple[dict[str, float | None], list[PodError]]:
+    """Pod counts and KV-pool sizes no cluster can have (NaN, negative, 1e12) are refused by
+    name and read as unknown, never as capacity."""
+    refused = []
+    pods = values.get("pods")
+    if pods is not None and (why := pod_count_problem(pods, "pods")):
+        refused.append(PodError(f"{asked.base} (pods)", Reason.OUT_OF_RANGE, why))
+        values = {**values, "pods": None}
+    for query, counted in (("kv_pools", POOL_PODS), ("kv_tokens", TOKEN_PODS)):
+        tokens, pool_pods = values.get(query), values.get(counted) or 0.0
+        if tokens is not None and (why := kv_tokens_problem(tokens, pool_pods, query)):
+            refused.append(PodError(f"{asked.base} ({query})", Reason.OUT_OF_RANGE, why))
+            values = {**values, query: None, counted: None}
+    return values, refused
+
+
+def _metrics(
+    name: str,
+    v: Mapping[str, float | None],
+    asked: Asked,
+    started: float,
+    duration: float,
+    errors: tuple[PodError, ...],
+) -> ClusterMetrics:
+    pods = int(v.get("pods") or 0)
+    kv = v.get("kv_mean")
+    if kv is not None and not 0.0 <= kv <= 1.0:
+        kv = None  # an out-of-range fraction is unusable, as in a direct scrape
+    queue = v.get("queue")
+    # every pod reporting KV says what it holds (by vLLM's labels or another engine's
+    # gauges), or the capacity stays in pods
+    pooled = (v.get(POOL_PODS) or 0) + (v.get(TOKEN_PODS) or 0)
+    sizes = [t for t in (v.get("kv_pools"), v.get("kv_tokens")) if t is not None]
+    tokens = sum(sizes) if sizes and pooled >= max(1, pods) else None
+    return ClusterMetrics(
+        cluster=name,
+        scraped_at=started,
+        duration=duration,
+        pods_scraped=max(1, pods),
+        pods_answering=max(1, pods),
+        kv_mean=kv,
+        kv_max=v.get("kv_max") if kv is not None else None,
+        kv_family="promql" if kv is not None else None,
+        queue_depth=queue,
+        queue_per_pod=queue / pods if queue is not None and pods else None,
+        running=v.get("running"),
+        latency=_latency(v, asked.min_requests),
+        observed_at=v.get("kv_oldest"),
+        invalid_samples=0,
+        errors=errors,
+        kv_tokens=tokens,
+        kv_tokens_from=CapacityFrom.KV_BLOCKS if tokens is not None else None,
+    )
+
+
+def _latency(v: Mapping[str, float | None], min_requests: float) -> Latency | None:
+    requests = v.get("latency_requests")
+    if requests is None:
+        return None
+    if requests < min_requests:
+        return Latency(None, None, None, requests=requests, family="promql")
+    return Latency(v.get("p50"), v.get("p90"), None, requests=requests, family="promql")
