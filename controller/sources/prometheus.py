@@ -34,6 +34,10 @@ from controller.sources.answers import NAMES, Answers, Asked, cluster_metrics, s
 from controller.sources.http import Endpoint, TokenFile, get_text, ssl_context
 
 ACCEPT_JSON = "application/json"
+# Prometheus refuses a range query of more than 11,000 steps ("exceeded maximum resolution of
+# 11,000 points per timeseries", prometheus/prometheus web/api/v1/api.go, queryRange): a
+# history is read in chunks of at most this many steps.
+MAX_STEPS = 11_000
 
 
 def selector(matchers: Mapping[str, str]) -> str:
@@ -88,15 +92,7 @@ def queries_for(
 
 def answer_series(body: str, url: str) -> list[tuple[dict[str, str], float]]:
     """An instant query's answer: (labels, value) per series (one, unlabelled, for a scalar)."""
-    try:
-        answer = json.loads(body)
-    except ValueError as exc:
-        raise ScrapeParseError(url, f"not JSON: {exc}") from exc
-    if not isinstance(answer, dict) or answer.get("status") != "success":
-        kind = answer.get("errorType", "?") if isinstance(answer, dict) else "?"
-        error = answer.get("error", body[:200]) if isinstance(answer, dict) else body[:200]
-        raise ScrapeHTTPStatusError(url, f"query failed ({kind}): {error}")
-    data = answer.get("data") or {}
+    data = _data(body, url)
     result: Any = data.get("result")
     try:
         if data.get("resultType") == "scalar":
@@ -110,6 +106,39 @@ def answer_series(body: str, url: str) -> list[tuple[dict[str, str], float]]:
     except (TypeError, KeyError, IndexError, ValueError, AttributeError) as exc:
         raise ScrapeParseError(url, f"malformed result: {exc}") from exc
     raise ScrapeParseError(url, f"unexpected result type {data.get('resultType')!r}")
+
+
+def _data(body: str, url: str) -> dict[str, Any]:
+    """The ``data`` of a query API answer that says ``success``."""
+    try:
+        answer = json.loads(body)
+    except ValueError as exc:
+        raise ScrapeParseError(url, f"not JSON: {exc}") from exc
+    if not isinstance(answer, dict) or answer.get("status") != "success":
+        kind = answer.get("errorType", "?") if isinstance(answer, dict) else "?"
+        error = answer.get("error", body[:200]) if isinstance(answer, dict) else body[:200]
+        raise ScrapeHTTPStatusError(url, f"query failed ({kind}): {error}")
+    data = answer.get("data") or {}
+    if not isinstance(data, dict):
+        raise ScrapeParseError(url, "malformed answer: data is not an object")
+    return data
+
+
+def matrix_series(body: str, url: str) -> dict[float, list[tuple[dict[str, str], float]]]:
+    """A range query's answer as each step's series, by the step's time (to the ms, as
+    Prometheus writes it)."""
+    data = _data(body, url)
+    if data.get("resultType") != "matrix":
+        raise ScrapeParseError(url, f"unexpected result type {data.get('resultType')!r}")
+    found: dict[float, list[tuple[dict[str, str], float]]] = {}
+    try:
+        for item in data.get("result") or []:
+            labels = {str(k): str(v) for k, v in (item.get("metric") or {}).items()}
+            for when, value in item["values"]:
+                found.setdefault(round(float(when), 3), []).append((labels, float(value)))
+    except (TypeError, KeyError, ValueError, AttributeError) as exc:
+        raise ScrapeParseError(url, f"malformed result: {exc}") from exc
+    return found
 
 
 def scalar(body: str, url: str) -> float | None:
@@ -182,6 +211,40 @@ class Querier:
 
     def _parse(self, name: str, body: str) -> Answers:
         return split(name, answer_series(body, self.base), self.label or "")
+
+    async def history(
+        self, start: float, end: float, step: float, max_steps: int = MAX_STEPS
+    ) -> dict[float, Answers]:
+        """Every query's answers at ``start``, ``start + step``, … up to ``end``: what an
+        instant query would have answered at each of those times (a range query evaluates
+        each step as one, lookback and rate windows included), read in chunks of at most
+        ``max_steps`` steps. A chunk a query could not read leaves that query's error at each
+        of the chunk's times; a time without a series is an empty answer: never a value."""
+        times = [start + i * step for i in range(int((end - start) / step + 1e-9) + 1)]
+        found: dict[float, Answers] = {t: {} for t in times}
+        built = self.queries
+        for first in range(0, len(times), max_steps):
+            chunk = times[first : first + max_steps]
+            asked = [self._ask_range(q, chunk[0], chunk[-1], step) for q in built.values()]
+            bodies = await asyncio.gather(*asked, return_exceptions=True)
+            for name, body in zip(built, bodies, strict=True):
+                try:
+                    if isinstance(body, BaseException):
+                        raise body
+                    by_time = matrix_series(body, self.base + "_range")
+                except ScrapeError as exc:
+                    for t in chunk:
+                        found[t][name] = exc
+                    continue
+                for t in chunk:
+                    found[t].update(split(name, by_time.get(round(t, 3), []), self.label or ""))
+        return found
+
+    async def _ask_range(self, promql: str, start: float, end: float, step: float) -> str:
+        self.sent += 1
+        query = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+        url = str(URL(self.base + "_range").with_query(query))
+        return await get_text(self._session, replace(self._endpoint, url=url), ACCEPT_JSON)
 
     async def _ask(self, promql: str) -> str:
         self.sent += 1

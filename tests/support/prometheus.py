@@ -40,8 +40,13 @@ def job(
 
 
 class Prometheus:
-    def __init__(self, workdir: Path, jobs: Sequence[dict[str, Any]]) -> None:
+    def __init__(
+        self, workdir: Path, jobs: Sequence[dict[str, Any]], retention: str = "1h"
+    ) -> None:
+        """``retention``: longer where the TSDB was backfilled (``workdir/data``) with older
+        samples."""
         self.port = free_port()
+        self._retention = retention
         self.url = f"http://127.0.0.1:{self.port}"
         self._workdir = workdir
         self._jobs = list(jobs)
@@ -60,7 +65,7 @@ class Prometheus:
             f"--config.file={config_file}",
             f"--storage.tsdb.path={self._workdir / 'data'}",
             f"--web.listen-address=127.0.0.1:{self.port}",
-            "--storage.tsdb.retention.time=1h",
+            f"--storage.tsdb.retention.time={self._retention}",
             "--log.level=warn",
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

@@ -1,0 +1,155 @@
+"""A querier's history (``Querier.history``, what replay reads, #43) against a real Prometheus
+whose TSDB was backfilled with ``promtool tsdb create-blocks-from openmetrics``: two hours of
+two clusters' vLLM gauges, one running hot for twenty minutes. A range read at each step is
+what an instant query at that time answers, read in chunks or in one; a range Prometheus
+refuses is that query's named error at each of its times, never a value."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from controller.errors import ScrapeError
+from controller.settings import build_settings
+from controller.sources.answers import Asked, cluster_metrics, split
+from controller.sources.prometheus import Querier, answer_series, shared_queriers
+from tests.support.prometheus import Prometheus, binary
+
+STEP = 10.0
+HOURS = 2
+HOT = (3000.0, 4200.0)  # east's episode, seconds into the history
+
+
+def kv(cluster: str, offset: float) -> float:
+    if cluster == "east" and HOT[0] <= offset < HOT[1]:
+        return 0.95
+    return 0.30 if cluster == "east" else 0.20
+
+
+def openmetrics(start: float) -> str:
+    """Two pods a cluster, a sample every STEP seconds: vLLM's own names and labels
+    (vllm/v1/metrics/loggers.py), job and instance as a scrape would add them."""
+    lines: list[str] = []
+    families: dict[str, Callable[[str, float], float]] = {
+        "vllm:kv_cache_usage_perc": lambda c, o: kv(c, o),
+        "vllm:num_requests_waiting": lambda c, o: 12.0 if kv(c, o) > 0.9 else 0.0,
+        "vllm:num_requests_running": lambda c, o: 8.0,
+        "vllm:cache_config_info": lambda c, o: 1.0,
+    }
+    for name, value in families.items():
+        lines.append(f"# TYPE {name} gauge")
+        for cluster in ("east", "west"):
+            for pod in range(2):
+                labels = (
+                    f'cluster="{cluster}",job="vllm",instance="{cluster}-{pod}:8000",'
+                    'engine="0",model_name="llama"'
+                )
+                if name == "vllm:cache_config_info":
+                    labels += ',block_size="16",num_gpu_blocks="2048"'
+                for i in range(int(HOURS * 3600 / STEP) + 1):
+                    offset = i * STEP
+                    lines.append(
+                        f"{name}{{{labels}}} {value(cluster, offset)} {start + offset:.3f}"
+                    )
+    return "\n".join(lines) + "\n# EOF\n"
+
+
+def backfill(tmp_path: Path) -> float:
+    """Two hours of history ending half an hour ago (Prometheus keeps the head's range for
+    samples it scrapes), as blocks in ``tmp_path/data``; the history's start."""
+    start = time.time() - (HOURS * 3600 + 1800)
+    start -= start % STEP
+    source = tmp_path / "history.om"
+    source.write_text(openmetrics(start))
+    data = tmp_path / "data"
+    done = subprocess.run(
+        [binary("promtool"), "tsdb", "create-blocks-from", "openmetrics", str(source), str(data)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return start
+
+
+@pytest.fixture
+async def backfilled(tmp_path: Path) -> AsyncIterator[tuple[Prometheus, float]]:
+    start = backfill(tmp_path)
+    async with Prometheus(tmp_path, [], retention="30d") as prometheus:
+        yield prometheus, start
+
+
+def hub(prometheus: Prometheus, session: aiohttp.ClientSession) -> Querier:
+    settings = build_settings(
+        {
+            "interval": STEP,
+            "health": {"max_staleness": "10m"},
+            "queriers": [{"name": "hub", "url": prometheus.url, "push_interval": "10s"}],
+            "clusters": [
+                {"name": c, "prometheus": {"querier": "hub", "cluster": c}}
+                for c in ("east", "west")
+            ],
+        }
+    )
+    querier = shared_queriers(
+        settings.queriers, settings.prometheus_queries, settings.scrape, session
+    )["hub"]
+    for cluster in ("east", "west"):
+        querier.hold(cluster)
+    return querier
+
+
+async def instant(
+    prometheus: Prometheus, session: aiohttp.ClientSession, querier: Querier, at: float
+) -> dict[str, object]:
+    """Every query as an instant query at ``at``, split as the querier splits it."""
+    found: dict[str, object] = {}
+    for name, promql in querier.queries.items():
+        params = {"query": promql, "time": f"{at:.3f}"}
+        async with session.get(f"{prometheus.url}/api/v1/query", params=params) as r:
+            body = await r.text()
+        found.update(split(name, answer_series(body, "instant"), "cluster"))
+    return found
+
+
+async def test_a_history_at_each_step_is_what_an_instant_query_answered_then(
+    backfilled: tuple[Prometheus, float],
+) -> None:
+    prometheus, start = backfilled
+    end = start + HOURS * 3600
+    async with aiohttp.ClientSession() as session:
+        querier = hub(prometheus, session)
+        whole = await querier.history(start, end, STEP)
+        chunked = await querier.history(start, end, STEP, max_steps=100)
+        assert chunked == whole
+        assert len(whole) == HOURS * 360 + 1
+        for offset in (600.0, HOT[0] + 300.0, HOT[1] + 600.0, HOURS * 3600.0):
+            assert whole[start + offset] == await instant(
+                prometheus, session, querier, start + offset
+            )
+        asked = Asked(querier.base, "cluster", "east", querier.queries, 60.0, 1.0)
+        for offset, expected in ((1200.0, 0.30), (HOT[0] + 600.0, 0.95), (HOT[1] + 900.0, 0.30)):
+            at = start + offset
+            metrics = cluster_metrics("east", whole[at], asked, at, 0.0, at - STEP)
+            assert metrics.kv_mean == pytest.approx(expected)
+            assert metrics.kv_tokens == 2 * 2048 * 16 and metrics.pods_answering == 2
+        before = await querier.history(start - 3600, start - 1800, STEP)
+        assert all(answers["kv_mean"] == {} for answers in before.values())  # no data: unknown
+
+
+async def test_a_range_prometheus_refuses_is_each_time_s_named_error(
+    backfilled: tuple[Prometheus, float],
+) -> None:
+    prometheus, start = backfilled
+    async with aiohttp.ClientSession() as session:
+        querier = hub(prometheus, session)
+        refused = await querier.history(start, start + 12_000, 1.0, max_steps=20_000)
+    errors = [answers["kv_mean"] for answers in refused.values()]
+    assert all(isinstance(e, ScrapeError) for e in errors)
+    assert "11,000 points" in str(errors[0])
