@@ -1,4 +1,4 @@
-"""``weight-controller run | once | check-config | demo``.
+"""``weight-controller run | once | replay | check-config | simulate | status | demo``.
 
 A bad config exits 2 with one ``field: reason`` line per problem on stderr, no traceback.
 """
@@ -60,6 +60,21 @@ def _parser() -> argparse.ArgumentParser:
         "once", parents=[common], help="one reconcile, printed as JSON; writes nothing by default"
     )
     once.add_argument("--apply", action="store_true", help="write the decided weights")
+    replay = sub.add_parser(
+        "replay",
+        parents=[common],
+        help="what it would have done over a window of the fleet's history; writes nothing",
+    )
+    replay.add_argument("--start", required=True, help="RFC 3339 time, or unix seconds")
+    replay.add_argument("--end", required=True, help="RFC 3339 time, or unix seconds")
+    replay.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a weights setting to replay with instead of the config's, e.g. --set settle=30s",
+    )
+    replay.add_argument("--json", type=Path, help="also write every tick and the summary here")
     check = sub.add_parser("check-config", help="validate a config file, print it normalised")
     check.add_argument("path", type=Path)
     _simulate_parser(sub)
@@ -181,6 +196,9 @@ def _command(args: argparse.Namespace) -> int:
     if args.command == "once":  # stdout carries the JSON; logs go to stderr
         logs.configure(settings.log.level, settings.log.format, sys.stderr)
         return asyncio.run(_once(settings, args.apply))
+    if args.command == "replay":  # stdout carries the summary; the loop's logs are quiet
+        logs.configure("critical", "console", sys.stderr)
+        return asyncio.run(_replay(settings, args))
     logs.configure(settings.log.level, settings.log.format)
     settings = with_flags(settings, args)
     _log_config(settings, args.config, args.dry_run)
@@ -343,6 +361,52 @@ def _check_config(path: Path) -> int:
     if problems:
         raise ConfigError(problems)
     print(yaml.safe_dump(settings.model_dump(mode="json"), sort_keys=False), end="")
+    return 0
+
+
+def _when(flag: str, text: str) -> float:
+    """``--start``/``--end``: unix seconds, or an RFC 3339 time (UTC when it names no zone)."""
+    from datetime import UTC, datetime
+
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ConfigError([f"{flag} {text!r}: not unix seconds or an RFC 3339 time"]) from None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+
+
+async def _replay(settings: Settings, args: argparse.Namespace) -> int:
+    import aiohttp
+
+    from controller import replay
+
+    start, end = _when("--start", args.start), _when("--end", args.end)
+    chosen = replay.replay_settings(settings, replay.check_overrides(args.set))
+    records: list[dict[str, Any]] = []
+
+    def keep(at: float, report: Any) -> None:
+        if args.json is not None:
+            records.append(replay.tick_record(at, report))
+
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
+            summary = await replay.replay(chosen, start, end, session, keep)
+    except replay.ReplayError as exc:
+        print(f"replay: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    names = [c.name for c in chosen.clusters]
+    print(replay.table(summary, names))
+    if args.json is not None:
+        document = {
+            "summary": summary.row(names),
+            "open_loop": replay.OPEN_LOOP,
+            "ticks": records,
+        }
+        args.json.write_text(json.dumps(document, indent=2) + "\n")
     return 0
 
 

@@ -20,6 +20,7 @@ import itertools
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from controller.churn import largest_step, reversals
 from controller.simulation.engine import Trace
 from controller.simulation.scenarios import Scenario
 
@@ -71,8 +72,8 @@ def score(
         queued_s=round(queued),
         lost=trace.lost,
         writes_per_hour=len(trace.published) / hours,
-        reversals_per_hour=_reversals(trace) / hours,
-        largest_step=_largest_step(trace),
+        reversals_per_hour=reversals(trace.published, trace.names) / hours,
+        largest_step=largest_step(trace.published, trace.names),
         recovery_s=_recovery(trace, scenario),
         dead_share=_dead_share(trace, interval * (detect_ticks + 1) + delay * 1.2),
         return_step=_return_step(trace),
@@ -124,32 +125,6 @@ def _dead_share(trace: Trace, settle: float) -> float | None:
     if not any_death:
         return None
     return round(sent / total, 4) if total else 0.0
-
-
-def _reversals(trace: Trace) -> int:
-    count = 0
-    for name in trace.names:
-        last_sign = 0
-        previous: int | None = None
-        for _, weights in trace.published:
-            value = weights[name]
-            if previous is not None and value != previous:
-                sign = 1 if value > previous else -1
-                if last_sign and sign != last_sign:
-                    count += 1
-                last_sign = sign
-            previous = value
-    return count
-
-
-def _largest_step(trace: Trace) -> int:
-    even = 100 / len(trace.names)
-    previous = dict.fromkeys(trace.names, even)
-    largest = 0.0
-    for _, weights in trace.published:
-        largest = max(largest, *(abs(weights[n] - previous[n]) for n in trace.names))
-        previous = {n: float(w) for n, w in weights.items()}
-    return round(largest)
 
 
 def _return_step(trace: Trace) -> int | None:

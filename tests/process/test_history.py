@@ -6,19 +6,24 @@ refuses is that query's named error at each of its times, never a value."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import aiohttp
 import pytest
+import yaml
 
 from controller.errors import ScrapeError
 from controller.settings import build_settings
 from controller.sources.answers import Asked, cluster_metrics, split
 from controller.sources.prometheus import Querier, answer_series, shared_queriers
 from tests.support.prometheus import Prometheus, binary
+from tests.support.servers import free_port
 
 STEP = 10.0
 HOURS = 2
@@ -153,3 +158,100 @@ async def test_a_range_prometheus_refuses_is_each_time_s_named_error(
     errors = [answers["kv_mean"] for answers in refused.values()]
     assert all(isinstance(e, ScrapeError) for e in errors)
     assert "11,000 points" in str(errors[0])
+
+
+async def test_replay_sheds_the_hot_cluster_in_its_episode_and_holds_when_calm(
+    backfilled: tuple[Prometheus, float], tmp_path: Path
+) -> None:
+    prometheus, start = backfilled
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "interval": "10s",
+                "queriers": [{"name": "hub", "url": prometheus.url, "push_interval": "10s"}],
+                "clusters": [
+                    {"name": c, "prometheus": {"querier": "hub", "cluster": c}}
+                    for c in ("east", "west")
+                ],
+            }
+        )
+    )
+    out = tmp_path / "replay.json"
+    end = start + HOURS * 3600
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [
+            sys.executable,
+            "-m",
+            "controller",
+            "replay",
+            "--config",
+            str(config),
+            "--start",
+            f"{start:.0f}",
+            "--end",
+            f"{end:.0f}",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "open loop" in done.stdout
+    document = json.loads(out.read_text())
+    east = {
+        t["time"] - start: t["targets"]["configured"]["applied"]["east"] for t in document["ticks"]
+    }
+    calm = [w for offset, w in east.items() if offset < HOT[0]]
+    assert set(calm) == {50}  # the calm hour: held at the even split, nothing written
+    shed = min(offset for offset, w in east.items() if w <= 25)
+    assert HOT[0] <= shed <= HOT[0] + 60  # within a minute of the episode's start
+    assert min(east.values()) <= 5  # shed, not nudged
+    summary = document["summary"]
+    assert summary["writes"] <= 5 and summary["reversals_per_hour"] == 0
+    assert summary["health_changes"] == {"east": 1, "west": 1}  # each healthy once, at the start
+
+
+def replay_cli(config: Path, start: float, end: float) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "controller", "replay", "--config", str(config)]
+    argv += ["--start", f"{start:.0f}", "--end", f"{end:.0f}"]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+
+
+async def test_a_replay_that_cannot_run_says_why_in_one_line_and_exits_2(
+    backfilled: tuple[Prometheus, float], tmp_path: Path
+) -> None:
+    prometheus, start = backfilled
+    read = {"name": "east", "prometheus": {"querier": "hub", "cluster": "east"}}
+    cases = {
+        "no history in the window": (prometheus.url, [read], start - 7200, start - 3600),
+        "a querier down": (f"http://127.0.0.1:{free_port()}", [read], start, start + 600),
+        "a scraped cluster": (
+            prometheus.url,
+            [read, {"name": "west", "vllm_urls": ["http://127.0.0.1:1/metrics"]}],
+            start,
+            start + 600,
+        ),
+        "an empty window": (prometheus.url, [read], start + 600, start),
+    }
+    expected = {
+        "no history in the window": "no KV-cache reading for any cluster",
+        "a querier down": "_range: ",
+        "a scraped cluster": "clusters west are scraped, not read through a querier",
+        "an empty window": "the window is empty",
+    }
+    for case, (url, clusters, begin, end) in cases.items():
+        config = tmp_path / f"{case}.yaml"
+        querier = {"name": "hub", "url": url, "push_interval": "10s"}
+        config.write_text(
+            yaml.safe_dump({"interval": "10s", "queriers": [querier], "clusters": clusters})
+        )
+        done = await asyncio.to_thread(replay_cli, config, begin, end)
+        assert done.returncode == 2, (case, done.stdout, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and expected[case] in lines[0], (case, done.stderr)
+        assert done.stdout == ""

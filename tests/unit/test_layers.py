@@ -21,13 +21,13 @@ LAYERS = [
         "engines",
         "fakes",
     },
-    {"settings", "histograms", "addresses", "metrics"},
+    {"settings", "histograms", "addresses", "metrics", "churn"},
     {"sources", "health", "signals", "weights", "state"},
     {"render", "kube"},
     {"publish"},
     {"reconcile", "exporter"},
     {"server", "app", "testing"},
-    {"demo", "simulation", "status", "cli", "__main__"},
+    {"demo", "simulation", "replay", "status", "cli", "__main__"},
 ]
 # The daemon's own path (everything up to the wiring) never imports the fakes.
 DAEMON = 6

@@ -1,0 +1,230 @@
+"""``weight-controller replay``: what the controller would have done over a window of the
+fleet's own history, before it is let write.
+
+Each cluster's history is read through its querier (``Querier.history``: the live daemon's
+templates as range queries, at the config's interval), and the real loop (health, signals,
+weights, actuation) runs a tick at each step on a virtual clock (``testing.Driver``) over
+what the live source would have read then (``answers.cluster_metrics``). Nothing is written
+anywhere: the loop decides for the implicit target over the config's clusters.
+
+Open loop, and said so: the recorded signals followed the weights that were in force then,
+not the replayed ones. A replay shows when and how often the controller would have moved
+traffic from what the clusters showed; it cannot show what that traffic would have done.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from controller.churn import largest_step, reversals
+from controller.errors import ConfigError, ScrapeError
+from controller.model import IMPLICIT_TARGET, Write
+from controller.render import report_json
+from controller.settings import Settings, build_settings
+from controller.sources.answers import Answers, cluster_metrics
+from controller.sources.prometheus import (
+    PrometheusQuerySource,
+    prometheus_source,
+    shared_queriers,
+)
+from controller.state import TickReport
+from controller.testing import Driver
+
+OPEN_LOOP = (
+    "open loop: the recorded signals followed the weights in force then, not these; this "
+    "shows when and how often it would have moved traffic, not what that traffic would have done"
+)
+
+
+class ReplayError(Exception):
+    """A replay that cannot be run: one line, exit 2."""
+
+
+@dataclass(slots=True)
+class Summary:
+    """What the loop did over the window, for the implicit target."""
+
+    start: float
+    end: float
+    ticks: int = 0
+    published: list[tuple[float, dict[str, int]]] = field(default_factory=list)
+    modes: Counter[str] = field(default_factory=Counter)
+    health_changes: Counter[str] = field(default_factory=Counter)
+    shed: list[tuple[float, str]] = field(default_factory=list)  # (when, the cluster) set to 0
+    unknown: int = 0  # cluster-ticks without a KV reading (missing or failed queries)
+
+    @property
+    def hours(self) -> float:
+        return max(self.end - self.start, 1.0) / 3600.0
+
+    def row(self, names: Sequence[str]) -> dict[str, Any]:
+        return {
+            "ticks": self.ticks,
+            "writes": len(self.published),
+            "writes_per_hour": round(len(self.published) / self.hours, 1),
+            "reversals_per_hour": round(reversals(self.published, names) / self.hours, 1),
+            "largest_step": largest_step(self.published, names) if self.published else 0,
+            "ticks_per_mode": dict(self.modes),
+            "health_changes": dict(self.health_changes),
+            "shed": [{"time": t, "cluster": c} for t, c in self.shed],
+            "unknown_cluster_ticks": self.unknown,
+        }
+
+
+def replay_settings(settings: Settings, overrides: Mapping[str, str]) -> Settings:
+    """The config as replay runs it: writing nowhere (Kubernetes off: the implicit target
+    over the config's clusters), with ``weights.*`` overrides."""
+    data = settings.model_dump(mode="json", exclude_unset=True)  # as the file gave it
+    data["kubernetes"] = {**data.get("kubernetes", {}), "enabled": False}
+    data["leader_election"] = {**data.get("leader_election", {}), "enabled": False}
+    data["weights"] = {**data.get("weights", {}), **overrides}
+    return build_settings(data)
+
+
+def sources(settings: Settings, session: aiohttp.ClientSession) -> dict[str, PrometheusQuerySource]:
+    """Each cluster's PromQL source; a cluster read without a querier has no history."""
+    without = [c.name for c in settings.clusters if c.prometheus is None]
+    if without:
+        raise ReplayError(
+            f"clusters {', '.join(without)} are scraped, not read through a querier: their "
+            "history is in no Prometheus the config names (give them prometheus: {querier})"
+        )
+    queriers = shared_queriers(
+        settings.queriers, settings.prometheus_queries, settings.scrape, session
+    )
+    return {
+        c.name: prometheus_source(
+            c, settings.prometheus_queries, settings.scrape, session, queriers
+        )
+        for c in settings.clusters
+    }
+
+
+async def histories(
+    found: Mapping[str, PrometheusQuerySource], start: float, end: float, step: float
+) -> dict[str, dict[float, Answers]]:
+    """Each cluster's answers at every step, one history per querier (shared clusters share
+    it); a querier that answered nothing usable at any step is a ``ReplayError``."""
+    by_querier: dict[int, dict[float, Answers]] = {}
+    for source in found.values():
+        querier = source.querier
+        if id(querier) not in by_querier:
+            read = await querier.history(start, end, step)
+            failed = [
+                a["kv_mean"] for a in read.values() if isinstance(a.get("kv_mean"), ScrapeError)
+            ]
+            if read and len(failed) == len(read):
+                raise ReplayError(f"{querier.base}_range: {failed[0]}")
+            by_querier[id(querier)] = read
+    return {name: by_querier[id(s.querier)] for name, s in found.items()}
+
+
+async def replay(
+    settings: Settings,
+    start: float,
+    end: float,
+    session: aiohttp.ClientSession,
+    on_tick: Any = None,
+) -> Summary:
+    """Run the loop over ``start``..``end`` at the config's interval; ``on_tick(time,
+    report)`` sees every tick."""
+    if end <= start:
+        raise ReplayError(f"the window is empty: --end ({end:g}) is not after --start ({start:g})")
+    found = sources(settings, session)
+    read = await histories(found, start, end, settings.interval)
+    times = sorted(next(iter(read.values())))
+    driver = Driver(settings, start=start)
+    summary = Summary(start, end)
+    previous: float | None = None
+    seen_kv = False
+    last: dict[str, int] | None = None
+    for at in times:
+        metrics = {
+            name: cluster_metrics(name, read[name][at], source.asked(), at, 0.0, previous)
+            for name, source in found.items()
+        }
+        summary.unknown += sum(1 for m in metrics.values() if m.kv_mean is None)
+        seen_kv = seen_kv or any(m.kv_mean is not None for m in metrics.values())
+        report = await driver.tick(at, metrics)
+        previous = at
+        last = _account(summary, at, report, last)
+        if on_tick is not None:
+            on_tick(at, report)
+    if not seen_kv:
+        raise ReplayError(
+            f"no KV-cache reading for any cluster between {start:g} and {end:g}: the window "
+            "holds no history of these clusters (check the time, the queriers' matchers and "
+            "retention)"
+        )
+    return summary
+
+
+def _account(
+    summary: Summary, at: float, report: TickReport, last: dict[str, int] | None
+) -> dict[str, int] | None:
+    summary.ticks += 1
+    for name, view in report.clusters.items():
+        if view.health is not None and view.health.changed:
+            summary.health_changes[name] += 1
+    target = report.targets.get(IMPLICIT_TARGET)
+    if target is None:
+        return last
+    outcome = target.outcome
+    summary.modes[str(outcome.decision.mode)] += 1
+    if outcome.write is Write.WOULD:
+        applied = dict(outcome.applied)
+        summary.published.append((at, applied))
+        for name, weight in applied.items():
+            if weight == 0 and (last is None or last.get(name, 1) > 0):
+                summary.shed.append((at, name))
+        return applied
+    return last
+
+
+def tick_record(at: float, report: TickReport) -> dict[str, Any]:
+    """One tick as ``--json`` writes it: its time and what ``once`` prints."""
+    return {"time": at, **report_json(report)}
+
+
+def table(summary: Summary, names: Sequence[str]) -> str:
+    row = summary.row(names)
+    lines = [
+        f"replayed {row['ticks']} ticks ({summary.hours:.1f} h) of {', '.join(names)}",
+        f"  writes {row['writes']} ({row['writes_per_hour']}/h), reversals "
+        f"{row['reversals_per_hour']}/h, largest step {row['largest_step']}",
+        "  ticks per mode: "
+        + ", ".join(f"{m} {n}" for m, n in sorted(row["ticks_per_mode"].items())),
+        "  health changes: "
+        + (", ".join(f"{c} {n}" for c, n in sorted(row["health_changes"].items())) or "none"),
+        f"  cluster-ticks without a KV reading: {row['unknown_cluster_ticks']}",
+    ]
+    for shed in row["shed"]:
+        lines.append(f"  shed {shed['cluster']} at {shed['time']:.0f}")
+    lines.append(f"  ({OPEN_LOOP})")
+    return "\n".join(lines)
+
+
+def check_overrides(items: Sequence[str]) -> dict[str, str]:
+    """``--set KEY=VALUE`` items (weights.*), each checked now: a bad one is a ConfigError."""
+    from pydantic import ValidationError
+
+    from controller.settings import WeightSettings
+
+    pairs: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError([f"--set {item!r}: expected KEY=VALUE"])
+        pairs[key.removeprefix("weights.")] = value
+    try:
+        WeightSettings.model_validate(pairs)
+    except ValidationError as exc:
+        raise ConfigError(
+            [f"--set weights.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+        ) from None
+    return pairs
