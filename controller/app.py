@@ -62,13 +62,15 @@ def source_factory(
     clock: Callable[[], float],
     api: kube_client.ApiClient | None = None,
     pools: PoolResolver | None = None,
+    shared: SharedPages | None = None,
 ) -> Callable[[ClusterSettings], ClusterMetricsSource]:
+    """``shared``: where a page several clusters read is fetched once a tick (a Ray node's,
+    one cluster per model); one of its own when not given."""
     # One limiter for every page of every cluster: bounded, clusters served in the order
     # their fetches began (sources/limiter.py), so one big cluster's pages queue among the
     # others' instead of starving them.
     limiter = Limiter(settings.scrape.max_concurrency)
-    # A page several clusters read (a Ray node's, one cluster per model) is fetched once a tick.
-    shared = SharedPages()
+    shared = shared or SharedPages()
     queries, scrape = settings.prometheus_queries, settings.scrape
     queriers = shared_queriers(settings.queriers, queries, scrape, session)
     engines = settings.engine_table()
@@ -152,6 +154,8 @@ class Controller:
         self.probe_port: int | None = None
         self._discovery: TargetDiscovery | None = None
         self._pools: PoolResolver | None = None
+        # a page several clusters read (a Ray node's, one cluster per model), once a tick
+        self._shared = SharedPages()
         self.port: int | None = None
         self.reconciler: Reconciler | None = None
         self._certificate: server.ServingCertificate | None = None
@@ -177,7 +181,7 @@ class Controller:
             raise
         self._warn_about_opt_outs()
         make_source = source_factory(
-            self.settings, self._session, self._clock, self._api, self._pools
+            self.settings, self._session, self._clock, self._api, self._pools, self._shared
         )
         self.reconciler = Reconciler(
             self.settings,
@@ -314,6 +318,7 @@ class Controller:
             await self._discovery.close()
         if self._pools is not None:
             await self._pools.close()
+        await self._shared.close()  # its fetches in flight, before the session they use
         if self._api is not None and self._owns_api:
             await self._api.close()
         if self._session is not None:

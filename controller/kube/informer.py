@@ -121,6 +121,7 @@ class Informer:
         self.watches = 0  # watch requests made: for tests and benchmarks
         self._items: dict[tuple[str, str], Json] = {}
         self.synced = asyncio.Event()  # the cache holds a whole LIST (or more)
+        self.tried = asyncio.Event()  # a LIST was answered, or failed (``error`` says why)
         self.error: APIError | None = None  # why the last LIST or watch failed, until one works
         self._task: asyncio.Task[None] | None = None
 
@@ -165,6 +166,7 @@ class Informer:
                 # and the next LIST, a backoff later, brings what the watch missed.
                 if not listed:
                     self.error = exc
+                    self.tried.set()
                 delay = self._jittered(backoff)
                 log.warning(
                     "watch failed",
@@ -204,6 +206,7 @@ class Informer:
         self._items = {_key(obj): obj for obj in found.get("items", [])}
         self.error = None
         self.synced.set()
+        self.tried.set()
         return str((found.get("metadata") or {}).get("resourceVersion", ""))
 
     async def _watch(self, since: str) -> str | None:
@@ -317,10 +320,10 @@ class Lister:
             )
             self._informers[(gvp, namespace, selector)] = informer
             informer.start()
-        if not informer.synced.is_set():
+        if not informer.tried.is_set():  # its first LIST: wait for it, or for why it failed
             try:
                 async with asyncio.timeout(self._timeout):
-                    await informer.synced.wait()
+                    await informer.tried.wait()
             except TimeoutError:
                 raise informer.error or APITimeoutError(
                     f"list {informer.scope}: no answer (timed out)"

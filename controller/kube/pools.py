@@ -17,6 +17,7 @@ carries) or when the Service is headless.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -47,6 +48,12 @@ def epp_url(ref: InferencePoolRef, pools: Sequence[Json], services: Sequence[Jso
             f"InferencePool {where}'s endpointPickerRef is a {kind} of group {group!r}, not a "
             "Service: its metrics cannot be found",
         )
+    if ref.service is not None and picker["name"] != ref.service:
+        raise PoolError(
+            Problem.NOT_PINNED,
+            f"InferencePool {where} names Service {picker['name']} for its EPP, not "
+            f"{ref.service} (inference_pool.service): not read, and no token sent there",
+        )
     service = _named(services, picker["name"])
     if service is None:
         raise PoolError(
@@ -65,9 +72,15 @@ def _url(ref: InferencePoolRef, service: Json) -> str:
             f"Service {ref.namespace}/{name} is an ExternalName: it may point anywhere, and "
             "the InferencePool API forbids following it",
         )
+    if not spec.get("selector"):
+        raise PoolError(
+            Problem.NO_SELECTOR,
+            f"Service {ref.namespace}/{name} selects no pods: its endpoints are written by "
+            "hand and may point anywhere, so it is not read (nor sent a token)",
+        )
     ports = [p for p in spec.get("ports") or [] if isinstance(p, dict)]
-    port = next((p.get("port") for p in ports if p.get("name") == ref.metrics_port), None)
-    if not isinstance(port, int) or not 1 <= port <= 65535:
+    entry = next((p for p in ports if p.get("name") == ref.metrics_port), None)
+    if entry is None:
         named = ", ".join(f"{p.get('name')}={p.get('port')}" for p in ports) or "none"
         raise PoolError(
             Problem.NO_METRICS_PORT,
@@ -75,10 +88,20 @@ def _url(ref: InferencePoolRef, service: Json) -> str:
             f"{named}); set inference_pool.metrics_port",
         )
     address = spec.get("clusterIP")
-    if ref.scheme == "https" or not isinstance(address, str) or address in ("", "None"):
+    headless = not isinstance(address, str) or address in ("", "None")
+    # a headless Service's name resolves to the pods: their port is its targetPort (which
+    # defaults to the port; a named one is the pods' own to resolve, not ours)
+    port = entry.get("targetPort", entry.get("port")) if headless else entry.get("port")
+    if not isinstance(port, int) or not 1 <= port <= 65535:
+        raise PoolError(
+            Problem.NO_METRICS_PORT,
+            f"Service {ref.namespace}/{name}'s port {ref.metrics_port} leads to {port!r}, "
+            "not a port number (a headless Service's targetPort must be one)",
+        )
+    if ref.scheme == "https" or headless:
         host = f"{name}.{ref.namespace}.svc"
     else:
-        host = f"[{address}]" if ":" in address else address
+        host = f"[{address}]" if ":" in str(address) else str(address)
     return f"{ref.scheme}://{host}:{port}{ref.path}"
 
 
@@ -95,8 +118,10 @@ class PoolResolver:
 
     async def __call__(self, ref: InferencePoolRef) -> str:
         try:
-            pools = await self._lister.list(POOLS, ref.namespace, "")
-            services = await self._lister.list(SERVICES, ref.namespace, "")
+            pools, services = await asyncio.gather(
+                self._lister.list(POOLS, ref.namespace, ""),
+                self._lister.list(SERVICES, ref.namespace, ""),
+            )
         except APIError as exc:
             raise PoolError(Problem.API, f"{exc.reason}: {exc}") from exc
         return epp_url(ref, pools, services)

@@ -34,7 +34,7 @@ def cross_field_problems(data: Mapping[str, Any]) -> list[str]:
     problems += _querier_problems(data, clusters)
     problems += _engine_problems(data, clusters)
     kubernetes = data.get("kubernetes") or {}
-    problems += _needs_kubernetes(kubernetes, clusters)
+    problems += _needs_kubernetes(kubernetes, data.get("leader_election"), clusters)
     routes = kubernetes.get("httproutes") if isinstance(kubernetes, dict) else None
     for index, route in enumerate(routes or []):
         backends = route.get("backends") if isinstance(route, dict) else None
@@ -47,22 +47,28 @@ def cross_field_problems(data: Mapping[str, Any]) -> list[str]:
     return problems
 
 
-def _needs_kubernetes(kubernetes: object, clusters: list[dict[str, Any]]) -> list[str]:
-    """What is read through the controller's Kubernetes client needs that client."""
-    if isinstance(kubernetes, dict) and kubernetes.get("enabled") is True:
+def _needs_kubernetes(
+    kubernetes: object, election: object, clusters: list[dict[str, Any]]
+) -> list[str]:
+    """What is read through the controller's Kubernetes client needs that client: there is
+    one when Kubernetes targets or leader election are on (``app.Controller``)."""
+    on = [g.get("enabled") is True for g in (kubernetes, election) if isinstance(g, dict)]
+    if any(on):
         return []
     problems = []
     for index, cluster in enumerate(clusters):
         pods = cluster.get("pods")
         if isinstance(pods, dict) and pods.get("endpoint_slices") is not None:
             problems.append(
-                f"clusters[{index}].pods.endpoint_slices: needs kubernetes.enabled (they are "
-                "read through the controller's Kubernetes client)"
+                f"clusters[{index}].pods.endpoint_slices: needs kubernetes.enabled or "
+                "leader_election.enabled (they are read through the controller's Kubernetes "
+                "client)"
             )
         if cluster.get("inference_pool") is not None:
             problems.append(
-                f"clusters[{index}].inference_pool: needs kubernetes.enabled (the pool and its "
-                "EPP Service are read through the controller's Kubernetes client)"
+                f"clusters[{index}].inference_pool: needs kubernetes.enabled or "
+                "leader_election.enabled (the pool and its EPP Service are read through the "
+                "controller's Kubernetes client)"
             )
     return problems
 

@@ -339,6 +339,14 @@ class InferencePoolRef(_Group):
         default="http", description="The EPP serves its metrics over plain HTTP by default."
     )
     path: str = Field(default="/metrics", pattern=r"^/", description="The metrics path.")
+    service: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        max_length=63,
+        description="The EPP Service the pool must name; a pool pointed at another is refused "
+        "(unset: whichever it names). Set it where a token goes to the EPP: whoever may edit "
+        "the pool could otherwise point it, and the token, at a Service of their own.",
+    )
 
     @property
     def where(self) -> str:

@@ -89,6 +89,12 @@ class ClusterSpec:
     # replica i on node i mod nodes, each page holding every replica of its node.
     nodes: int = 0
 
+    def __post_init__(self) -> None:
+        if self.nodes and ENGINES[self.engine].replica_label is None:
+            raise ValueError(f"{self.name}: {self.engine}'s pages hold one server: no nodes")
+        if not 0 <= self.nodes <= self.replicas:
+            raise ValueError(f"{self.name}: {self.nodes} nodes for {self.replicas} replicas")
+
 
 @dataclass
 class Cluster:

@@ -30,6 +30,8 @@ class Problem(StrEnum):
     NO_POOL = "no_pool"  # no InferencePool of that name
     NO_EPP_REF = "no_endpoint_picker"  # the pool names no EPP, or one that is not a Service
     NO_SERVICE = "no_service"  # the Service it names does not exist
+    NOT_PINNED = "not_the_service"  # it names another Service than inference_pool.service
+    NO_SELECTOR = "no_selector"  # the Service selects no pods: hand-written endpoints
     EXTERNAL_NAME = "external_name"  # an ExternalName Service: refused, as the API says
     NO_METRICS_PORT = "no_metrics_port"  # the Service has no port of that name
     API = "api"  # the API could not be read

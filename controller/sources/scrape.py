@@ -39,20 +39,24 @@ async def fetch_page(
 
 @dataclass(slots=True)
 class _Round:
-    answer: asyncio.Future[Page | PodError]
-    began: float
+    answer: asyncio.Task[Page | PodError]
     asked: set[str] = field(default_factory=set)
+    waiting: int = 0  # clusters awaiting it now
+    finished: float | None = None  # when it was answered (the clock's)
+    forget: asyncio.TimerHandle | None = None
 
 
 class SharedPages:
     """A page several clusters read is fetched once a round: a Ray node holding replicas of
     several models (one cluster per model), an EPP serving several pools. Every cluster that
     asks for it within a round shares the answer (as ``prometheus.Querier`` shares a round's
-    queries); a cluster asking again starts the next round, and so does anyone asking once a
-    round is older than the page's timeout (a tick's clusters ask within moments of each
-    other, ticks are an interval apart), when the round is also forgotten. Only pages read
-    the same way for everyone are shared (``PageStream.alike``), with the same credentials
-    and limits (the key)."""
+    queries): while it is in flight, and for the page's timeout after it was answered (a
+    tick's clusters ask within moments of each other, ticks are an interval apart), when it
+    is forgotten. A cluster asking again starts the next round. A round whose every waiter
+    left (cancelled at its tick's deadline) is cancelled with them, never left to run into
+    the next tick; ``close`` cancels what is in flight. Only pages read the same way for
+    everyone are shared (``PageStream.alike``), with the same credentials and limits (the
+    key)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
@@ -66,21 +70,56 @@ class SharedPages:
         fresh_for: float,
         fetch: Callable[[], Awaitable[Page | PodError]],
     ) -> Page | PodError:
-        now = self._clock()
         round_ = self._rounds.get(key)
-        if round_ is None or cluster in round_.asked or now - round_.began > fresh_for:
-            round_ = _Round(asyncio.ensure_future(fetch()), now)
-            self._rounds[key] = round_
-            self.fetched += 1
-            loop = asyncio.get_running_loop()
-            loop.call_later(fresh_for, self._forget, key, round_)
+        if round_ is None or cluster in round_.asked or not self._shareable(round_, fresh_for):
+            round_ = self._begin(key, fresh_for, fetch)
         round_.asked.add(cluster)
-        # a cluster's fetch cancelled at its deadline leaves the round to the others
-        return await asyncio.shield(round_.answer)
+        round_.waiting += 1
+        try:
+            # a cluster cancelled at its deadline leaves the round to the others
+            return await asyncio.shield(round_.answer)
+        finally:
+            round_.waiting -= 1
+            if round_.waiting == 0 and not round_.answer.done():
+                round_.answer.cancel()  # nobody is left to read it
+
+    def _shareable(self, round_: _Round, fresh_for: float) -> bool:
+        if not round_.answer.done():
+            return True
+        if round_.answer.cancelled() or round_.finished is None:
+            return False
+        return self._clock() - round_.finished <= fresh_for
+
+    def _begin(
+        self, key: Hashable, fresh_for: float, fetch: Callable[[], Awaitable[Page | PodError]]
+    ) -> _Round:
+        async def fetched() -> Page | PodError:
+            return await fetch()
+
+        round_ = _Round(asyncio.ensure_future(fetched()))
+        self._rounds[key] = round_
+        self.fetched += 1
+
+        def answered(_: object) -> None:
+            round_.finished = self._clock()
+            loop = asyncio.get_running_loop()
+            round_.forget = loop.call_later(fresh_for, self._forget, key, round_)
+
+        round_.answer.add_done_callback(answered)
+        return round_
 
     def _forget(self, key: Hashable, round_: _Round) -> None:
         if self._rounds.get(key) is round_:
             del self._rounds[key]
+
+    async def close(self) -> None:
+        """Cancel the rounds in flight and forget every round (before the session closes)."""
+        rounds, self._rounds = list(self._rounds.values()), {}
+        for round_ in rounds:
+            round_.answer.cancel()
+            if round_.forget is not None:
+                round_.forget.cancel()
+        await asyncio.gather(*(r.answer for r in rounds), return_exceptions=True)
 
 
 class ScrapeSource:

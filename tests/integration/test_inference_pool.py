@@ -60,7 +60,13 @@ def service(name: str, metrics_port: int, **spec: Any) -> dict[str, Any]:
     ]
     return {
         "metadata": {"name": name, "namespace": NS},
-        "spec": {"type": "ClusterIP", "clusterIP": "127.0.0.1", "ports": ports, **spec},
+        "spec": {
+            "type": "ClusterIP",
+            "clusterIP": "127.0.0.1",
+            "selector": {"app": f"{name}-epp"},
+            "ports": ports,
+            **spec,
+        },
     }
 
 
@@ -191,6 +197,20 @@ BROKEN: dict[str, tuple[Callable[[FakeAPIServer, int], object], Problem]] = {
         ),
         Problem.NO_SERVICE,
     ),
+    "a Service that selects no pods": (
+        lambda api, port: (
+            api.put_object(POOL_PREFIX, "inferencepools", pool("east-pool", picker("east"))),
+            api.put_object("v1", "services", service("east", port, selector={})),
+        ),
+        Problem.NO_SELECTOR,
+    ),
+    "another Service than the one pinned": (
+        lambda api, port: (
+            api.put_object(POOL_PREFIX, "inferencepools", pool("east-pool", picker("mine"))),
+            api.put_object("v1", "services", service("mine", port)),
+        ),
+        Problem.NOT_PINNED,
+    ),
     "an ExternalName Service": (
         lambda api, port: (
             api.put_object(POOL_PREFIX, "inferencepools", pool("east-pool", picker("east"))),
@@ -214,7 +234,15 @@ async def test_a_pool_that_leads_nowhere_is_a_named_condition_of_its_cluster(
     setup, problem = BROKEN[case]
     setup(apiserver, fleet.clusters["east"].port)
     seed(apiserver, [("east", 50), ("west", 50)])
-    async with Controller(settings_of(fleet, watch=False), serve=False, api=api) as controller:
+    # east's pool is pinned to its Service "east", as a token's should be
+    pinned = {"inference_pool": {"namespace": NS, "name": "east-pool", "service": "east"}}
+    settings = settings_of(fleet, watch=False)
+    data = settings.model_dump(mode="json", exclude_unset=True)
+    data["clusters"][0]["inference_pool"] = {
+        **data["clusters"][0]["inference_pool"],
+        **pinned["inference_pool"],
+    }
+    async with Controller(build_settings(data), serve=False, api=api) as controller:
         report = report_json(await controller.once())
     east, west_view = report["clusters"]["east"], report["clusters"]["west"]
     assert (east["healthy"], east["reason"]) == (False, "inference_pool")
@@ -246,6 +274,13 @@ def test_the_url_is_the_cluster_ip_over_http_and_the_name_over_https() -> None:
     assert epp_url(tls, pools, services) == "https://epp.llm.svc:9090/metrics"
     headless = [service("epp", 9090, clusterIP="None")]
     assert epp_url(plain, pools, headless) == "http://epp.llm.svc:9090/metrics"
+    # a headless name resolves to the pods: their port is the targetPort
+    retargeted = service("epp", 9090, clusterIP="None")
+    retargeted["spec"]["ports"][1]["targetPort"] = 19090
+    assert epp_url(plain, pools, [retargeted]) == "http://epp.llm.svc:19090/metrics"
+    retargeted["spec"]["ports"][1]["targetPort"] = "metrics"
+    with pytest.raises(PoolError, match="leads to 'metrics', not a port number"):
+        epp_url(plain, pools, [retargeted])
     v6 = [service("epp", 9090, clusterIP="fd00::1")]
     assert epp_url(plain, pools, v6) == "http://[fd00::1]:9090/metrics"
     other = InferencePoolRef(namespace=NS, name="p", metrics_port="grpc-ext-proc")
@@ -259,6 +294,14 @@ def test_a_pool_needs_kubernetes_and_names_the_epp_once() -> None:
     ref = {"namespace": NS, "name": "p"}
     with pytest.raises(ConfigError, match=r"clusters\[0\].inference_pool: needs kubernetes"):
         build_settings({**base, "clusters": [{"name": "a", "inference_pool": ref}]})
+    # leader election alone brings the Kubernetes client too (app.Controller)
+    build_settings(
+        {
+            **base,
+            "leader_election": {"enabled": True},
+            "clusters": [{"name": "a", "inference_pool": ref}],
+        }
+    )
     with pytest.raises(ConfigError, match="not both"):
         build_settings(
             {
@@ -310,3 +353,18 @@ async def test_the_attach_role_grants_exactly_what_resolving_a_pool_calls(
     }
     rules = granted_by(render("manifests/topologies/llm-d-attach/model-namespace"))
     assert set(pool_calls) == set(rules), (sorted(pool_calls), sorted(rules))
+
+
+async def test_a_pool_the_api_forbids_is_said_at_once_while_watching(
+    apiserver: FakeAPIServer, api: client.ApiClient, fleet: Fleet
+) -> None:
+    """With watching on, an informer whose first LIST is refused says why at once: the tick
+    does not wait out kubernetes.api_timeout (here as long as the interval, which would end
+    the fetch as ``timeout`` and hide the cause)."""
+    attach(apiserver, fleet)
+    apiserver.fail("GET", "inferencepools", 403, times=1000)
+    async with Controller(settings_of(fleet, watch=True), serve=False, api=api) as controller:
+        report = report_json(await controller.once())
+    east = report["clusters"]["east"]
+    assert (east["healthy"], east["reason"]) == (False, "discovery")
+    assert "forbidden" in east["errors"][0]["detail"]

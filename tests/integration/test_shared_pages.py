@@ -128,3 +128,60 @@ async def test_a_cluster_cancelled_at_its_deadline_leaves_the_round_to_the_other
     release.set()
     assert await second == "page"
     assert first.cancelled() and shared.fetched == 1
+
+
+async def test_a_round_every_waiter_left_is_cancelled_and_close_cancels_the_rest() -> None:
+    """A tick's deadline cancels its clusters' fetches: a round nobody awaits any more must
+    not run on into the next tick (nor, at shutdown, into a closed session)."""
+    shared = SharedPages()
+    cancelled: list[str] = []
+    started = asyncio.Event()
+
+    def hanging(name: str) -> Any:
+        async def fetch() -> Any:
+            started.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                cancelled.append(name)
+                raise
+
+        return fetch
+
+    a = asyncio.ensure_future(shared.read("node", "a", 3.0, hanging("node")))
+    b = asyncio.ensure_future(shared.read("node", "b", 3.0, hanging("node")))
+    await started.wait()
+    a.cancel()
+    await asyncio.sleep(0)
+    assert cancelled == []  # b still waits for it
+    b.cancel()
+    await asyncio.gather(a, b, return_exceptions=True)
+    await asyncio.sleep(0)
+    assert cancelled == ["node"]
+    started.clear()
+    c = asyncio.ensure_future(shared.read("other", "a", 3.0, hanging("other")))
+    await started.wait()
+    await shared.close()
+    assert cancelled == ["node", "other"]
+    assert isinstance((await asyncio.gather(c, return_exceptions=True))[0], asyncio.CancelledError)
+
+
+async def test_a_round_in_flight_is_shared_however_long_it_takes() -> None:
+    """Freshness counts from the answer: a round still queued behind a saturated limiter
+    past the timeout is joined, never fetched a second time in the same tick."""
+    now = [0.0]
+    shared = SharedPages(clock=lambda: now[0])
+    release = asyncio.Event()
+
+    async def slow() -> Any:
+        await release.wait()
+        return "page"
+
+    first: asyncio.Future[Any] = asyncio.ensure_future(shared.read("node", "a", 3.0, slow))
+    await asyncio.sleep(0)
+    now[0] = 10.0
+    second: asyncio.Future[Any] = asyncio.ensure_future(shared.read("node", "b", 3.0, slow))
+    await asyncio.sleep(0)
+    release.set()
+    assert [await first, await second] == ["page", "page"]
+    assert shared.fetched == 1

@@ -28,7 +28,7 @@ from controller.simulation.report import Job, Outcome, run_all, run_job, sim_set
 from controller.simulation.scenarios import SCENARIOS
 from controller.simulation.scores import Scores
 from controller.simulation.vllm import Replica, ReplicaSpec, Request
-from controller.simulation.world import Cluster, Scraper, pod_urls
+from controller.simulation.world import Cluster, ClusterSpec, Scraper, pod_urls
 from controller.sources.reader import PageReader
 
 DEFAULTS = WeightSettings()
@@ -409,3 +409,10 @@ def test_realised_share_is_what_the_clusters_really_received(honour: bool) -> No
         assert abs(realised[name] - 100 * sent[name] / total) < 3, (realised, sent)
     gap = max(abs(realised[n] - intended[n]) for n in trace.names)
     assert (gap > 10) is not honour, (realised, intended)
+
+
+def test_nodes_are_only_for_rows_whose_pages_hold_replicas() -> None:
+    with pytest.raises(ValueError, match="hold one server"):
+        ClusterSpec("a", 4, engine="vllm", nodes=2)
+    with pytest.raises(ValueError, match="3 nodes for 2 replicas"):
+        ClusterSpec("a", 2, engine="ray-vllm", nodes=3)
