@@ -204,9 +204,40 @@ RAY_VLLM = Engine(
     process_label="WorkerId",
 )
 
+
+def _ray_sglang(name: str) -> Family:
+    return Family((f"ray_sglang_{name}",), (("priority", ""),))
+
+
+# SGLang inside Ray Serve LLM (ray 2.60 ``llm/_internal/serve/engines/sglang/
+# sglang_engine.py``: ``sglang.srt.ray.engine.RayEngine`` with ``enable_metrics`` and
+# ``extra_metric_labels`` {application, deployment, replica: the Serve replica's id}). SGLang
+# reports through ``ray.util.metrics`` (sglang 0.5.23 ``srt/observability/ray_wrappers.py``:
+# ``sglang:`` made ``sglang_``, a ``ReplicaId`` tag), and Ray's agent adds ``ray_`` and its
+# ``WorkerId`` (the names ray's own Serve LLM SGLang dashboard queries:
+# ``serve_llm_sglang_dashboard_panels.py``). The scheduler's gauges come from the rank-0
+# scheduler actor, the e2e histogram from the replica's: two workers of one replica, and
+# ``ReplicaId`` is read only in the replica's context, so the replica is told by the
+# ``replica`` label both carry, and a worker is not a process of its own (no process_label:
+# a replica restarted under the same id is not told apart while its old series linger).
+RAY_SGLANG = Engine(
+    name="ray-sglang",
+    kv=_ray_sglang("token_usage"),
+    waiting=_ray_sglang("num_queue_reqs"),
+    running=_ray_sglang("num_running_reqs"),
+    latency="ray_sglang_e2e_request_latency_seconds",
+    model_label="model_name",
+    pools=(
+        Pool(block=_ray_sglang("page_size"), count=_ray_sglang("num_pages")),
+        Pool(info="ray_sglang_cache_config_info", block_label="page_size", count_label="num_pages"),
+        Pool(tokens=_ray_sglang("max_total_num_tokens")),
+    ),
+    replica_label="replica",
+)
+
 # The built-in rows, in the order ``auto`` tries them on a page.
 ENGINES: dict[str, Engine] = {
-    e.name: e for e in (VLLM, SGLANG, TRITON_TENSORRT_LLM, TRTLLM_SERVE, RAY_VLLM)
+    e.name: e for e in (VLLM, SGLANG, TRITON_TENSORRT_LLM, TRTLLM_SERVE, RAY_VLLM, RAY_SGLANG)
 }
 AUTO = "auto"
 

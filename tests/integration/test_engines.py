@@ -22,11 +22,11 @@ HOT, COOL = Load(kv=0.95, waiting=6, running=8, blocks=4000), Load(kv=0.20, bloc
 async def test_once_moves_traffic_from_the_hot_cluster_of_each_engine(
     serve: Serve, engine: str
 ) -> None:
-    render = PAGES[engine]
+    render, label = PAGES[engine], ENGINES[engine].replica_label
 
     def pod(load: Load, i: int) -> str:
         # a Ray node of each pod: a replica of its own (one id on two nodes is one replica)
-        return render(load).replace('ReplicaId="', f'ReplicaId="{i}-')
+        return render(load).replace(f'{label}="', f'{label}="{i}-') if label else render(load)
 
     server = await serve(
         {

@@ -57,7 +57,7 @@ class HubThanos:
         if self.failing and self.failing in query:
             body = {"status": "error", "errorType": "timeout", "error": "query timed out"}
             return web.json_response(body, status=503)
-        grouped = ("by (cluster)", "le, cluster", "block_size, cluster", "ReplicaId, cluster")
+        grouped = ("by (cluster)", "le, cluster", "block_size, cluster", "replica, cluster")
         assert 'cluster=~"' in query and any(g in query for g in grouped), query
         if query.startswith("min by (cluster) (max_over_time((timestamp("):
             fresh = time.time() - 5  # each cluster's newest sample: a push 5 s ago
@@ -67,13 +67,13 @@ class HubThanos:
         if "increase(" in query:
             return web.json_response(vector(dict.fromkeys(CLUSTERS, 600)))
         if query.startswith(
-            "count by (job, instance, ReplicaId, num_gpu_blocks"
+            "count by (job, instance, ReplicaId, replica, num_gpu_blocks"
         ):  # engines by pod and pool
             return web.json_response(pools(POOLS))
         if query.startswith("count by (cluster)"):
             return web.json_response(vector(dict.fromkeys(CLUSTERS, 4)))
         if query.startswith(
-            "sum by (job, instance, ReplicaId, cluster)"
+            "sum by (job, instance, ReplicaId, replica, cluster)"
         ):  # no other engine's pools
             return web.json_response(vector({}))
         if "num_requests" in query:
@@ -149,7 +149,9 @@ class HostileHub(HubThanos):
             return web.json_response(
                 {"status": "success", "data": {"resultType": "vector", "result": rows}}
             )
-        if query.startswith("count by (job, instance, ReplicaId, num_gpu_blocks"):  # the same GPUs
+        if query.startswith(
+            "count by (job, instance, ReplicaId, replica, num_gpu_blocks"
+        ):  # same GPUs
             self.queries.append(query)
             return web.json_response(pools(dict.fromkeys(CLUSTERS, 2048)))
         if self.huge and query.startswith("max by (cluster)"):  # KV max

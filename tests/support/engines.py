@@ -22,6 +22,12 @@ upstream sources (names, types, labels and layouts; the numbers are the test's):
   ``engine``), exported by the Ray node's metrics agent with a ``ray_`` prefix and the
   worker's ``Component``, ``NodeAddress``, ``SessionName``, ``Version`` and ``WorkerId``, as a
   real Ray 2.60 head served it (labels sorted, OpenTelemetry's scope labels last).
+- Ray Serve LLM's SGLang: ``sglang/srt/observability/ray_wrappers.py`` (sglang 0.5.23:
+  ``sglang:`` made ``sglang_``, a ``ReplicaId`` tag read in the Serve replica's context) and
+  ray 2.60's ``sglang_engine.py`` (``extra_metric_labels``: ``application``, ``deployment``,
+  ``replica``), exported as Ray exports vLLM's; the scheduler's gauges from the rank-0
+  scheduler actor (its own ``WorkerId``; ``ReplicaId`` empty there, as its context is not the
+  replica's: inferred, not yet seen on a live Ray), the e2e histogram from the replica's.
 """
 
 from __future__ import annotations
@@ -384,6 +390,66 @@ def ray_vllm_page(load: Load, model: str = "llama") -> str:
     return ray_node_page([Replica(model, load, f"{model}-{load.blocks}")])
 
 
+def ray_sglang_page(load: Load, model: str = "llama") -> str:
+    """A Ray node holding one SGLang replica of ``model`` (its id by its pool, as
+    ``ray_vllm_page``): the scheduler's gauges and pool from one worker, the tokenizer's e2e
+    histogram from another."""
+    replica = f"{model}-{load.blocks}"
+    ray = [
+        ("NodeAddress", "10.0.0.5"),
+        ("SessionName", RAY_SESSION),
+        ("Version", "2.60.0"),
+        ("application", "llm-app"),
+        ("deployment", "LLMServer:llama"),
+        ("replica", replica),
+    ]
+    scheduler = sorted(
+        [
+            *ray,
+            ("Component", "core_worker"),
+            ("ReplicaId", ""),
+            ("WorkerId", "0a" * 28),
+            ("engine_type", "unified"),
+            ("model_name", model),
+            ("moe_ep_rank", "0"),
+            ("pp_rank", "0"),
+            ("tp_rank", "0"),
+        ]
+    )
+    tokenizer = sorted(
+        [
+            *ray,
+            ("Component", "core_worker"),
+            ("ReplicaId", replica),
+            ("WorkerId", "0b" * 28),
+            ("engine_type", "unified"),
+            ("model_name", model),
+        ]
+    )
+
+    def gauge(name: str, value: float) -> str:
+        full = f"ray_sglang_{name}"
+        return _family(full, "gauge", name, [(_labels(scheduler), value)])
+
+    return "".join(
+        [
+            gauge("num_running_reqs", load.running),
+            gauge("num_queue_reqs", load.waiting),
+            gauge("token_usage", load.kv),
+            gauge("page_size", load.block_size),
+            gauge("num_pages", load.blocks),
+            gauge("max_total_num_tokens", load.blocks * load.block_size),
+            _histogram(
+                "ray_sglang_e2e_request_latency_seconds",
+                "e2e",
+                tokenizer,
+                SGLANG_E2E_BOUNDS,
+                load.completed,
+            ),
+        ]
+    )
+
+
 # An engine of one's own (``engines[]`` in the config), and a page it writes.
 OWN = {
     "name": "acme",
@@ -415,6 +481,7 @@ PAGES = {
     "triton-tensorrt-llm": triton_trtllm_page,
     "trtllm-serve": trtllm_serve_page,
     "ray-vllm": ray_vllm_page,
+    "ray-sglang": ray_sglang_page,
 }
 # The engines whose page gives latency (Triton's TensorRT-LLM backend has no histogram).
-WITH_LATENCY = ("vllm", "sglang", "trtllm-serve", "ray-vllm")
+WITH_LATENCY = ("vllm", "sglang", "trtllm-serve", "ray-vllm", "ray-sglang")
