@@ -17,13 +17,18 @@ from pathlib import Path
 import aiohttp
 import pytest
 import yaml
+from aiohttp import web
 
+from controller.app import Controller
 from controller.errors import ScrapeError
-from controller.settings import build_settings
+from controller.replay import replay
+from controller.settings import Settings, build_settings
 from controller.sources.answers import Asked, cluster_metrics, split
 from controller.sources.prometheus import Querier, answer_series, shared_queriers
+from controller.state import TickReport
+from controller.testing import VirtualClock
 from tests.support.prometheus import Prometheus, binary
-from tests.support.servers import free_port
+from tests.support.servers import Server, free_port
 
 STEP = 10.0
 HOURS = 2
@@ -255,3 +260,53 @@ async def test_a_replay_that_cannot_run_says_why_in_one_line_and_exits_2(
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and expected[case] in lines[0], (case, done.stderr)
         assert done.stdout == ""
+
+
+async def test_replay_gives_the_weights_the_live_loop_gives_over_the_same_answers(
+    backfilled: tuple[Prometheus, float], tmp_path: Path
+) -> None:
+    """The daemon itself, its PromQL source asking a loopback querier that answers each
+    instant query as Prometheus answered it at the tick's (virtual) time, tick by tick; and
+    replay over the same window: the same weights at every tick."""
+    prometheus, start = backfilled
+    clock = VirtualClock(start + 2700)  # the calm before east's episode, the episode, after
+
+    async def at_the_tick(request: web.Request) -> web.Response:
+        params = {"query": request.query["query"], "time": f"{clock.now:.3f}"}
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"{prometheus.url}/api/v1/query", params=params) as answer,
+        ):
+            return web.Response(text=await answer.text(), content_type="application/json")
+
+    querier = await Server().start({"/api/v1/query": at_the_tick})
+    clusters = [
+        {"name": c, "prometheus": {"querier": "hub", "cluster": c}} for c in ("east", "west")
+    ]
+
+    def settings_at(url: str) -> Settings:
+        hub = {"name": "hub", "url": url, "push_interval": "10s"}
+        return build_settings({"interval": STEP, "queriers": [hub], "clusters": clusters})
+
+    first, last = clock.now, start + 4800
+    live: list[dict[str, int]] = []
+    try:
+        async with Controller(settings_at(querier.url("")), serve=False, clock=clock) as daemon:
+            while clock.now <= last:
+                report = await daemon.once()
+                assert report.only is not None
+                live.append(dict(report.only.outcome.applied))
+                clock.advance(STEP)
+    finally:
+        await querier.stop()
+    replayed: list[dict[str, int]] = []
+
+    def keep(at: float, report: TickReport) -> None:
+        assert report.only is not None
+        replayed.append(dict(report.only.outcome.applied))
+
+    async with aiohttp.ClientSession() as session:
+        await replay(settings_at(prometheus.url), first, last, session, keep)
+    assert len(live) == len(replayed) == (last - first) / STEP + 1
+    assert replayed == live
+    assert min(w["east"] for w in live) <= 5  # the window holds a decision worth comparing
