@@ -52,6 +52,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_peers.py --no-epp
 	$(BIN)/python benchmarks/bench_prometheus.py
 	$(BIN)/python benchmarks/bench_queriers.py
+	$(BIN)/python benchmarks/bench_replay.py
 
 # What the image installs, exactly, with hashes (requirements.lock): re-run after changing
 # pyproject.toml's dependencies; tests/integration/test_lock.py says when it is due.

@@ -85,6 +85,13 @@ def _compact_json(_: object, __: str, event: MutableMapping[str, Any]) -> Mutabl
     return event
 
 
+def enabled(logger: Any, level: int) -> bool:
+    """Whether ``logger`` writes lines at ``level`` (``configure``'s standard-library
+    loggers say; structlog's default, before ``configure``, writes every level)."""
+    check = getattr(logger, "isEnabledFor", None)
+    return True if check is None else bool(check(level))
+
+
 def configure(level: str = "info", fmt: str = "auto", stream: TextIO | None = None) -> None:
     stream = stream or sys.stdout
     use_json = fmt == "json" or (fmt == "auto" and not stream.isatty())

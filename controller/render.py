@@ -319,6 +319,12 @@ def _or(value: Any, default: Any) -> Any:
 STATUS_CHANGES = ("healthy", "reason", "degraded", "pods_answering", "pods_scraped")
 
 
+def status_key(view: ClusterView) -> tuple[object, ...]:
+    """The fields of ``STATUS_CHANGES``, as ``status_fields`` gives them: whether a status
+    line is due at info, worked out without building the line."""
+    return tuple(column.log_as(column.value(view)) for column in _CHANGING)
+
+
 def status_fields(name: str, view: ClusterView) -> dict[str, object]:
     """The per-cluster line an operator greps: ``cluster=b vram_util=0.2 ... weight=80``."""
     fields: dict[str, object] = {"cluster": name}
@@ -326,6 +332,9 @@ def status_fields(name: str, view: ClusterView) -> dict[str, object]:
         if column.log is not None:
             fields[column.log] = column.log_as(column.value(view))
     return fields
+
+
+_CHANGING = tuple(next(c for c in CLUSTER if c.log == key) for key in STATUS_CHANGES)
 
 
 def change(before: Mapping[str, int], after: Mapping[str, int]) -> str:

@@ -10,12 +10,13 @@ by the stage that caught it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import structlog
 
-from controller import render
+from controller import logs, render
 from controller.logs import Conditions
 from controller.model import ClusterHealth, Mode, Reason, TargetDecision, Write
 from controller.settings import LogSettings
@@ -31,6 +32,7 @@ class Journal:
         self._clock = clock
         self._last_summary: float | None = None
         self._engines: dict[str, str] = {}  # the engine each cluster's pages were last read by
+        self._shown: dict[str, tuple[object, ...]] = {}  # each cluster's last status_key
 
     def write(self, previous: TickReport, current: TickReport) -> None:
         for name, cluster in current.clusters.items():
@@ -147,16 +149,21 @@ class Journal:
 
     def _statuses(self, previous: TickReport, current: TickReport, summary: bool) -> None:
         """A cluster's status line at info when it changes (health, reason, pods) and in the
-        periodic summary; at debug on every other tick."""
+        periodic summary; at debug on every other tick (built only when debug is on)."""
+        debug = logs.enabled(log, logging.DEBUG)
+        shown = {}
         for name, view in current.clusters.items():
-            fields = render.status_fields(name, view)
-            before = previous.clusters.get(name)
-            if before is None or _shown(render.status_fields(name, before)) != _shown(fields):
-                log.info("cluster status", **fields)
+            shown[name] = key = render.status_key(view)
+            before = self._shown.get(name)
+            if before is None and name in previous.clusters:  # a journal that joins late
+                before = render.status_key(previous.clusters[name])
+            if before != key:
+                log.info("cluster status", **render.status_fields(name, view))
             elif summary:
-                log.info("cluster status", **fields, summary=True)
-            else:
-                log.debug("cluster status", **fields)
+                log.info("cluster status", **render.status_fields(name, view), summary=True)
+            elif debug:
+                log.debug("cluster status", **render.status_fields(name, view))
+        self._shown = shown
 
     def _summary_due(self) -> bool:
         now = self._clock()
@@ -220,7 +227,3 @@ def _failure(outcome: TargetDecision) -> dict[str, Any]:
         "detail": outcome.detail,
         "wanted": render.change(outcome.held, outcome.desired),
     }
-
-
-def _shown(fields: dict[str, object]) -> tuple[object, ...]:
-    return tuple(fields.get(k) for k in render.STATUS_CHANGES)

@@ -51,9 +51,13 @@ class Arrivals:
 @dataclass(slots=True)
 class Window:
     """One target's counts over the window: (time, requests per mapped ref, share intended per
-    mapped ref), oldest first."""
+    mapped ref), oldest first, and their sums kept as ticks come and go (a tick costs its own
+    refs, not the window's; the sums are worked out afresh whenever the window empties)."""
 
     served: deque[tuple[float, dict[str, float], dict[str, float]]] = field(default_factory=deque)
+    _requests: dict[str, float] = field(default_factory=dict)
+    _intended: dict[str, float] = field(default_factory=dict)
+    _present: dict[str, int] = field(default_factory=dict)  # ticks of the window counting a ref
 
     def add(
         self,
@@ -66,7 +70,10 @@ class Window:
         (0..100 over the mapped refs) over the window, or nothing while too few requests."""
         served = self.served
         while served and served[0][0] <= now - window:
-            served.popleft()
+            _, counts, shares = served.popleft()
+            self._count(counts, shares, -1.0)
+        if not served:  # start the sums afresh: nothing carried over but rounding
+            self._requests, self._intended, self._present = {}, {}, {}
         mapped = {ref: c for ref, c in outcome.target.clusters.items() if c is not None}
         weights = {ref: outcome.applied.get(ref, 0) for ref in mapped}
         total = sum(weights.values())
@@ -74,22 +81,27 @@ class Window:
         if counts and total > 0:
             shares = {ref: 100.0 * w / total for ref, w in weights.items()}
             served.append((now, counts, shares))
+            self._count(counts, shares, 1.0)
         return self._shares()
 
+    def _count(self, counts: Mapping[str, float], shares: Mapping[str, float], sign: float) -> None:
+        requests, intended, present = self._requests, self._intended, self._present
+        for ref, n in counts.items():
+            requests[ref] = requests.get(ref, 0.0) + sign * n
+            present[ref] = present.get(ref, 0) + int(sign)
+            if present[ref] <= 0:  # in none of the window's ticks any more
+                del requests[ref], present[ref]
+        for ref, share in shares.items():
+            intended[ref] = intended.get(ref, 0.0) + sign * share
+
     def _shares(self) -> tuple[dict[str, float], dict[str, float]]:
-        requests: dict[str, float] = {}
-        intended: dict[str, float] = {}
-        served = self.served
-        for _, tick_counts, tick_shares in served:
-            for ref, n in tick_counts.items():
-                requests[ref] = requests.get(ref, 0.0) + n
-            for ref, share in tick_shares.items():
-                intended[ref] = intended.get(ref, 0.0) + share / len(served)
+        requests = self._requests
         seen = sum(requests.values())
-        if seen < MIN_REQUESTS:
+        if seen < MIN_REQUESTS or not self.served:
             return {}, {}
+        ticks = len(self.served)
         realised = {ref: 100.0 * n / seen for ref, n in requests.items()}
-        return realised, {ref: intended.get(ref, 0.0) for ref in realised}
+        return realised, {ref: self._intended.get(ref, 0.0) / ticks for ref in realised}
 
 
 def _counts(

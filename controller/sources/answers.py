@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from controller.errors import ScrapeError
 from controller.model import CapacityFrom, ClusterMetrics, Latency, PodError, Reason
@@ -154,8 +154,8 @@ def cluster_metrics(
     values, refused = _checked(values, asked)
     if values.get("kv_mean") is None:
         refused.append(_empty("kv_mean", asked))
-    metrics = _metrics(name, values, asked, started, duration, (*errors, *refused))
-    return replace(metrics, pages=pages, completed=_completed(values, asked, since, started))
+    completed = _completed(values, asked, since, started)
+    return _metrics(name, values, asked, started, duration, (*errors, *refused), pages, completed)
 
 
 def _completed(
@@ -207,6 +207,8 @@ def _metrics(
     started: float,
     duration: float,
     errors: tuple[PodError, ...],
+    pages: int,
+    completed: float | None,
 ) -> ClusterMetrics:
     pods = int(v.get("pods") or 0)
     kv = v.get("kv_mean")
@@ -236,6 +238,8 @@ def _metrics(
         errors=errors,
         kv_tokens=tokens,
         kv_tokens_from=CapacityFrom.KV_BLOCKS if tokens is not None else None,
+        pages=pages,
+        completed=completed,
     )
 
 

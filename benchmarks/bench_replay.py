@@ -1,0 +1,163 @@
+"""What a replayed tick costs (#43), without the querier's own time: a history of 20 clusters
+read through one hub querier, its answers held in memory as ``Querier.history`` hands them
+over, replayed as ``controller.replay`` replays them (``answers.cluster_metrics`` for each
+cluster, then ``testing.Driver.tick``: the real Reconciler). Its floor, on the same inputs in
+the same run: the pure stages alone (``health.judge``, ``signals.remember`` and ``derive``,
+``weights.weigh``), with no loop around them.
+
+    python benchmarks/bench_replay.py [--clusters 20] [--ticks 3000]
+
+Prints ms per replayed tick, ms per tick of the pure stages, their ratio (#43: at most 3×),
+and the time a week at a 10 s interval (60,480 ticks) would take at that rate (#43: at most
+60 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import random
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from controller import health, signals, weights  # noqa: E402
+from controller.logs import configure  # noqa: E402
+from controller.model import (  # noqa: E402
+    IMPLICIT_TARGET,
+    ClusterHealth,
+    ClusterMetrics,
+    Ref,
+    Signals,
+    Target,
+)
+from controller.settings import Settings, build_settings  # noqa: E402
+from controller.signals import SignalMemory  # noqa: E402
+from controller.sources.answers import Answers, Asked, cluster_metrics  # noqa: E402
+from controller.testing import Driver  # noqa: E402
+
+STEP = 10.0
+WEEK = 7 * 24 * 3600 / STEP
+
+
+def history(clusters: list[str], ticks: int, seed: int = 0) -> list[Answers]:
+    """Each tick's answers as the hub querier splits them: KV drifting, one cluster hot now
+    and then, pools, pods, queue and requests."""
+    rng = random.Random(seed)
+    found: list[Answers] = []
+    for tick in range(ticks):
+        hot = clusters[(tick // 360) % len(clusters)] if tick % 720 < 120 else None
+        kv = {
+            c: (0.95 if c == hot else 0.3 + 0.1 * math.sin(tick / 50 + i))
+            for i, c in enumerate(clusters)
+        }
+        kv = {c: min(1.0, max(0.0, v + rng.uniform(-0.02, 0.02))) for c, v in kv.items()}
+        stamp = tick * STEP
+        found.append(
+            {
+                "kv_mean": kv,
+                "kv_max": {c: min(1.0, v + 0.03) for c, v in kv.items()},
+                "kv_oldest": dict.fromkeys(clusters, stamp - 5),
+                "pods": dict.fromkeys(clusters, 4.0),
+                "kv_pools": dict.fromkeys(clusters, 4 * 8192 * 16.0),
+                "kv_pool_pods": dict.fromkeys(clusters, 4.0),
+                "kv_tokens": {},
+                "kv_token_pods": {},
+                "queue": {c: (12.0 if c == hot else 0.0) for c in clusters},
+                "running": dict.fromkeys(clusters, 8.0),
+                "latency_requests": dict.fromkeys(clusters, 600.0),
+                "p50": dict.fromkeys(clusters, 1.2),
+                "p90": dict.fromkeys(clusters, 2.5),
+            }
+        )
+    return found
+
+
+def asked(cluster: str) -> Asked:
+    return Asked("http://hub/api/v1/query", "cluster", cluster, {"kv_mean": "…"}, 60.0, 1.0)
+
+
+async def replayed(settings: Settings, clusters: list[str], answers: list[Answers]) -> float:
+    """Seconds for the replay loop over ``answers``."""
+    driver = Driver(settings)
+    who = {c: asked(c) for c in clusters}
+    began = time.perf_counter()
+    previous: float | None = None
+    for tick, at_tick in enumerate(answers):
+        at = tick * STEP
+        metrics = {c: cluster_metrics(c, at_tick, who[c], at, 0.0, previous) for c in clusters}
+        await driver.tick(at, metrics)
+        previous = at
+    return time.perf_counter() - began
+
+
+def pure(settings: Settings, clusters: list[str], answers: list[Answers]) -> float:
+    """Seconds for the pure stages alone on the same inputs: each cluster judged and
+    remembered, its signals derived, the one target weighed."""
+    who = {c: asked(c) for c in clusters}
+    refs = tuple(Ref("", "", c, 100 // len(clusters), c) for c in clusters)
+    target = Target(IMPLICIT_TARGET, "", IMPLICIT_TARGET, "", "", refs)
+    states: dict[str, ClusterHealth] = {}
+    memory: dict[str, SignalMemory] = {}
+    inputs_at: list[dict[str, ClusterMetrics]] = []
+    previous: float | None = None
+    for tick, at_tick in enumerate(answers):  # the inputs, made before the clock starts
+        at = tick * STEP
+        inputs_at.append(
+            {c: cluster_metrics(c, at_tick, who[c], at, 0.0, previous) for c in clusters}
+        )
+        previous = at
+    health_settings, fraction = settings.health, settings.scrape.min_pod_fraction
+    params = settings.weights
+    began = time.perf_counter()
+    for tick, metrics in enumerate(inputs_at):
+        at = tick * STEP
+        inputs: dict[str, Signals | None] = {}
+        for c in clusters:
+            after = health.judge(states.get(c), metrics[c], health_settings, fraction, at)
+            states[c] = after
+            memory[c] = signals.remember(memory.get(c), metrics[c], after, params.demand_smoothing)
+            inputs[c] = signals.derive(after, memory[c], params)
+        weights.weigh(target, inputs, params, False)
+    return time.perf_counter() - began
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--clusters", type=int, default=20)
+    parser.add_argument("--ticks", type=int, default=3000)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    configure("critical", "console", sys.stderr)  # the loop's logs are not the measure
+    clusters = [f"c{i:02}" for i in range(args.clusters)]
+    settings = build_settings(
+        {
+            "interval": STEP,
+            "health": {"max_staleness": "10m"},
+            "queriers": [{"name": "hub", "url": "http://hub", "push_interval": "10s"}],
+            "clusters": [
+                {"name": c, "prometheus": {"querier": "hub", "cluster": c}} for c in clusters
+            ],
+        }
+    )
+    answers = history(clusters, args.ticks)
+    rounds = [
+        (asyncio.run(replayed(settings, clusters, answers)), pure(settings, clusters, answers))
+        for _ in range(args.repeat)
+    ]
+    loop = min(r[0] for r in rounds) / args.ticks
+    floor = min(r[1] for r in rounds) / args.ticks
+    ratios = sorted(r[0] / r[1] for r in rounds)
+    print(f"replay, {args.clusters} clusters, {args.ticks} ticks, best of {args.repeat}:")
+    print(f"  replayed tick {1000 * loop:.2f} ms, pure stages {1000 * floor:.2f} ms,")
+    print(f"  {ratios[len(ratios) // 2]:.2f}x the pure stages (median of rounds)")
+    print(f"  a week at {STEP:g} s ({WEEK:,.0f} ticks): {WEEK * loop:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
