@@ -74,6 +74,14 @@ def _parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="a weights setting to replay with instead of the config's, e.g. --set settle=30s",
     )
+    replay.add_argument(
+        "--compare",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="also replay a candidate weights setting on the same history, side by side "
+        "(repeat for more candidates; KEY=VALUE,KEY=VALUE for one of several settings)",
+    )
     replay.add_argument("--json", type=Path, help="also write every tick and the summary here")
     check = sub.add_parser("check-config", help="validate a config file, print it normalised")
     check.add_argument("path", type=Path)
@@ -392,17 +400,28 @@ async def _replay(settings: Settings, args: argparse.Namespace) -> int:
         if args.json is not None:
             records.append(replay.tick_record(at, report))
 
+    candidates = {
+        item: replay.replay_settings(settings, replay.check_overrides(item.split(",")))
+        for item in args.compare
+    }
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
-            summary = await replay.replay(chosen, start, end, session, keep)
+            history = await replay.read_history(chosen, start, end, session)
+        summary = await replay.run(chosen, history, keep)
+        others = {item: await replay.run(s, history) for item, s in candidates.items()}
     except replay.ReplayError as exc:
         print(f"replay: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     names = [c.name for c in chosen.clusters]
     print(replay.table(summary, names))
+    if others:
+        label = ",".join(args.set) or "the config's"
+        print()
+        print(replay.compared({label: summary, **others}, names))
     if args.json is not None:
         document = {
             "summary": summary.row(names),
+            "compared": {item: other.row(names) for item, other in others.items()},
             "open_loop": replay.OPEN_LOOP,
             "ticks": records,
         }

@@ -26,7 +26,7 @@ from controller.errors import ConfigError, ScrapeError
 from controller.model import IMPLICIT_TARGET, Write
 from controller.render import report_json
 from controller.settings import Settings, build_settings
-from controller.sources.answers import Answers, cluster_metrics
+from controller.sources.answers import Answers, Asked, cluster_metrics
 from controller.sources.prometheus import (
     PrometheusQuerySource,
     prometheus_source,
@@ -124,29 +124,43 @@ async def histories(
     return {name: by_querier[id(s.querier)] for name, s in found.items()}
 
 
-async def replay(
-    settings: Settings,
-    start: float,
-    end: float,
-    session: aiohttp.ClientSession,
-    on_tick: Any = None,
-) -> Summary:
-    """Run the loop over ``start``..``end`` at the config's interval; ``on_tick(time,
-    report)`` sees every tick."""
+@dataclass(frozen=True, slots=True)
+class History:
+    """What the queriers answered at every step of the window, for each cluster, and whom
+    each cluster's answers came from."""
+
+    start: float
+    end: float
+    times: Sequence[float]
+    answers: Mapping[str, Mapping[float, Answers]]
+    asked: Mapping[str, Asked]
+
+
+async def read_history(
+    settings: Settings, start: float, end: float, session: aiohttp.ClientSession
+) -> History:
+    """The window's answers at the config's interval, read once (candidates replayed side
+    by side share them)."""
     if end <= start:
         raise ReplayError(f"the window is empty: --end ({end:g}) is not after --start ({start:g})")
     found = sources(settings, session)
     read = await histories(found, start, end, settings.interval)
     times = sorted(next(iter(read.values())))
-    driver = Driver(settings, start=start)
-    summary = Summary(start, end)
+    return History(start, end, times, read, {name: s.asked() for name, s in found.items()})
+
+
+async def run(settings: Settings, history: History, on_tick: Any = None) -> Summary:
+    """The loop over ``history`` with ``settings`` (the config's, or a candidate's);
+    ``on_tick(time, report)`` sees every tick."""
+    driver = Driver(settings, start=history.start)
+    summary = Summary(history.start, history.end)
     previous: float | None = None
     seen_kv = False
     last: dict[str, int] | None = None
-    for at in times:
+    for at in history.times:
         metrics = {
-            name: cluster_metrics(name, read[name][at], source.asked(), at, 0.0, previous)
-            for name, source in found.items()
+            name: cluster_metrics(name, answers[at], history.asked[name], at, 0.0, previous)
+            for name, answers in history.answers.items()
         }
         summary.unknown += sum(1 for m in metrics.values() if m.kv_mean is None)
         seen_kv = seen_kv or any(m.kv_mean is not None for m in metrics.values())
@@ -157,11 +171,22 @@ async def replay(
             on_tick(at, report)
     if not seen_kv:
         raise ReplayError(
-            f"no KV-cache reading for any cluster between {start:g} and {end:g}: the window "
-            "holds no history of these clusters (check the time, the queriers' matchers and "
-            "retention)"
+            f"no KV-cache reading for any cluster between {history.start:g} and "
+            f"{history.end:g}: the window holds no history of these clusters (check the time, "
+            "the queriers' matchers and retention)"
         )
     return summary
+
+
+async def replay(
+    settings: Settings,
+    start: float,
+    end: float,
+    session: aiohttp.ClientSession,
+    on_tick: Any = None,
+) -> Summary:
+    """Read the window and run the loop over it (``read_history``, then ``run``)."""
+    return await run(settings, await read_history(settings, start, end, session), on_tick)
 
 
 def _account(
@@ -189,6 +214,21 @@ def _account(
 def tick_record(at: float, report: TickReport) -> dict[str, Any]:
     """One tick as ``--json`` writes it: its time and what ``once`` prints."""
     return {"time": at, **report_json(report)}
+
+
+def compared(rows: Mapping[str, Summary], names: Sequence[str]) -> str:
+    """Candidates side by side on the same history: one line each."""
+    head = (
+        f"{'settings':<28} {'writes':>6} {'/h':>6} {'reversals/h':>11} {'largest':>7} {'shed':>4}"
+    )
+    lines = [head]
+    for label, summary in rows.items():
+        row = summary.row(names)
+        lines.append(
+            f"{label:<28} {row['writes']:>6} {row['writes_per_hour']:>6} "
+            f"{row['reversals_per_hour']:>11} {row['largest_step']:>7} {len(row['shed']):>4}"
+        )
+    return "\n".join(lines)
 
 
 def table(summary: Summary, names: Sequence[str]) -> str:

@@ -199,6 +199,8 @@ async def test_replay_sheds_the_hot_cluster_in_its_episode_and_holds_when_calm(
             f"{end:.0f}",
             "--json",
             str(out),
+            "--compare",
+            "max_step=10",
         ],
         capture_output=True,
         text=True,
@@ -207,6 +209,7 @@ async def test_replay_sheds_the_hot_cluster_in_its_episode_and_holds_when_calm(
     )
     assert done.returncode == 0, done.stderr
     assert "open loop" in done.stdout
+    assert "the config's" in done.stdout and "max_step=10" in done.stdout
     document = json.loads(out.read_text())
     east = {
         t["time"] - start: t["targets"]["configured"]["applied"]["east"] for t in document["ticks"]
@@ -219,6 +222,10 @@ async def test_replay_sheds_the_hot_cluster_in_its_episode_and_holds_when_calm(
     summary = document["summary"]
     assert summary["writes"] <= 5 and summary["reversals_per_hour"] == 0
     assert summary["health_changes"] == {"east": 1, "west": 1}  # each healthy once, at the start
+    # a candidate on the same history: smaller steps, so more of them, none larger than it
+    candidate = document["compared"]["max_step=10"]
+    assert candidate["largest_step"] <= 10 < summary["largest_step"]
+    assert candidate["writes"] > summary["writes"]
 
 
 def replay_cli(config: Path, start: float, end: float) -> subprocess.CompletedProcess[str]:
