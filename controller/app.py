@@ -103,7 +103,7 @@ def _connector(settings: Settings) -> aiohttp.TCPConnector:
     # so at a 10 s interval each of its pages opens one.
     # An idle connection is kept for two intervals, so a pod that keeps it that long (vLLM
     # with VLLM_HTTP_TIMEOUT_KEEP_ALIVE above the interval) is read on it next tick
-    # (benchmarks/README.md measures what that saves).
+    # (benchmarks/HISTORY.md measures what that saves).
     limit = settings.scrape.max_concurrency + 8
     return aiohttp.TCPConnector(
         limit=limit, limit_per_host=0, ttl_dns_cache=60, keepalive_timeout=2 * settings.interval
@@ -170,7 +170,7 @@ class Controller:
             timeout=aiohttp.ClientTimeout(total=None),
             # Stateless, as Prometheus's scrapes are: an OpenShift route sets a sticky-session
             # cookie by default, and sent back it would pin every later read of that route to
-            # one pod behind it. No jar also spares a lookup per request (benchmarks/README.md).
+            # one pod behind it. No jar also spares a lookup per request (benchmarks/HISTORY.md).
             cookie_jar=aiohttp.DummyCookieJar(),
         )
         try:

@@ -89,7 +89,7 @@ class Endpoint:
     tls: ssl.SSLContext | bool = True
     limiter: Limiter | None = None
     # Parsed once: yarl keeps a small cache of parsed strings, which a fleet of distinct pod
-    # URLs misses on every request (~14 µs a page; benchmarks/README.md).
+    # URLs misses on every request (~14 µs a page; benchmarks/HISTORY.md).
     target: URL | str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

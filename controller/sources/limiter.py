@@ -4,7 +4,7 @@ A plain FIFO semaphore interleaves the clusters: each takes its first slots earl
 cluster with more pods than ``scrape.max_concurrency_per_cluster`` sends its last pages to the
 back of the queue, behind every other cluster's first ones. Then every cluster's read is
 half done at once, and every answered page waits in memory for its cluster's last (the peak
-of a tick's memory, measured in benchmarks/README.md).
+of a tick's memory, measured in benchmarks/HISTORY.md).
 ``Limiter`` serves waiters by rank, first come first served within one: a cluster's fetch
 takes a rank when it starts (``ranked``), so its later pages go ahead of clusters that
 started after it, and clusters finish about in the order they began. Slots a cluster may
