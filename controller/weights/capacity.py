@@ -21,7 +21,7 @@ utilization: a faster GPU finishes requests sooner, so the same traffic holds le
 Steps move at most ``max_step`` per ref; after one the law waits (``settling``) until it is
 seen acting, with ``settle`` as the floor (``controller.reconcile.actuation``). Taking traffic
 off an unhealthy cluster never waits. How the defaults were chosen, and what was tried and
-dropped, is in ``controller/simulation/README.md``.
+dropped, is in ``controller/simulation/HISTORY.md``.
 """
 
 from __future__ import annotations
