@@ -31,3 +31,24 @@ def test_every_relative_link_in_the_markdown_points_at_a_file_that_exists() -> N
             if not (doc.parent / path).exists():
                 broken.append(f"{doc.relative_to(ROOT)}: {target}")
     assert broken == []
+
+
+# Packages the layout names as a whole: each has a README or is named by what it is for.
+WHOLE = ("fakes", "demo", "simulation")
+
+
+def test_the_controller_s_layout_names_every_module() -> None:
+    """controller/README.md's layout is the tree: a module added or moved without it there
+    fails here."""
+    text = (ROOT / "controller" / "README.md").read_text()
+    start = text.index("```\ncontroller/")
+    block = text[start : text.index("```", start + 3)]
+    package = ROOT / "controller"
+    missing = [
+        str(path.relative_to(package))
+        for path in sorted(package.rglob("*.py"))
+        if path.name != "__init__.py"
+        and path.relative_to(package).parts[0] not in WHOLE
+        and path.name not in block
+    ]
+    assert missing == [], f"not in controller/README.md's layout: {missing}"
