@@ -37,7 +37,7 @@ from controller.metrics import ControllerMetrics
 from controller.model import Target
 from controller.settings import ClusterSettings, HTTPRouteTarget, Settings
 
-log = structlog.get_logger("controller.publish")
+log = structlog.get_logger("controller.discovery")
 T = TypeVar("T")
 
 

@@ -21,7 +21,7 @@ from controller.settings import ClusterSettings, Settings
 from controller.sources import ClusterMetricsSource
 from controller.state import ClusterView
 
-log = structlog.get_logger("controller.loop")
+log = structlog.get_logger("controller.fleet")
 
 SourceFactory = Callable[[ClusterSettings], ClusterMetricsSource]
 

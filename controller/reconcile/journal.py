@@ -22,7 +22,7 @@ from controller.model import ClusterHealth, Mode, Reason, TargetDecision, Write
 from controller.settings import LogSettings
 from controller.state import ClusterView, TargetView, TickReport
 
-log = structlog.get_logger("controller.loop")
+log = structlog.get_logger("controller.journal")
 
 
 class Journal:

@@ -137,7 +137,7 @@ def test_json_and_logfmt_carry_the_same_typed_keys(rendered: Any) -> None:
     for fmt in ("json", "console"):
         stream = rendered(fmt)
         with structlog.contextvars.bound_contextvars(tick=7):
-            structlog.get_logger("controller.loop").info("cluster status", **fields)
+            structlog.get_logger("controller.journal").info("cluster status", **fields)
         out[fmt] = stream.getvalue().strip()
     as_json = json.loads(out["json"])
     assert as_json["vram_util"] == 0.2 and as_json["weight"] == 80 and as_json["healthy"] is True
