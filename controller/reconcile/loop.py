@@ -59,8 +59,8 @@ STAGES = ("discover", "fetch", "publish", "tick")
 class Plan:
     """One target weighed: as found, as in force, and what it should hold."""
 
-    found: Target
-    target: Target
+    discovered: Target  # as the publisher found it
+    in_force: Target  # as in force: the object's weights, or a dry run's shadow
     desired: dict[str, int]
     decision: Decision
 
@@ -209,14 +209,14 @@ class Reconciler:
         answers = iter(await bounded(jobs, limit, deadline))
         outcomes = []
         for plan in plans:
-            result = WriteResult(Write.NONE, plan.target)
+            result = WriteResult(Write.NONE, plan.in_force)
             if self._changes(plan):
                 answer = next(answers)
                 if answer is None:
                     detail = f"publish deadline {deadline:g}s passed before the write was answered"
-                    result = WriteResult(Write.FAILED, plan.target, detail, "api_timeout")
+                    result = WriteResult(Write.FAILED, plan.in_force, detail, "api_timeout")
                 elif isinstance(answer, BaseException):  # a bug: this target's only
-                    result = self._raised(plan.found.key, plan.target, answer)
+                    result = self._raised(plan.discovered.key, plan.in_force, answer)
                 else:
                     plan, result = answer
             outcomes.append(self._outcome(plan, result))
@@ -224,16 +224,16 @@ class Reconciler:
 
     @staticmethod
     def _changes(plan: Plan) -> bool:
-        return plan.desired != plan.target.weights
+        return plan.desired != plan.in_force.weights
 
     async def _attempt(
         self, plan: Plan, inputs: Mapping[str, Signals | None]
     ) -> tuple[Plan, WriteResult]:
         """Write what changed; after a conflict, weigh again from the fresh read and retry."""
-        result = WriteResult(Write.NONE, plan.target)
+        result = WriteResult(Write.NONE, plan.in_force)
         for _ in range(self._settings.kubernetes.write_retries):
-            if plan.desired == plan.target.weights:
-                result = WriteResult(Write.NONE, plan.target)
+            if plan.desired == plan.in_force.weights:
+                result = WriteResult(Write.NONE, plan.in_force)
                 break
             result = await self._write(plan)
             if result.write is not Write.CONFLICT or result.target is None:
@@ -246,17 +246,19 @@ class Reconciler:
 
     def _outcome(self, plan: Plan, result: WriteResult) -> TargetDecision:
         """What one target's publishing came to, and its memory after it."""
-        key = plan.found.key
+        key = plan.discovered.key
         if result.write not in (Write.NONE, Write.FOLLOWER):
             self._metrics.add_target(key)
             self._metrics.target_writes.labels(key, result.write.value).inc()
         memory = self._memory.setdefault(key, TargetMemory())
         now = self._clock()
         interval = self._settings.interval
-        applied = after_write(memory, plan.found, plan.target, plan.desired, result, now, interval)
+        applied = after_write(
+            memory, plan.discovered, plan.in_force, plan.desired, result, now, interval
+        )
         return TargetDecision(
-            target=result.target or plan.target,
-            held=plan.target.weights,
+            target=result.target or plan.in_force,
+            held=plan.in_force.weights,
             desired=plan.desired,
             applied=applied,
             decision=plan.decision,
@@ -266,14 +268,14 @@ class Reconciler:
         )
 
     async def _write(self, plan: Plan) -> WriteResult:
-        memory = self._memory.setdefault(plan.found.key, TargetMemory())
+        memory = self._memory.setdefault(plan.discovered.key, TargetMemory())
         if memory.refused is not None and memory.refused[0] == plan.desired:
             return memory.refused[1]  # the schema refused exactly this: do not send it again
-        why = f"{plan.decision.mode.value}: {render.change(plan.target.weights, plan.desired)}"
+        why = f"{plan.decision.mode.value}: {render.change(plan.in_force.weights, plan.desired)}"
         try:
-            result = await self._publisher.write(plan.target, plan.desired, why)
+            result = await self._publisher.write(plan.in_force, plan.desired, why)
         except Exception as exc:  # one target's failure must not stop the others
-            result = self._raised(plan.found.key, plan.target, exc)
+            result = self._raised(plan.discovered.key, plan.in_force, exc)
         schema = result.write is Write.REFUSED and result.reason == "schema"
         memory.refused = (dict(plan.desired), result) if schema else None
         return result
