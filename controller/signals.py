@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from controller.model import CapacityFrom, ClusterHealth, ClusterMetrics, Signals
 from controller.settings import WeightSettings
@@ -222,24 +223,33 @@ _READY = (CapacityFrom.READY_ENDPOINTS, CapacityFrom.KV_TOKENS_PER_POD)
 
 
 def derive(
-    health: ClusterHealth, memory: SignalMemory | None, params: WeightSettings
+    health: ClusterHealth,
+    memory: SignalMemory | None,
+    params: WeightSettings,
+    arrived: float | None = None,
 ) -> Signals | None:
     """What the laws read of a cluster this tick: ``current`` with its filtered demand and,
-    when ``forecast_horizon`` is on and the window is full, its KV forecast."""
+    when ``forecast_horizon`` is on and the window is full, its KV forecast; ``arrived``:
+    its arrivals this tick, where they were read this tick."""
     signals = current(health, params.latency_quantile)
-    if signals is None or memory is None:
+    if signals is None:
         return signals
+    changes: dict[str, Any] = {}  # one copy for all of them: this runs per cluster per tick
+    if arrived is not None:
+        changes["arrived"] = arrived
+    if memory is None:
+        return replace(signals, **changes) if changes else signals
     if memory.demand is not None:
-        signals = replace(signals, demand=memory.demand)
+        changes["demand"] = memory.demand
     if memory.occupancy is not None:
-        signals = replace(signals, occupied=memory.occupancy[0], running=memory.occupancy[1])
+        changes["occupied"], changes["running"] = memory.occupancy
     if len(memory.readings) == 2 and health.metrics is not None:
-        signals = replace(signals, previous=memory.readings[0])
+        changes["previous"] = memory.readings[0]
     horizon = float(params.forecast_horizon)
     # Two noisy points make a wild slope: forecast only from a full window.
     if horizon > 0 and len(memory.history) == FORECAST_POINTS:
-        signals = replace(signals, kv=forecast_kv(memory.history, horizon))
-    return signals
+        changes["kv"] = forecast_kv(memory.history, horizon)
+    return replace(signals, **changes) if changes else signals
 
 
 def forecast_kv(history: Sequence[tuple[float, float]], horizon: float) -> float:

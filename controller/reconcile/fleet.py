@@ -9,7 +9,6 @@ metrics annotations), followed as discovery finds them. Per cluster, its health 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import replace
 
 import structlog
 
@@ -92,10 +91,9 @@ class Fleet:
         params = self._settings.weights
         result: dict[str, Signals | None] = {}
         for name, state in self._health.items():
-            derived = signals.derive(state, self._memory.get(name), params)
-            if derived is not None and state.metrics is self._last.get(name):  # read this tick
-                derived = replace(derived, arrived=self.arrivals.latest.get(name))
-            result[name] = derived
+            fresh = state.metrics is self._last.get(name)  # read this tick: its arrivals count
+            arrived = self.arrivals.latest.get(name) if fresh else None
+            result[name] = signals.derive(state, self._memory.get(name), params, arrived)
         return result
 
     def views(self, weights: Mapping[str, int | None]) -> dict[str, ClusterView]:
