@@ -75,6 +75,16 @@ def _parser() -> argparse.ArgumentParser:
         help="a weights setting to replay with instead of the config's, e.g. --set settle=30s",
     )
     replay.add_argument(
+        "--querier",
+        help="a Prometheus or Thanos holding the series of the clusters the config scrapes "
+        "(each by its name as the value of --cluster-label)",
+    )
+    replay.add_argument(
+        "--cluster-label",
+        default="cluster",
+        help="with --querier: the label whose value is a scraped cluster's name (cluster)",
+    )
+    replay.add_argument(
         "--compare",
         action="append",
         default=[],
@@ -393,7 +403,8 @@ async def _replay(settings: Settings, args: argparse.Namespace) -> int:
     from controller import replay
 
     start, end = _when("--start", args.start), _when("--end", args.end)
-    chosen = replay.replay_settings(settings, replay.check_overrides(args.set))
+    where = (args.querier, args.cluster_label)
+    chosen = replay.replay_settings(settings, replay.check_overrides(args.set), *where)
     records: list[dict[str, Any]] = []
 
     def keep(at: float, report: Any) -> None:
@@ -401,7 +412,7 @@ async def _replay(settings: Settings, args: argparse.Namespace) -> int:
             records.append(replay.tick_record(at, report))
 
     candidates = {
-        item: replay.replay_settings(settings, replay.check_overrides(item.split(",")))
+        item: replay.replay_settings(settings, replay.check_overrides(item.split(",")), *where)
         for item in args.compare
     }
     try:

@@ -76,13 +76,35 @@ class Summary:
         }
 
 
-def replay_settings(settings: Settings, overrides: Mapping[str, str]) -> Settings:
+HISTORY_QUERIER = "replay-history"  # the querier named on the command line (``--querier``)
+
+
+def replay_settings(
+    settings: Settings,
+    overrides: Mapping[str, str],
+    querier: str | None = None,
+    label: str = "cluster",
+) -> Settings:
     """The config as replay runs it: writing nowhere (Kubernetes off: the implicit target
-    over the config's clusters), with ``weights.*`` overrides."""
+    over the config's clusters), with ``weights.*`` overrides. ``querier``: a Prometheus or
+    Thanos that holds the series of the clusters the config scrapes (each cluster's by its
+    name as the value of ``label``); those clusters are read through it."""
     data = settings.model_dump(mode="json", exclude_unset=True)  # as the file gave it
     data["kubernetes"] = {**data.get("kubernetes", {}), "enabled": False}
     data["leader_election"] = {**data.get("leader_election", {}), "enabled": False}
     data["weights"] = {**data.get("weights", {}), **overrides}
+    if querier is not None:
+        history = {"name": HISTORY_QUERIER, "url": querier, "cluster_label": label}
+        data["queriers"] = [*data.get("queriers", []), history]
+        data["clusters"] = [
+            c
+            if c.get("prometheus")
+            else {
+                "name": c["name"],
+                "prometheus": {"querier": HISTORY_QUERIER, "cluster": c["name"]},
+            }
+            for c in data["clusters"]
+        ]
     return build_settings(data)
 
 
@@ -92,7 +114,8 @@ def sources(settings: Settings, session: aiohttp.ClientSession) -> dict[str, Pro
     if without:
         raise ReplayError(
             f"clusters {', '.join(without)} are scraped, not read through a querier: their "
-            "history is in no Prometheus the config names (give them prometheus: {querier})"
+            "history is in no Prometheus the config names (name one that holds it with "
+            "--querier URL, each cluster by its name as the value of --cluster-label)"
         )
     queriers = shared_queriers(
         settings.queriers, settings.prometheus_queries, settings.scrape, session

@@ -317,3 +317,27 @@ async def test_replay_gives_the_weights_the_live_loop_gives_over_the_same_answer
     assert len(live) == len(replayed) == (last - first) / STEP + 1
     assert replayed == live
     assert min(w["east"] for w in live) <= 5  # the window holds a decision worth comparing
+
+
+async def test_clusters_the_config_scrapes_are_replayed_through_a_querier_named_for_it(
+    backfilled: tuple[Prometheus, float], tmp_path: Path
+) -> None:
+    """The shipped configs scrape (pods, EPPs): their history is in whatever Prometheus
+    scraped them, named on the command line, each cluster by its name as a label value."""
+    prometheus, start = backfilled
+    config = tmp_path / "scraped.yaml"
+    scraped = [
+        {"name": c, "vllm_urls": [f"http://{c}.llm.svc:8000/metrics"]} for c in ("east", "west")
+    ]
+    config.write_text(yaml.safe_dump({"interval": "10s", "clusters": scraped}))
+    out = tmp_path / "scraped.json"
+    argv = [sys.executable, "-m", "controller", "replay", "--config", str(config)]
+    argv += ["--start", f"{start:.0f}", "--end", f"{start + 4800:.0f}", "--json", str(out)]
+    argv += ["--querier", prometheus.url, "--cluster-label", "cluster"]
+    done = await asyncio.to_thread(
+        subprocess.run, argv, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    ticks = json.loads(out.read_text())["ticks"]
+    east = [t["targets"]["configured"]["applied"]["east"] for t in ticks]
+    assert east[0] == 50 and min(east) <= 5  # read, and shed in its episode
