@@ -93,6 +93,9 @@ def _parser() -> argparse.ArgumentParser:
         "(repeat for more candidates; KEY=VALUE,KEY=VALUE for one of several settings)",
     )
     replay.add_argument("--json", type=Path, help="also write every tick and the summary here")
+    replay.add_argument(
+        "--plot", type=Path, help="draw weights and KV per cluster over the window (PNG)"
+    )
     check = sub.add_parser("check-config", help="validate a config file, print it normalised")
     check.add_argument("path", type=Path)
     _simulate_parser(sub)
@@ -406,10 +409,13 @@ async def _replay(settings: Settings, args: argparse.Namespace) -> int:
     where = (args.querier, args.cluster_label)
     chosen = replay.replay_settings(settings, replay.check_overrides(args.set), *where)
     records: list[dict[str, Any]] = []
+    trace = replay.Trace()
 
     def keep(at: float, report: Any) -> None:
         if args.json is not None:
             records.append(replay.tick_record(at, report))
+        if args.plot is not None:
+            trace.add(at, report)
 
     candidates = {
         item: replay.replay_settings(settings, replay.check_overrides(item.split(",")), *where)
@@ -437,6 +443,13 @@ async def _replay(settings: Settings, args: argparse.Namespace) -> int:
             "ticks": records,
         }
         args.json.write_text(json.dumps(document, indent=2) + "\n")
+    if args.plot is not None:
+        try:
+            replay.plot(trace, args.plot)
+        except replay.ReplayError as exc:
+            print(f"replay: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
+        print(f"\nplot written to {args.plot}")
     return 0
 
 

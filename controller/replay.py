@@ -14,9 +14,11 @@ traffic from what the clusters showed; it cannot show what that traffic would ha
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -232,6 +234,52 @@ def _account(
                 summary.shed.append((at, name))
         return applied
     return last
+
+
+@dataclass(slots=True)
+class Trace:
+    """Each tick's weights as replayed and KV as recorded, per cluster: what ``plot`` draws."""
+
+    times: list[float] = field(default_factory=list)
+    weights: dict[str, list[float]] = field(default_factory=dict)
+    kv: dict[str, list[float]] = field(default_factory=dict)
+
+    def add(self, at: float, report: TickReport) -> None:
+        target = report.targets.get(IMPLICIT_TARGET)
+        applied = target.outcome.applied if target is not None else {}
+        self.times.append(at)
+        for name, view in report.clusters.items():
+            kv = view.metrics.kv_mean if view.metrics is not None else None
+            self.kv.setdefault(name, []).append(math.nan if kv is None else kv)
+            self.weights.setdefault(name, []).append(float(applied.get(name, math.nan)))
+
+
+def plot(trace: Trace, path: Path) -> None:
+    """Weights as replayed and KV as recorded per cluster over the window (matplotlib, the
+    ``plot`` extra); a tick without a reading is a gap, never 0."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:  # an optional extra: say how to get it
+        raise ReplayError(
+            "plotting needs matplotlib: pip install 'weight-controller[plot]'"
+        ) from exc
+    start = trace.times[0] if trace.times else 0.0
+    minutes = [(t - start) / 60 for t in trace.times]
+    fig, (weights, kv) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
+    for name in trace.weights:
+        weights.plot(minutes, trace.weights[name], label=name)
+        kv.plot(minutes, trace.kv[name], label=name)
+    weights.set_ylabel("weight, replayed")
+    kv.set_ylabel("KV use, recorded")
+    kv.set_xlabel("minutes from --start")
+    weights.legend(loc="upper right")
+    weights.set_title("replay (open loop: the recorded KV followed the weights in force then)")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
 
 
 def tick_record(at: float, report: TickReport) -> dict[str, Any]:

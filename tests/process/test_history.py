@@ -334,6 +334,8 @@ async def test_clusters_the_config_scrapes_are_replayed_through_a_querier_named_
     argv = [sys.executable, "-m", "controller", "replay", "--config", str(config)]
     argv += ["--start", f"{start:.0f}", "--end", f"{start + 4800:.0f}", "--json", str(out)]
     argv += ["--querier", prometheus.url, "--cluster-label", "cluster"]
+    png = tmp_path / "replay.png"
+    argv += ["--plot", str(png)]
     done = await asyncio.to_thread(
         subprocess.run, argv, capture_output=True, text=True, timeout=300, check=False
     )
@@ -341,3 +343,4 @@ async def test_clusters_the_config_scrapes_are_replayed_through_a_querier_named_
     ticks = json.loads(out.read_text())["ticks"]
     east = [t["targets"]["configured"]["applied"]["east"] for t in ticks]
     assert east[0] == 50 and min(east) <= 5  # read, and shed in its episode
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # weights and KV drawn
