@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 PACKAGE = Path(__file__).resolve().parents[2] / "controller"
 
 # Lowest first. A module may import its own layer and the ones below, never one above.
@@ -70,4 +72,55 @@ def test_no_module_imports_from_a_layer_above_it() -> None:
             fake = imported.startswith("controller.fakes")
             if fake and own <= DAEMON and not name.startswith("controller.fakes"):
                 wrong.append(f"{name} is on the daemon's path but imports {imported}")
+    assert wrong == []
+
+
+# Inside the packages with layers of their own, lowest first: a module imports its own layer
+# and the ones below (a package's ``__init__`` that gathers its modules is its top).
+INNER = {
+    "sources": [
+        {"__init__", "dns", "limiter", "page"},
+        {"answers", "between", "http", "discovery"},
+        {"reader", "prometheus"},
+        {"scrape"},
+    ],
+    "reconcile": [{"__init__", "actuation", "realised", "journal"}, {"memory", "fleet"}, {"loop"}],
+    "kube": [
+        {"__init__", "sdk", "objects"},
+        {"errors", "client"},
+        {"informer", "access", "endpoints", "leader"},
+        {"discovery", "pools"},
+    ],
+    "weights": [{"rounding"}, {"steps"}, {"capacity", "integral"}, {"__init__"}],
+}
+
+
+def inner_imports(package: str, path: Path) -> set[str]:
+    """The modules of ``package`` that ``path`` imports (``__init__`` for the package)."""
+    prefix = f"controller.{package}"
+    mine = {p.stem for p in (PACKAGE / package).glob("*.py")}
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.ImportFrom) or not node.module:
+            continue
+        if node.module == prefix:
+            found |= {a.name if a.name in mine else "__init__" for a in node.names}
+        elif node.module.startswith(prefix + "."):
+            found.add(node.module[len(prefix) + 1 :].split(".")[0])
+    return found
+
+
+@pytest.mark.parametrize("package", sorted(INNER))
+def test_no_module_imports_from_a_layer_above_it_inside_its_package(package: str) -> None:
+    layers = INNER[package]
+    where = {module: i for i, names in enumerate(layers) for module in names}
+    modules = sorted(p.stem for p in (PACKAGE / package).glob("*.py"))
+    assert set(modules) == set(where), f"{package}: place every module in INNER: {modules}"
+    wrong = [
+        f"{package}.{module} (layer {where[module]}) imports {package}.{other} "
+        f"(layer {where[other]})"
+        for module in modules
+        for other in sorted(inner_imports(package, PACKAGE / package / f"{module}.py"))
+        if where[other] > where[module]
+    ]
     assert wrong == []
