@@ -34,8 +34,14 @@ def sig(kv: float, pods: int = 2, queue: float = 0.0, earlier: float | None = No
     return read(*kvs, pods=pods, queue=queue)
 
 
-def test_the_default_is_the_capacity_law() -> None:
-    assert P.law == "capacity"
+def test_a_config_that_names_no_law_weighs_by_capacity() -> None:
+    """What the default does, not what it is called: unequal clusters split by what they
+    hold, where the integral law starts even."""
+    inputs = {"small": sig(0.0, 2), "large": sig(0.0, 8)}
+    default = decide(inputs, None, WeightSettings())
+    integral = decide(inputs, None, WeightSettings(law="integral"))
+    assert (default.law, default.weights) == ("capacity", {"small": 20, "large": 80})
+    assert integral.weights != default.weights
 
 
 def test_first_decision_splits_by_capacity() -> None:
