@@ -109,6 +109,9 @@ class SharedPages:
         return round_
 
     def _forget(self, key: Hashable, round_: _Round) -> None:
+        # the handle's arguments hold the round: let go of it, or the round, its task and its
+        # page live on as a reference cycle until a full collection, a tick's pages at a time
+        round_.forget = None
         if self._rounds.get(key) is round_:
             del self._rounds[key]
 

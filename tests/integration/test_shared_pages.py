@@ -6,6 +6,8 @@ is read (a pod page whose e2e buckets a cluster folds is read by each)."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -185,3 +187,26 @@ async def test_a_round_in_flight_is_shared_however_long_it_takes() -> None:
     release.set()
     assert [await first, await second] == ["page", "page"]
     assert shared.fetched == 1
+
+
+async def test_a_forgotten_round_leaves_no_cycle_behind() -> None:
+    """Once forgotten, a round's page is freed at once, not by a later full collection:
+    the daemon collects rarely (``settle_collector``), and a tick's pages held in a cycle
+    until then cost a node's page each (+26 MB at 200 Ray nodes, bench_daemon --ray)."""
+
+    class Answer:  # a page stand-in that can be watched
+        pass
+
+    shared = SharedPages()
+
+    async def fetch() -> Any:
+        return Answer()
+
+    gc.disable()
+    try:
+        page = weakref.ref(await shared.read("node", "a", 0.0, fetch))
+        for _ in range(3):  # the answer's callback, then the forget it schedules
+            await asyncio.sleep(0)
+        assert page() is None
+    finally:
+        gc.enable()
