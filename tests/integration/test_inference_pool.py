@@ -32,7 +32,7 @@ from controller.sources.discovery import PoolError, Problem
 from tests.integration.test_rbac import granted_by, uses
 from tests.support.apiserver import FakeAPIServer
 from tests.support.crds import weight_minimum
-from tests.support.kube import seed, weights_of
+from tests.support.kube import seed, wait_until, weights_of
 from tests.support.manifests import render
 
 NS = "llm"
@@ -343,9 +343,15 @@ async def test_the_attach_role_grants_exactly_what_resolving_a_pool_calls(
     apiserver: FakeAPIServer, api: client.ApiClient, fleet: Fleet
 ) -> None:
     attach(apiserver, fleet)
+
+    def watching(plural: str) -> bool:
+        return any(m == "WATCH" and f"/{plural}" in path for m, path, *_ in apiserver.requests)
+
     for watch in (True, False):
         async with Controller(settings_of(fleet, watch), serve=False, api=api) as controller:
             await controller.once()
+            if watch:  # each informer opens its watch after its LIST, in its own time
+                await wait_until(lambda: all(map(watching, (POOLS[2], SERVICES[2]))), 10)
     pool_calls = {
         use: names
         for use, names in uses(apiserver.requests).items()
