@@ -114,8 +114,28 @@ class Engine:
                     yield from family.names
 
 
-def _sglang(name: str) -> Family:
-    return Family((f"sglang:{name}",), (("priority", ""),))
+def _sglang(name: str, prefix: str = "sglang:") -> Family:
+    return Family((f"{prefix}{name}",), (("priority", ""),))
+
+
+def _sglang_row(name: str, prefix: str, replica_label: str | None = None) -> Engine:
+    """SGLang's names under ``prefix``: its own (``sglang:``), or as Ray exports them."""
+    return Engine(
+        name=name,
+        kv=_sglang("token_usage", prefix),
+        waiting=_sglang("num_queue_reqs", prefix),
+        running=_sglang("num_running_reqs", prefix),
+        latency=f"{prefix}e2e_request_latency_seconds",
+        model_label="model_name",
+        pools=(
+            Pool(block=_sglang("page_size", prefix), count=_sglang("num_pages", prefix)),
+            Pool(
+                info=f"{prefix}cache_config_info", block_label="page_size", count_label="num_pages"
+            ),
+            Pool(tokens=_sglang("max_total_num_tokens", prefix)),
+        ),
+        replica_label=replica_label,
+    )
 
 
 def _trt(family: str, label: str, value: str) -> Family:
@@ -140,19 +160,7 @@ VLLM = Engine(
         ),
     ),
 )
-SGLANG = Engine(
-    name="sglang",
-    kv=_sglang("token_usage"),
-    waiting=_sglang("num_queue_reqs"),
-    running=_sglang("num_running_reqs"),
-    latency="sglang:e2e_request_latency_seconds",
-    model_label="model_name",
-    pools=(
-        Pool(block=_sglang("page_size"), count=_sglang("num_pages")),
-        Pool(info="sglang:cache_config_info", block_label="page_size", count_label="num_pages"),
-        Pool(tokens=_sglang("max_total_num_tokens")),
-    ),
-)
+SGLANG = _sglang_row("sglang", "sglang:")
 TRITON_TENSORRT_LLM = Engine(
     name="triton-tensorrt-llm",
     kv=_trt(_TRT_BLOCKS, "kv_cache_block_type", "fraction"),
@@ -205,10 +213,6 @@ RAY_VLLM = Engine(
 )
 
 
-def _ray_sglang(name: str) -> Family:
-    return Family((f"ray_sglang_{name}",), (("priority", ""),))
-
-
 # SGLang inside Ray Serve LLM (ray 2.60 ``llm/_internal/serve/engines/sglang/
 # sglang_engine.py``: ``sglang.srt.ray.engine.RayEngine`` with ``enable_metrics`` and
 # ``extra_metric_labels`` {application, deployment, replica: the Serve replica's id}). SGLang
@@ -220,20 +224,7 @@ def _ray_sglang(name: str) -> Family:
 # ``ReplicaId`` is read only in the replica's context, so the replica is told by the
 # ``replica`` label both carry, and a worker is not a process of its own (no process_label:
 # a replica restarted under the same id is not told apart while its old series linger).
-RAY_SGLANG = Engine(
-    name="ray-sglang",
-    kv=_ray_sglang("token_usage"),
-    waiting=_ray_sglang("num_queue_reqs"),
-    running=_ray_sglang("num_running_reqs"),
-    latency="ray_sglang_e2e_request_latency_seconds",
-    model_label="model_name",
-    pools=(
-        Pool(block=_ray_sglang("page_size"), count=_ray_sglang("num_pages")),
-        Pool(info="ray_sglang_cache_config_info", block_label="page_size", count_label="num_pages"),
-        Pool(tokens=_ray_sglang("max_total_num_tokens")),
-    ),
-    replica_label="replica",
-)
+RAY_SGLANG = _sglang_row("ray-sglang", "ray_sglang_", replica_label="replica")
 
 # The built-in rows, in the order ``auto`` tries them on a page.
 ENGINES: dict[str, Engine] = {

@@ -39,7 +39,7 @@ async def fetch_page(
 
 @dataclass(slots=True)
 class _Round:
-    answer: asyncio.Task[Page | PodError]
+    answer: asyncio.Future[Page | PodError]
     asked: set[str] = field(default_factory=set)
     waiting: int = 0  # clusters awaiting it now
     finished: float | None = None  # when it was answered (the clock's)
@@ -93,10 +93,7 @@ class SharedPages:
     def _begin(
         self, key: Hashable, fresh_for: float, fetch: Callable[[], Awaitable[Page | PodError]]
     ) -> _Round:
-        async def fetched() -> Page | PodError:
-            return await fetch()
-
-        round_ = _Round(asyncio.ensure_future(fetched()))
+        round_ = _Round(asyncio.ensure_future(fetch()))
         self._rounds[key] = round_
         self.fetched += 1
 
@@ -197,9 +194,11 @@ class ScrapeSource:
             jobs.append(self._fetch(self._epp, lambda: PageStream(EPP_EXTRACTOR)))
         results = await asyncio.gather(*jobs)
         epp: Page | PodError | None = results.pop() if self._epp is not None else None
-        lookups = [e for e in (found, unresolved) if e is not None]
-        if self._pool is not None and self._epp is None:  # no EPP: why is the EPP's error
-            epp, lookups = unresolved, [e for e in lookups if e is not unresolved]
+        lookups = [found] if found is not None else []
+        if unresolved is not None and self._epp is None:  # the pool gave no EPP: that is why
+            epp = unresolved
+        elif unresolved is not None:  # the EPP found before is read; the lookup failed
+            lookups.append(unresolved)
         took = time.perf_counter() - began
         metrics = self._reader.read(results, epp, started, took, lookup=lookups)
         if self._finder is None:
