@@ -4,7 +4,14 @@
 - A healthy cluster turns unhealthy after ``failures_to_unhealthy`` bad fetches in a row, or at
   once when its data are stale or every page refused the connection (nothing listens: the
   servers are gone, and every request sent there fails); until then weighting keeps using its
-  last good signals. A timeout may be a slow network, so it waits for the second.
+  last good signals.
+- A fetch that failed only by timing out is weaker evidence: a cluster that answered a moment
+  ago and then does not answer in time may be serving while the path to its metrics is slow
+  (a busy router, a hub far from its spoke). Timeouts count towards ``timeouts_to_unhealthy``
+  instead, the way Envoy's outlier detection keeps local-origin failures (timeouts, resets)
+  apart from the upstream's own 5xx (``split_external_local_origin_errors``,
+  ``consecutive_local_origin_failure``: envoy docs, intro/arch_overview/upstream/
+  outlier). Staleness still bounds it: the held reading is used until it is too old.
 - An unhealthy cluster turns healthy again only after ``successes_to_healthy`` good fetches.
 - At start-up there is no history to distrust: the first good fetch makes a cluster healthy,
   the first bad one unhealthy.
@@ -65,17 +72,20 @@ def judge(
     degraded = reason is None and (metrics.pods_answering < metrics.pods_scraped)
     if reason is None:
         return _after_success(previous, metrics, settings, degraded)
-    return _after_failure(previous, reason, settings, now, refused=all_refused(metrics))
+    return _after_failure(previous, reason, settings, now, _all_pages(metrics))
 
 
 def all_refused(metrics: ClusterMetrics) -> bool:
     """No page answered and every one refused the connection."""
-    errors = metrics.errors
-    return (
-        metrics.pods_answering == 0
-        and bool(errors)
-        and all(e.reason is Reason.REFUSED for e in errors)
-    )
+    return _all_pages(metrics) is Reason.REFUSED
+
+
+def _all_pages(metrics: ClusterMetrics) -> Reason | None:
+    """The reason every page failed by, when none answered and they all failed alike."""
+    reasons = {e.reason for e in metrics.errors}
+    if metrics.pods_answering == 0 and len(reasons) == 1:
+        return reasons.pop()
+    return None
 
 
 def _after_success(
@@ -98,15 +108,21 @@ def _after_failure(
     reason: Reason,
     settings: HealthSettings,
     now: float,
-    refused: bool = False,
+    every_page: Reason | None = None,
 ) -> ClusterHealth:
     failures = previous.failures + 1 if previous else 1
+    timeouts = (previous.timeouts if previous else 0) + (every_page is Reason.TIMEOUT)
     if previous is None or not previous.healthy:
-        return ClusterHealth(False, reason, failures, 0, False, previous is None, None)
+        return ClusterHealth(False, reason, failures, 0, False, previous is None, None, timeouts)
     held = previous.metrics
     if held is not None and _age(held, now) > settings.max_staleness:
         reason = Reason.STALE
-    if reason is Reason.STALE or refused or failures >= settings.failures_to_unhealthy:
-        return ClusterHealth(False, reason, failures, 0, False, True, None)
+    if (
+        reason is Reason.STALE
+        or every_page is Reason.REFUSED
+        or failures - timeouts >= settings.failures_to_unhealthy
+        or failures >= settings.timeouts_to_unhealthy
+    ):
+        return ClusterHealth(False, reason, failures, 0, False, True, None, timeouts)
     # Still healthy on the strength of the last good fetch; weighting keeps using it.
-    return ClusterHealth(True, reason, failures, 0, True, False, held)
+    return ClusterHealth(True, reason, failures, 0, True, False, held, timeouts)

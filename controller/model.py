@@ -166,7 +166,9 @@ class Signals:
 @dataclass(frozen=True, slots=True)
 class ClusterHealth:
     """Health of one cluster after a tick. ``metrics`` is the fetch weighting may use: this
-    tick's, the last good one while a healthy cluster rides out a failed fetch, or ``None``."""
+    tick's, the last good one while a healthy cluster rides out a failed fetch, or ``None``.
+    ``failures`` counts the bad fetches in a row, ``timeouts`` those of them that only timed
+    out."""
 
     healthy: bool
     reason: Reason | None
@@ -175,6 +177,7 @@ class ClusterHealth:
     degraded: bool
     changed: bool
     metrics: ClusterMetrics | None = None
+    timeouts: int = 0
 
 
 class Mode(StrEnum):

@@ -73,6 +73,7 @@ class Journal:
                 reason=after.reason.value if after.reason else None,
                 detail=errors[0].detail if errors else None,
                 failures=after.failures,
+                timeouts=after.timeouts,
                 failing_pods=[e.url for e in errors],
             )
 

@@ -583,6 +583,13 @@ class HealthSettings(_Group):
     failures_to_unhealthy: int = Field(
         default=2, ge=1, description="One failed scrape is a blip; two in a row is an outage."
     )
+    timeouts_to_unhealthy: int = Field(
+        default=5,
+        ge=1,
+        description="Fetches that only timed out, in a row, before a cluster is unhealthy: a "
+        "timeout may be the path to the metrics, not the cluster (Envoy's "
+        "consecutive_local_origin_failure, default 5). Staleness still bounds it.",
+    )
     successes_to_healthy: int = Field(
         default=2,
         ge=1,
@@ -593,6 +600,16 @@ class HealthSettings(_Group):
         description="Data older than this (sample timestamps, or the last good scrape) is "
         "stale, and the cluster unhealthy, whatever the failure count says.",
     )
+
+    @model_validator(mode="after")
+    def _timeouts_weaker(self) -> Self:
+        if self.timeouts_to_unhealthy < self.failures_to_unhealthy:
+            raise ValueError(
+                f"timeouts_to_unhealthy ({self.timeouts_to_unhealthy}) is below "
+                f"failures_to_unhealthy ({self.failures_to_unhealthy}): a timeout is weaker "
+                "evidence than a refusal or an error page, never stronger"
+            )
+        return self
 
 
 class WeightSettings(_Group):

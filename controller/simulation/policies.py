@@ -21,7 +21,7 @@ from typing import Protocol
 from controller import health, signals, weights
 from controller.model import IMPLICIT_TARGET, ClusterHealth, ClusterMetrics, Signals, Write
 from controller.settings import Settings
-from controller.simulation.scenarios import Scenario, capacity
+from controller.simulation.scenarios import Scenario, capacity, kill, revive
 from controller.testing import Driver
 from controller.weights.rounding import round_to_total
 from controller.weights.steps import capped, within
@@ -147,10 +147,11 @@ class Proportional(_Judged):
 
 
 class Oracle:
-    """A floor, not a controller: it reads the scenario itself (every cluster's true capacity
-    and the local traffic it gets now, which no controller can see) and publishes, at the
-    first tick after either changes, the weights that give every cluster the same load. What
-    it scores is what the actuation delay and the world's own dynamics leave to any policy."""
+    """A floor, not a controller: it reads the scenario itself (every cluster's true capacity,
+    the local traffic it gets now and whether it is alive, which no controller can see) and
+    publishes, at the first tick after any changes, the weights that give every live cluster
+    the same load. What it scores is what the actuation delay and the world's own dynamics
+    leave to any policy."""
 
     name = "oracle"
 
@@ -162,12 +163,27 @@ class Oracle:
         """The local traffic each cluster gets now, as the oracle knows it."""
         return {c.name: c.local(now) for c in self._scenario.clusters}
 
+    def alive(self, now: float, metrics: Mapping[str, ClusterMetrics]) -> set[str]:
+        """The clusters alive now, as the oracle knows it: from the scenario's deaths and
+        returns."""
+        dead: set[str] = set()
+        for event in self._scenario.events:
+            if event.at <= now and event.action is kill:
+                dead.add(event.cluster)
+            elif event.at <= now and event.action is revive:
+                dead.discard(event.cluster)
+        return {c.name for c in self._scenario.clusters} - dead
+
     async def tick(
         self, now: float, metrics: Mapping[str, ClusterMetrics]
     ) -> dict[str, int] | None:
         sc = self._scenario
-        served = {c.name: c.replicas * capacity(c.replica, sc.lengths) for c in sc.clusters}
-        local = self.local(now, metrics)
+        alive = self.alive(now, metrics)
+        served = {
+            c.name: c.replicas * capacity(c.replica, sc.lengths) if c.name in alive else 0.0
+            for c in sc.clusters
+        }
+        local = {n: v if n in alive else 0.0 for n, v in self.local(now, metrics).items()}
         routed = sc.load(now)
         level = (routed + sum(local.values())) / sum(served.values())  # the even load
         want = {n: max(0.0, level * served[n] - local[n]) for n in served}
@@ -185,8 +201,9 @@ class Oracle:
 
 class Seen(Oracle):
     """The oracle from the moment a controller could know: more local traffic on a cluster
-    is known only from the first tick its pages read KV at ``pressure`` (less, at once).
-    The floor for any law that reacts to readings: what is left is detection, the actuation
+    is known only from the first tick its pages read KV at ``pressure`` (less, at once); a
+    death from the first read its pages refuse, a return from the first they answer. The
+    floor for any law that reacts to readings: what is left is detection, the actuation
     delay and the backlog built meanwhile. On request only (``--policies seen``)."""
 
     name = "seen"
@@ -202,6 +219,10 @@ class Seen(Oracle):
             if truth < self._known[name] or (kv is not None and kv >= self._pressure):
                 self._known[name] = truth
         return dict(self._known)
+
+    def alive(self, now: float, metrics: Mapping[str, ClusterMetrics]) -> set[str]:
+        names = {c.name for c in self._scenario.clusters}
+        return {n for n in names if n not in metrics or not health.all_refused(metrics[n])}
 
 
 class SeenCapped(Seen):

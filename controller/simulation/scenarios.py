@@ -418,6 +418,8 @@ DELAYED = tuple(
         heterogeneous,
         spike,
         hot_hard,
+        dead_return,
+        flapping,
         unequal_gpus,
         mixed_engines,
         local_heavy,

@@ -25,7 +25,7 @@ def good(now: float = NOW, **kw: object) -> ClusterMetrics:
     return ClusterMetrics(cluster="a", scraped_at=now, duration=0.01, **fields)  # type: ignore[arg-type]
 
 
-def bad(reason: Reason = Reason.TIMEOUT, now: float = NOW) -> ClusterMetrics:
+def bad(reason: Reason = Reason.HTTP_STATUS, now: float = NOW) -> ClusterMetrics:
     return ClusterMetrics.failed("a", now, reason, "boom")
 
 
@@ -78,13 +78,13 @@ def test_some_pods_failing_is_usable_but_degraded() -> None:
 
 def test_first_good_fetch_is_healthy_first_bad_is_unhealthy() -> None:
     assert run([good()])[0].healthy
-    first = run([bad()])[0]
+    first = run([bad(Reason.TIMEOUT)])[0]
     assert not first.healthy and first.reason is Reason.TIMEOUT
 
 
 def test_one_failure_is_a_blip_two_is_an_outage_and_signals_are_held() -> None:
     states = run([good(), bad(now=NOW + 10), bad(now=NOW + 20)])
-    assert states[1].healthy and states[1].reason is Reason.TIMEOUT
+    assert states[1].healthy and states[1].reason is Reason.HTTP_STATUS
     assert states[1].metrics is not None and states[1].metrics.kv_mean == 0.3
     assert not states[2].healthy and states[2].changed and states[2].metrics is None
 
@@ -93,6 +93,64 @@ def test_recovery_needs_consecutive_successes() -> None:
     states = run([good(), bad(), bad(), good(), bad(), good(), good()])
     assert [s.healthy for s in states] == [True, True, False, False, False, False, True]
     assert states[-1].changed
+
+
+def timeouts(n: int, start: float = NOW + 10) -> list[ClusterMetrics]:
+    return [bad(Reason.TIMEOUT, now=start + 10 * i) for i in range(n)]
+
+
+def test_timeouts_alone_are_ridden_out_longer_than_error_pages() -> None:
+    """A cluster that answered a moment ago and then times out may be serving behind a slow
+    path to its metrics: it keeps its last reading for ``timeouts_to_unhealthy`` fetches."""
+    states = run([good(), *timeouts(H.timeouts_to_unhealthy)])
+    assert H.timeouts_to_unhealthy > H.failures_to_unhealthy
+    assert all(s.healthy and s.reason is Reason.TIMEOUT for s in states[1:-1])
+    assert all(s.metrics is not None and s.metrics.kv_mean == 0.3 for s in states[1:-1])
+    last = states[-1]
+    assert not last.healthy and last.changed and last.reason is Reason.TIMEOUT
+    assert (last.failures, last.timeouts) == (H.timeouts_to_unhealthy,) * 2
+
+
+@pytest.mark.parametrize(
+    "fetches",
+    [
+        # an error page between timeouts is still the second bad sign of trouble
+        [bad(Reason.HTTP_STATUS, NOW + 10), bad(Reason.TIMEOUT, NOW + 20), bad(now=NOW + 30)],
+        [bad(Reason.TIMEOUT, NOW + 10), bad(now=NOW + 20), bad(Reason.PARSE, NOW + 30)],
+    ],
+)
+def test_error_pages_among_timeouts_count_as_they_do_alone(fetches: list[ClusterMetrics]) -> None:
+    states = run([good(), *fetches])
+    assert [s.healthy for s in states] == [True, True, True, False]
+
+
+def test_a_timeout_beside_a_refusal_is_not_a_path_fault() -> None:
+    """Only a fetch whose every page timed out counts as a timeout."""
+    mixed = refusing(Reason.TIMEOUT, Reason.HTTP_STATUS, now=NOW + 10)
+    states = run([good(), mixed, refusing(Reason.TIMEOUT, Reason.HTTP_STATUS, now=NOW + 20)])
+    assert states[1].healthy and states[1].timeouts == 0
+    assert not states[2].healthy
+
+
+def test_a_good_fetch_clears_the_timeouts() -> None:
+    states = run([good(), *timeouts(4), good(NOW + 50), *timeouts(4, NOW + 60)])
+    assert all(s.healthy for s in states)
+    assert states[5].timeouts == 0 and states[-1].timeouts == 4
+
+
+def test_timeouts_hold_the_last_reading_only_while_it_is_fresh() -> None:
+    short = HealthSettings(max_staleness=25)
+    state = judge(None, good(), short, 0.5, NOW)
+    for at in (NOW + 10, NOW + 20):
+        state = judge(state, bad(Reason.TIMEOUT, at), short, 0.5, at)
+        assert state.healthy
+    state = judge(state, bad(Reason.TIMEOUT, NOW + 30), short, 0.5, NOW + 30)
+    assert not state.healthy and state.reason is Reason.STALE
+
+
+def test_timeouts_may_not_be_stronger_evidence_than_errors() -> None:
+    with pytest.raises(ValueError, match="timeouts_to_unhealthy \\(2\\) is below"):
+        HealthSettings(failures_to_unhealthy=3, timeouts_to_unhealthy=2)
 
 
 def test_stale_data_is_unhealthy_at_once() -> None:
@@ -118,7 +176,7 @@ def refusing(*reasons: Reason, now: float = NOW) -> ClusterMetrics:
     ("failing", "healthy_after_one"),
     [
         ((Reason.REFUSED, Reason.REFUSED), False),  # nothing listens: every request would fail
-        ((Reason.TIMEOUT, Reason.TIMEOUT), True),  # may be a slow network: wait for the second
+        ((Reason.TIMEOUT, Reason.TIMEOUT), True),  # may be a slow network: wait
         ((Reason.REFUSED, Reason.TIMEOUT), True),  # one pod may only be slow
     ],
 )
