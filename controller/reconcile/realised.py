@@ -3,7 +3,9 @@
 Each tick adds, per cluster, the requests that reached it since its last fetch (``Arrivals``):
 what its EPP's request counter says (``ClusterMetrics.arrived``), else the ones that completed
 (``ClusterMetrics.completed``) plus the growth of those still running or waiting — completions
-alone undercount a saturated cluster, which finishes only what it can.
+alone undercount a saturated cluster, which finishes only what it can. The first count
+after a fetch that failed is dropped: a counter's increase then spans every interval since the
+last good fetch, and would read as a burst of traffic.
 Per target, a ``Window`` keeps those counts for its mapped refs beside the share the weights in
 force intended, over ``weights.realised_window``. A tick where a cluster holding weight could
 not be read is left out rather than counted as 0.
@@ -26,26 +28,34 @@ class Arrivals:
     def __init__(self) -> None:
         self._in_system: dict[str, float] = {}  # running + waiting at the last counted fetch
         self.latest: dict[str, float | None] = {}
+        self._failed: set[str] = set()  # clusters not counted since a fetch that failed
 
     def count(self, name: str, metrics: ClusterMetrics) -> None:
+        counted = self._count(name, metrics)
+        self.latest[name] = None if name in self._failed else counted
+        if counted is not None:
+            self._failed.discard(name)
+        elif metrics.errors:
+            self._failed.add(name)
+
+    def _count(self, name: str, metrics: ClusterMetrics) -> float | None:
         if metrics.arrived is not None:  # the source counts arrivals itself (the EPP)
-            self.latest[name] = metrics.arrived
-            return
+            return metrics.arrived
         if metrics.completed is None:
-            self.latest[name] = None
-            return
+            return None
         in_system = None
         if metrics.running is not None and metrics.queue_depth is not None:
             in_system = metrics.running + metrics.queue_depth
         before = self._in_system.get(name)
         growth = in_system - before if in_system is not None and before is not None else 0.0
-        self.latest[name] = max(0.0, metrics.completed + growth)
         if in_system is not None:
             self._in_system[name] = in_system
+        return max(0.0, metrics.completed + growth)
 
     def forget(self, name: str) -> None:
         self._in_system.pop(name, None)
         self.latest.pop(name, None)
+        self._failed.discard(name)
 
 
 @dataclass(slots=True)

@@ -1,11 +1,13 @@
-"""The actuation delay: measured from the share of requests each cluster receives, and the
-settle it makes the law keep."""
+"""The actuation delay: measured from the share of requests each cluster receives (counted by
+``realised.Arrivals``), and the settle it makes the law keep."""
 
 from __future__ import annotations
 
 import random
 
+from controller.model import ClusterMetrics, PodError, Reason
 from controller.reconcile.actuation import UNKNOWN, Actuation
+from controller.reconcile.realised import Arrivals
 
 INTERVAL, SETTLE = 10.0, 20.0
 
@@ -212,3 +214,22 @@ def test_a_change_given_up_is_not_confirmed_by_a_move_long_after() -> None:
         t for t in range(int(small), int(small) + 2000, 10) if act.settling(t, SETTLE, INTERVAL)
     ]
     assert max(waits) - small <= 150, max(waits) - small
+
+
+def test_the_first_count_after_a_failed_fetch_is_not_one_intervals_traffic() -> None:
+    """A counter's increase read after a failed fetch spans both intervals: taken as one, it
+    doubled a flaky cluster's arrivals and read as traffic the weights do not move."""
+    arrivals = Arrivals()
+
+    def fetch(at: float, arrived: float | None, failed: bool = False) -> float | None:
+        errors = (PodError("http://b/metrics", Reason.TIMEOUT, "timed out"),) if failed else ()
+        arrivals.count(
+            "b", ClusterMetrics("b", at, 0.1, 1, 0 if failed else 1, arrived=arrived, errors=errors)
+        )
+        return arrivals.latest["b"]
+
+    assert fetch(0.0, None) is None  # the first read has nothing to count from
+    assert fetch(10.0, 20.0) == 20.0  # a clean first read does not hold the next count back
+    assert fetch(20.0, None, failed=True) is None
+    assert fetch(30.0, 40.0) is None  # 20 s of requests: not this interval's
+    assert fetch(40.0, 20.0) == 20.0
