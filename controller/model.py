@@ -185,6 +185,7 @@ class Mode(StrEnum):
 
     INITIAL = "initial"
     NORMAL = "normal"
+    EMERGENCY = "emergency"  # off a saturated cluster whose queue grows: past max_step if room
     HOLD = "hold"
     SATURATED = "saturated"
     FAIL_STATIC = "fail_static"

@@ -635,7 +635,8 @@ class WeightSettings(_Group):
         ge=1,
         le=100,
         description="No healthy cluster's weight moves more than this per tick, so traffic "
-        "never lurches.",
+        "never lurches; off a saturated cluster whose queue grows (mode emergency) the others "
+        "each gain at most this, or their room below pressure if more.",
     )
     deadband: int = Field(
         default=3,

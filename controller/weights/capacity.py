@@ -15,13 +15,18 @@ utilization: a faster GPU finishes requests sooner, so the same traffic holds le
 - At rest: hold; step towards capacity shares (``rest_goal``, whose cap on gainers holds) only
   when a ref is ``rebalance`` points or more below its share and its cluster is clearly less
   used than the others (``APART``): a returning cluster, a share set by hand.
+- A hot cluster saturated with a growing queue while another has room (``emergency``): the
+  step off it may pass ``max_step``, which then bounds what each other cluster gains (or its
+  room before ``pressure``, ``rooms``, if more); one step, then the same wait as any other
+  (mode ``emergency``).
 - Every hot cluster and none with room (saturated): the same, never evening out: shares stay
   by capacity, so queues grow where there is most room to drain them. A single dip is not room.
 
-Steps move at most ``max_step`` per ref; after one the law waits (``settling``) until it is
-seen acting, with ``settle`` as the floor (``controller.reconcile.actuation``). Taking traffic
-off an unhealthy cluster never waits. How the defaults were chosen, and what was tried and
-dropped, is in ``controller/simulation/HISTORY.md``.
+Steps move at most ``max_step`` per ref, but for an emergency; after one the law waits
+(``settling``) until it is seen acting, with ``settle`` as the floor
+(``controller.reconcile.actuation``). Taking traffic off an unhealthy cluster never waits.
+How the defaults were chosen, and what was tried and dropped, is in
+``controller/simulation/HISTORY.md``.
 """
 
 from __future__ import annotations
@@ -271,10 +276,11 @@ def decide(
         apart = _apart(healthy, base, goal, params)
     if not must and (settling or not (pressing or apart)):
         return Decision(previous, goal, Mode.SATURATED if saturated else Mode.HOLD, False, law=LAW)
-    weights = _step(healthy, base, goal, hot, must, params)
+    urgent = pressing and emergency(healthy, hot, params)
+    weights = _step(healthy, base, goal, hot, must, params, urgent)
     if not must and within(previous, weights, params.deadband):
         return Decision(previous, goal, Mode.HOLD, False, law=LAW)
-    mode = Mode.SATURATED if saturated else Mode.NORMAL
+    mode = Mode.SATURATED if saturated else Mode.EMERGENCY if urgent else Mode.NORMAL
     return Decision(weights, goal, mode, weights != previous, law=LAW)
 
 
@@ -333,11 +339,14 @@ def _step(
     hot: Sequence[str],
     must: bool,
     params: WeightSettings,
+    urgent: bool = False,
 ) -> dict[str, int]:
     """A step towards ``goal``: full where requests queue at a hot cluster, its filtered
     utilization is saturated, its last two readings are at ``pressure``, or the change is
     forced (traffic must go now); otherwise ``GAIN`` of the way. At most ``max_step`` per
-    ref, none below ``floor``."""
+    ref, none below ``floor``. When ``urgent`` (``emergency``) the bound holds the gainers
+    alone: each gains at most ``max_step`` or, where its cluster has more room (``rooms``),
+    that; a hot cluster loses whatever they take together."""
     queueing = any((healthy[n].queue_per_pod or 0) > 0 for n in hot)
     full = any(
         load(healthy[n])[1] >= params.kv_saturation or rising(healthy[n], params.pressure)
@@ -346,5 +355,46 @@ def _step(
     gain = 1.0 if queueing or full or must else GAIN
     delta = {n: gain * (goal[n] - base[n]) for n in base}
     names = list(healthy)
-    moved = with_floor(capped(base, delta, float(params.max_step)), names, params.floor)
-    return round_to_total(moved, params.floor, names)
+    step = float(params.max_step)
+    loses, gains = step, dict.fromkeys(base, step)
+    if urgent:  # the hot one may lose all the others take, each up to its room
+        room = rooms(healthy, base, hot, params.pressure)
+        loses, gains = TOTAL, {n: max(step, room.get(n, 0.0)) for n in base}
+    delta = {n: max(-loses, min(gains[n], d)) for n, d in delta.items()}
+    moved = capped(base, delta, TOTAL)  # the side that was cut less shrinks to match
+    return round_to_total(with_floor(moved, names, params.floor), params.floor, names)
+
+
+def emergency(healthy: Mapping[str, Signals], hot: Sequence[str], params: WeightSettings) -> bool:
+    """A hot cluster saturated (newest utilization at ``kv_saturation``) with requests
+    waiting, more than at the reading before: it is offered more than it serves, and each
+    interval spent in ``max_step``-sized steps adds to a backlog that takes minutes to drain."""
+    for name in hot:
+        signals = healthy[name]
+        now = load(signals)[2]
+        if (
+            now >= params.kv_saturation
+            and (signals.queue_per_pod or 0) > 0
+            and signals.previous is not None
+            and now > signals.previous
+        ):
+            return True
+    return False
+
+
+def rooms(
+    healthy: Mapping[str, Signals], base: Mapping[str, float], hot: Sequence[str], pressure: float
+) -> dict[str, float]:
+    """How much more share each cluster that is not hot can take before its load (``load_of``
+    its higher utilization, filtered or newest) reaches the load ``pressure`` stands for;
+    its load grows with its share, as its traffic follows the weights."""
+    limit = load_of(pressure)
+    result = {}
+    for name, signals in healthy.items():
+        if name in hot:
+            continue
+        _, filtered, now = load(signals)
+        busy = load_of(max(filtered, now))
+        share = base.get(name, 0.0)
+        result[name] = max(0.0, share * (limit / busy - 1.0)) if busy > 0 else float(TOTAL)
+    return result

@@ -79,6 +79,9 @@ async def test_moves_weights_away_from_the_hot_cluster_with_guarded_patches(
     apiserver.put_object(
         CRD, "externalmodels", model("unmanaged", [("east", 50), ("west", 50)], managed=False)
     )
+    # west has little room below pressure: even the emergency step off a saturated east whose
+    # queue grows is max_step, so the shift takes several writes under one or two Events
+    sims["west"].kv = 0.6
     async with Controller(settings_for(sims), serve=False, api=api) as controller:
         await ticks(controller, 2)
         assert apiserver.writes("PATCH") == []  # balanced already: nothing to write
@@ -140,6 +143,7 @@ async def test_a_human_edit_is_replaced_from_a_fresh_read_and_logged(
 ) -> None:
     seed(apiserver, [("east", 50), ("west", 50)])
     sims["east"].kv = 0.95
+    sims["west"].kv = 0.6  # little room: any step, an emergency's too, is at most max_step
     async with Controller(settings_for(sims), serve=False, api=api) as controller:
         await ticks(controller, 6)
 

@@ -39,7 +39,7 @@ DELAYS = (5.0, 10.0, 30.0)
 # scenario → (policies, delays, duration in simulated seconds)
 PLAN: dict[str, tuple[tuple[str, ...], tuple[float, ...], float]] = {
     "steady": (("ours",), DELAYS, 1200.0),
-    "hot-hard": (("ours", "naive", "oracle"), DELAYS, 1200.0),
+    "hot-hard": (("ours", "naive", "oracle", "seen"), DELAYS, 1200.0),
     "heterogeneous": (("ours", "naive"), DELAYS, 900.0),
     "unequal-gpus": (("ours", "integral"), DELAYS, 1800.0),
     "mixed-engines": (("ours", "pods"), DELAYS, 1800.0),
@@ -197,6 +197,18 @@ def test_hot_hard_is_shed_with_less_overload_than_naive(runs: list[Outcome], del
     assert recovery <= delay + 4 * INTERVAL
     floor = median(runs, "hot-hard", "oracle", delay, lambda s: s.recovery_s or 0.0)
     assert floor <= 3 * INTERVAL  # the world allows it: what is missing is what we can see
+
+
+@pytest.mark.parametrize("delay", DELAYS)
+def test_a_hot_cluster_with_local_load_overloads_at_most_half_again_the_seen_floor(
+    runs: list[Outcome], delay: float
+) -> None:
+    """``seen`` knows b's local traffic and capacity and moves in one write from the first
+    reading that shows trouble; the law reads the same pages, sheds in steps, and in an
+    emergency (b saturated with a growing queue) past ``max_step`` (issue #45)."""
+    ours = median(runs, "hot-hard", "ours", delay, lambda s: s.overload_cluster_s)
+    seen = median(runs, "hot-hard", "seen", delay, lambda s: s.overload_cluster_s)
+    assert ours <= 1.5 * seen
 
 
 @pytest.mark.parametrize("delay", DELAYS)

@@ -18,9 +18,12 @@ from controller.weights.capacity import (
     REST_LIMIT,
     arrival_loads,
     capacity_goal,
+    hot_clusters,
     load_of,
     rest_goal,
+    rooms,
 )
+from controller.weights.steps import forced
 from tests.support.signals import read
 
 P = WeightSettings()
@@ -76,6 +79,32 @@ def test_no_step_while_the_last_one_settles_except_for_a_dead_cluster() -> None:
     assert not held.changed
     dead = decide({"a": None, "b": sig(0.2)}, {"a": 50, "b": 50}, P, settling=True)
     assert dead.weights == {"a": 0, "b": 100}
+
+
+def test_a_saturated_cluster_whose_queue_grows_is_shed_past_max_step() -> None:
+    """Its queue is a backlog growing each interval; a ``max_step`` step and a wait for it to
+    act would leave it there twice as long (hot-hard's b: 33 → 8, then 8 → 2)."""
+    base = {"a": 34, "b": 33, "c": 33}
+    growing = {"a": sig(0.95, queue=4, earlier=0.9), "b": sig(0.1), "c": sig(0.1)}
+    decision = decide(growing, base, P)
+    assert decision.mode is Mode.EMERGENCY and decision.weights is not None
+    assert decision.weights["a"] < base["a"] - P.max_step
+    assert all(decision.weights[n] - base[n] <= P.max_step for n in "bc")
+    # the same queue draining: a step like any other
+    draining = decide({**growing, "a": sig(0.95, queue=4, earlier=0.97)}, base, P)
+    assert draining.mode is Mode.NORMAL and draining.weights is not None
+    assert base["a"] - draining.weights["a"] <= P.max_step
+
+
+def test_an_emergency_gives_a_cluster_past_max_step_only_the_room_it_has() -> None:
+    hot = sig(0.95, queue=4, earlier=0.9)
+    idle = decide({"a": hot, "b": sig(0.05)}, {"a": 50, "b": 50}, P)
+    busy = decide({"a": hot, "b": sig(0.6)}, {"a": 50, "b": 50}, P)
+    assert idle.mode is busy.mode is Mode.EMERGENCY
+    assert idle.weights is not None and busy.weights is not None
+    assert idle.weights["b"] - 50 > P.max_step  # at 5% it can take all a can give
+    assert busy.weights["b"] - 50 <= P.max_step  # at 60% less than a step: the usual one
+    assert rooms({"b": sig(0.6)}, {"b": 50.0}, [], P.pressure)["b"] < P.max_step
 
 
 def test_every_cluster_hot_keeps_capacity_shares_instead_of_evening_out() -> None:
@@ -252,3 +281,14 @@ def test_sum_is_100_unhealthy_zero_and_steps_bounded(
         assert all(decision.weights[n] == 0 for n in signals if signals[n] is None)
         low = min(P.floor, 100 // len(healthy))
         assert all(decision.weights[n] >= low for n in healthy)
+    if in_force and not forced(in_force, healthy, P.floor):
+        moves = {n: decision.weights[n] - in_force[n] for n in healthy}
+        gains = dict.fromkeys(healthy, float(P.max_step))
+        loses = float(P.max_step)
+        if decision.mode is Mode.EMERGENCY:  # off a hot cluster; on one with room past the cap
+            live = {n: s for n, s in signals.items() if s is not None}
+            hot = hot_clusters(live, P)
+            room = rooms(live, {n: float(w) for n, w in in_force.items()}, hot, P.pressure)
+            gains = {n: max(gains[n], room.get(n, 0.0) + 1) for n in healthy}
+            loses = 100.0
+        assert all(-loses <= m <= gains[n] for n, m in moves.items()), (moves, decision.mode)
