@@ -339,7 +339,7 @@ def _step(
     hot: Sequence[str],
     must: bool,
     params: WeightSettings,
-    urgent: bool = False,
+    urgent: bool,
 ) -> dict[str, int]:
     """A step towards ``goal``: full where requests queue at a hot cluster, its filtered
     utilization is saturated, its last two readings are at ``pressure``, or the change is
@@ -369,17 +369,13 @@ def emergency(healthy: Mapping[str, Signals], hot: Sequence[str], params: Weight
     """A hot cluster saturated (newest utilization at ``kv_saturation``) with requests
     waiting, more than at the reading before: it is offered more than it serves, and each
     interval spent in ``max_step``-sized steps adds to a backlog that takes minutes to drain."""
-    for name in hot:
-        signals = healthy[name]
-        now = load(signals)[2]
-        if (
-            now >= params.kv_saturation
-            and (signals.queue_per_pod or 0) > 0
-            and signals.previous is not None
-            and now > signals.previous
-        ):
-            return True
-    return False
+    return any(
+        (now := load(s)[2]) >= params.kv_saturation
+        and (s.queue_per_pod or 0) > 0
+        and s.previous is not None
+        and now > s.previous
+        for s in (healthy[n] for n in hot)
+    )
 
 
 def rooms(
