@@ -356,12 +356,11 @@ def _step(
     delta = {n: gain * (goal[n] - base[n]) for n in base}
     names = list(healthy)
     step = float(params.max_step)
-    loses, gains = step, dict.fromkeys(base, step)
     if urgent:  # the hot one may lose all the others take, each up to its room
         room = rooms(healthy, base, hot, params.pressure)
-        loses, gains = TOTAL, {n: max(step, room.get(n, 0.0)) for n in base}
-    delta = {n: max(-loses, min(gains[n], d)) for n, d in delta.items()}
-    moved = capped(base, delta, TOTAL)  # the side that was cut less shrinks to match
+        moved = capped(base, delta, TOTAL, {n: max(step, room.get(n, 0.0)) for n in base})
+    else:
+        moved = capped(base, delta, step)
     return round_to_total(with_floor(moved, names, params.floor), params.floor, names)
 
 

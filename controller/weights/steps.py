@@ -34,10 +34,17 @@ def within(previous: Mapping[str, int], other: Mapping[str, float], deadband: in
     return max(abs(other[n] - previous[n]) for n in previous) < deadband
 
 
-def capped(base: Mapping[str, float], delta: Mapping[str, float], cap: float) -> dict[str, float]:
-    """``base`` moved by ``delta`` (which sums to 0), each move at most ``cap``, keeping the
-    sum: where capping cut one side, the other side is shrunk to match."""
-    delta = {n: max(-cap, min(cap, d)) for n, d in delta.items()}
+def capped(
+    base: Mapping[str, float],
+    delta: Mapping[str, float],
+    cap: float,
+    gain_caps: Mapping[str, float] | None = None,
+) -> dict[str, float]:
+    """``base`` moved by ``delta`` (which sums to 0), each move at most ``cap`` (a gain at
+    most ``gain_caps[n]`` where given), keeping the sum: where capping cut one side, the other
+    side is shrunk to match."""
+    up = gain_caps or {}
+    delta = {n: max(-cap, min(up.get(n, cap), d)) for n, d in delta.items()}
     gains = sum(d for d in delta.values() if d > 0)
     losses = -sum(d for d in delta.values() if d < 0)
     # Capping broke the zero sum; shrink the larger side so the total stays 100.
