@@ -235,6 +235,9 @@ def _by_replica(page: ByName, engine: Engine) -> Split:
 def kept(samples: Sequence[Sample], keep: Mapping[str, str] | None) -> list[Sample]:
     if not keep:
         return list(samples)
+    if len(keep) == 1:  # a model's label, mostly: no generator per sample
+        ((label, value),) = keep.items()
+        return [s for s in samples if s.labels.get(label) == value]
     return [s for s in samples if all(s.labels.get(k) == v for k, v in keep.items())]
 
 
@@ -274,10 +277,17 @@ def of_family(
     """The samples of ``family``'s first name with any on the page, by its label matchers
     and ``keep`` (the model)."""
     for name in family.names:
-        samples = [s for s in kept(page.get(name, ()), keep) if family.matches(s.labels)]
+        samples = matching(kept(page.get(name, ()), keep), family)
         if samples:
             return name, samples
     return None
+
+
+def matching(samples: list[Sample], family: Family) -> list[Sample]:
+    """The samples whose labels carry ``family``'s matchers (most families have none)."""
+    if not family.match:
+        return samples
+    return [s for s in samples if family.matches(s.labels)]
 
 
 def first_family(

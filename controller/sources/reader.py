@@ -53,6 +53,7 @@ from controller.sources.page import (
     first_family,
     kept,
     labels_text,
+    matching,
     of_family,
     pod_extractors,
     pod_kv,
@@ -425,10 +426,7 @@ class PageReader:
     def _kv_of(self, samples: ByName, engine: Engine) -> tuple[str | None, list[Sample]]:
         """A pod's KV series by ``engine``'s row, of the cluster's model (``pod_kv``)."""
         keep = self._keep(engine)
-        found = [
-            [s for s in kept(samples.get(n, ()), keep) if engine.kv.matches(s.labels)]
-            for n in engine.kv.names
-        ]
+        found = [matching(kept(samples.get(n, ()), keep), engine.kv) for n in engine.kv.names]
         return pod_kv(found, engine.kv.names)
 
     def _engine_of(self, page: Page) -> tuple[Engine | None, str | None, list[Sample]]:
