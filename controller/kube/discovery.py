@@ -6,7 +6,7 @@ object parsed again only when its resourceVersion changed) and reads the configu
 which objects it will not write and why. When the API server is unreachable the known targets
 are kept, so weights are still decided and exported, and written once the API answers again.
 Problems with the objects read persist across ticks as conditions: one line when one starts,
-one when it ends (``logs.Conditions``).
+one when it ends (``conditions.Conditions``).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 import structlog
 
 from controller import addresses
+from controller.conditions import Conditions
 from controller.kube import objects
 from controller.kube.errors import (
     APIError,
@@ -32,7 +33,6 @@ from controller.kube.errors import (
 from controller.kube.informer import Informer, Lister
 from controller.kube.objects import ProviderMapping
 from controller.kube.sdk import client
-from controller.logs import Conditions
 from controller.metrics import ControllerMetrics
 from controller.model import Target
 from controller.settings import ClusterSettings, HTTPRouteTarget, Settings

@@ -35,9 +35,9 @@ from typing import Any
 import structlog
 from prometheus_client import Gauge
 
+from controller.conditions import Conditions
 from controller.kube.errors import API_EXCEPTIONS, APIError, APINotFoundError, translate
 from controller.kube.sdk import ApiException, client
-from controller.logs import Conditions
 from controller.settings import LeaderSettings
 
 log = structlog.get_logger("controller.leader")

@@ -1,8 +1,8 @@
 """The log lines of a tick, composed in one place from the previous and the current
 ``TickReport`` (structlog's canonical lines): what changed is logged once, at info or above;
-what persists is a condition (``logs.Conditions``: logged when it starts, now and then while it
-lasts, and when it ends); the rest is at debug, and a periodic summary shows the state of a
-quiet controller. Every event is in the event catalogue (``manifests/RUNBOOKS.md``).
+what persists is a condition (``conditions.Conditions``: logged when it starts, now and then
+while it lasts, and when it ends); the rest is at debug, and a periodic summary shows the state
+of a quiet controller. Every event is in the event catalogue (``manifests/RUNBOOKS.md``).
 
 Lines about a failure that is not in the report (an exception, with its traceback) are logged
 by the stage that caught it.
@@ -17,7 +17,7 @@ from typing import Any
 import structlog
 
 from controller import logs, render
-from controller.logs import Conditions
+from controller.conditions import Conditions
 from controller.model import ClusterHealth, Mode, Reason, TargetDecision, Write
 from controller.settings import LogSettings
 from controller.state import ClusterView, TargetView, TickReport

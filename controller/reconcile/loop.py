@@ -28,7 +28,7 @@ from typing import TypeVar
 import structlog
 
 from controller import render, weights
-from controller.logs import Conditions
+from controller.conditions import Conditions
 from controller.metrics import ControllerMetrics
 from controller.model import (
     ClusterMetrics,

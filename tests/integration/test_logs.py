@@ -24,9 +24,9 @@ from structlog.testing import capture_logs
 
 from controller import logs
 from controller.app import Controller
+from controller.conditions import Conditions
 from controller.demo.runner import apply_scenario, demo_fleet
 from controller.kube.leader import LeaderElector
-from controller.logs import Conditions
 from controller.model import ClusterMetrics
 from controller.settings import LeaderSettings, build_settings
 from controller.testing import Driver, VirtualClock

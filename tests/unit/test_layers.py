@@ -18,6 +18,7 @@ LAYERS = [
         "model",
         "errors",
         "logs",
+        "conditions",
         "exposition",
         "families",
         "engines",
