@@ -168,11 +168,22 @@ EXIT_RUNTIME = 1
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    lean_metrics()
     try:
         return _dispatch(args)
     except OSError as exc:  # e.g. the metrics port is taken: say so, no traceback
         print(f"error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
         return EXIT_RUNTIME
+
+
+def lean_metrics() -> None:
+    """No ``*_created`` series on any registry of this process: a third of ``/metrics`` at 200
+    clusters, and Prometheus's ``rate()`` has no use for them (the process's own start time is
+    ``process_start_time_seconds``). prometheus_client's switch is process-wide, so it is set
+    here, once, at start-up."""
+    from prometheus_client import disable_created_metrics
+
+    disable_created_metrics()  # type: ignore[no-untyped-call]
 
 
 def _dispatch(args: argparse.Namespace) -> int:

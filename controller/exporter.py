@@ -14,7 +14,6 @@ from prometheus_client import (
     CollectorRegistry,
     GCCollector,
     ProcessCollector,
-    disable_created_metrics,
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -173,9 +172,7 @@ class CacheCollector(Collector):
 
 
 def make_registry(snapshot: Snapshot) -> tuple[CollectorRegistry, ControllerMetrics]:
-    # No *_created series: a third of the page at 200 clusters, and Prometheus's rate() has
-    # no use for them (the process's own start time is in process_start_time_seconds).
-    disable_created_metrics()  # type: ignore[no-untyped-call]
+    # No *_created series on it: the process sets that once at start-up (cli.lean_metrics).
     registry = CollectorRegistry(auto_describe=False)
     # The process's own cost, as every prometheus_client process exports it: CPU seconds,
     # resident memory, open fds, start time (from /proc), and the cyclic collector's passes.

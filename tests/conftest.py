@@ -15,10 +15,14 @@ import pytest
 
 # Before any test imports kubernetes_asyncio: the tests then use the client loaded by the
 # piece, exactly as the daemon does.
+from controller.cli import lean_metrics
 from controller.kube.sdk import client
 from tests.support.apiserver import FakeAPIServer
 from tests.support.daemon import Daemon
 from tests.support.servers import Handler, Server
+
+# Controllers built in this process run as the daemon does: cli.main sets this at start-up.
+lean_metrics()
 
 StartDaemon = Callable[..., Awaitable[Daemon]]
 Serve = Callable[[dict[str, Handler]], Awaitable[Server]]

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 from controller.fakes.clusters import Fault, Fleet, SimCluster
@@ -43,6 +44,23 @@ async def test_once_cli_prints_json(daemon: StartDaemon) -> None:
     assert code == 0, child.err
     clusters = json.loads(child.out)["clusters"]
     assert clusters["cool"]["healthy"] is True and isinstance(clusters["cool"]["weight"], int)
+
+
+async def test_the_process_exports_no_created_series(daemon: StartDaemon) -> None:
+    """cli.main switches prometheus_client's ``*_created`` series off once, at start-up."""
+    async with fleet() as sims:
+        child = await daemon(config_for(sims), "run")
+        await child.wait_ready()
+        await child.wait_for_ticks(2)
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(child.url + "/metrics") as response,
+        ):
+            page = await response.text()
+        await child.stop(10)
+    names = {line.split("{")[0].split(" ")[0] for line in page.splitlines() if line[:1] != "#"}
+    assert "weight_controller_scrape_pages_total" in names  # a counter: it would have one
+    assert not [n for n in names if n.endswith("_created")]
 
 
 async def test_sigterm_stops_the_real_process_cleanly_within_5s(daemon: StartDaemon) -> None:
