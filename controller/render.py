@@ -185,7 +185,7 @@ CLUSTER: tuple[Column, ...] = (
         "discovered_pods",
         lambda v: _m(v, lambda m: list(m.discovered) if m.discovered is not None else None),
     ),
-    Column("weight", lambda v: v.weight, log="weight"),
+    Column("weight", lambda v: v.share, log="weight"),
 )
 
 

@@ -13,11 +13,12 @@ from controller.model import ClusterHealth, ClusterMetrics, TargetDecision
 @dataclass(frozen=True, slots=True)
 class ClusterView:
     """The latest of one cluster: last fetch, health after it, and its share of traffic in the
-    only target (the implicit one, or the one object there is; else ``None``)."""
+    only target (the implicit one, or the one object there is; else ``None``): of 100, what
+    views show as its ``weight``."""
 
     metrics: ClusterMetrics | None = None
     health: ClusterHealth | None = None
-    weight: int | None = None
+    share: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -96,9 +96,9 @@ class Fleet:
             result[name] = signals.derive(state, self._memory.get(name), params, arrived)
         return result
 
-    def views(self, weights: Mapping[str, int | None]) -> dict[str, ClusterView]:
+    def views(self, shares: Mapping[str, int | None]) -> dict[str, ClusterView]:
         """Every cluster as this tick left it, with its share in the only target."""
         return {
-            name: ClusterView(self._last.get(name), self._health.get(name), weights.get(name))
+            name: ClusterView(self._last.get(name), self._health.get(name), shares.get(name))
             for name in self._sources
         }

@@ -86,7 +86,7 @@ def weight(metrics: dict[tuple[str, tuple[tuple[str, str], ...]], float], cluste
 
 
 def w(report: TickReport, cluster: str) -> int:
-    return report.clusters[cluster].weight or 0
+    return report.clusters[cluster].share or 0
 
 
 @pytest.fixture

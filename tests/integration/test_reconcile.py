@@ -167,7 +167,7 @@ async def test_a_failed_publish_keeps_the_old_weights_in_force() -> None:
     outcome = reconciler.targets["ExternalModel/ns/m"].outcome
     assert outcome.write is Write.FAILED and publisher.attempts == 1
     assert outcome.applied == {"a": 50, "b": 50} and outcome.desired["b"] > 50
-    assert snapshot.report.clusters["a"].weight == 50
+    assert snapshot.report.clusters["a"].share == 50
     assert (
         registry.get_sample_value("weight_controller_reconcile_errors_total", {"stage": "publish"})
         == 1
