@@ -111,14 +111,14 @@ def pure(settings: Settings, clusters: list[str], answers: list[Answers]) -> flo
             {c: cluster_metrics(c, at_tick, who[c], at, 0.0, previous) for c in clusters}
         )
         previous = at
-    health_settings, fraction = settings.health, settings.scrape.min_pod_fraction
+    health_settings = settings.health
     params = settings.weights
     began = time.perf_counter()
     for tick, metrics in enumerate(inputs_at):
         at = tick * STEP
         inputs: dict[str, Signals | None] = {}
         for c in clusters:
-            after = health.judge(states.get(c), metrics[c], health_settings, fraction, at)
+            after = health.judge(states.get(c), metrics[c], health_settings, at)
             states[c] = after
             memory[c] = signals.remember(memory.get(c), metrics[c], after, params.demand_smoothing)
             inputs[c] = signals.derive(after, memory[c], params)

@@ -244,7 +244,8 @@ def _log_config(settings: Settings, path: Path | None, dry_run: bool) -> None:
     import structlog
 
     normalised = json.dumps(settings.model_dump(mode="json"), sort_keys=True)
-    structlog.get_logger("controller.cli").info(
+    log = structlog.get_logger("controller.cli")
+    log.info(
         "config loaded",
         source=str(path) if path else os.environ.get(CONFIG_ENV),
         digest=hashlib.sha256(normalised.encode()).hexdigest()[:16],
@@ -255,6 +256,9 @@ def _log_config(settings: Settings, path: Path | None, dry_run: bool) -> None:
         leader_election=settings.leader_election.enabled,
         dry_run=dry_run,
     )
+    named = path or (Path(os.environ[CONFIG_ENV]) if os.environ.get(CONFIG_ENV) else None)
+    for line in _moved(named):
+        log.warning("config field moved", detail=line)
 
 
 def with_flags(settings: Settings, args: argparse.Namespace) -> Settings:
@@ -392,8 +396,17 @@ def _check_config(path: Path) -> int:
     problems = file_problems(settings)
     if problems:
         raise ConfigError(problems)
+    for line in _moved(path):
+        print(f"config note: {line}", file=sys.stderr)
     print(yaml.safe_dump(settings.model_dump(mode="json"), sort_keys=False), end="")
     return 0
+
+
+def _moved(path: Path | None) -> list[str]:
+    """The fields the file sets where they used to be (``settings.moved``)."""
+    from controller.settings import moved, read_yaml
+
+    return moved(read_yaml(path)) if path is not None else []
 
 
 def _when(flag: str, text: str) -> float:

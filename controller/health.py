@@ -25,17 +25,15 @@ from controller.model import ClusterHealth, ClusterMetrics, Reason
 from controller.settings import HealthSettings
 
 
-def failure_reason(
-    metrics: ClusterMetrics, min_pod_fraction: float, max_staleness: float, now: float
-) -> Reason | None:
+def failure_reason(metrics: ClusterMetrics, settings: HealthSettings, now: float) -> Reason | None:
     """Why this fetch cannot be used, or ``None`` when it can."""
     if metrics.pods_answering == 0:
         return _dominant(metrics) or Reason.NO_PODS
-    if metrics.pods_answering < min_pod_fraction * metrics.pods_scraped:
+    if metrics.pods_answering < settings.min_pod_fraction * metrics.pods_scraped:
         return _dominant(metrics) or Reason.NO_PODS
     if metrics.kv_mean is None:
         return Reason.MISSING_METRIC
-    if _age(metrics, now) > max_staleness or _from_the_future(metrics, now):
+    if _age(metrics, now) > settings.max_staleness or _from_the_future(metrics, now):
         return Reason.STALE
     return None
 
@@ -64,11 +62,10 @@ def judge(
     previous: ClusterHealth | None,
     metrics: ClusterMetrics,
     settings: HealthSettings,
-    min_pod_fraction: float,
     now: float,
 ) -> ClusterHealth:
     """The cluster's health after this fetch, given its health before it."""
-    reason = failure_reason(metrics, min_pod_fraction, settings.max_staleness, now)
+    reason = failure_reason(metrics, settings, now)
     degraded = reason is None and (metrics.pods_answering < metrics.pods_scraped)
     if reason is None:
         return _after_success(previous, metrics, settings, degraded)

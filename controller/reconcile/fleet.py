@@ -76,9 +76,7 @@ class Fleet:
         """The cluster's health after this fetch; its signal memory and arrivals follow it."""
         name = metrics.cluster
         settings = self._settings
-        after = health.judge(
-            self._health.get(name), metrics, settings.health, settings.scrape.min_pod_fraction, now
-        )
+        after = health.judge(self._health.get(name), metrics, settings.health, now)
         self._last[name] = metrics
         self._health[name] = after
         self.arrivals.count(name, metrics)

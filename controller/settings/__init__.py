@@ -26,6 +26,7 @@ from controller.settings.schema import (
     ServiceRef,
     Settings,
     WeightSettings,
+    moved,
 )
 
 __all__ = [
@@ -53,6 +54,7 @@ __all__ = [
     "cross_field_problems",
     "file_problems",
     "load_settings",
+    "moved",
     "parse_duration",
     "read_yaml",
 ]

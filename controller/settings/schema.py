@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
 
@@ -565,12 +566,6 @@ class ScrapeSettings(_Group):
         description="Of those, how many one cluster may hold: a cluster with thousands of "
         "pods that never answer waits for its own slots, never for the other clusters'.",
     )
-    min_pod_fraction: float = Field(
-        default=0.5,
-        gt=0,
-        le=1,
-        description="A cluster stays usable while at least this share of its pods answer.",
-    )
     min_latency_requests: float = Field(
         default=5,
         ge=1,
@@ -599,6 +594,13 @@ class HealthSettings(_Group):
         default=MAX_STALENESS,
         description="Data older than this (sample timestamps, or the last good scrape) is "
         "stale, and the cluster unhealthy, whatever the failure count says.",
+    )
+    min_pod_fraction: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="A cluster stays usable while at least this share of its pods answer "
+        "(read as scrape.min_pod_fraction before it moved here).",
     )
 
     @model_validator(mode="after")
@@ -982,6 +984,40 @@ class LogSettings(_Group):
     )
 
 
+# Fields that moved to another group, old place → new: the old spelling is still read (a
+# config that worked keeps working), said at start-up and by check-config (``moved``), and
+# refused beside the new one.
+MOVED = {("scrape", "min_pod_fraction"): ("health", "min_pod_fraction")}
+
+
+def moved(data: Mapping[str, Any]) -> list[str]:
+    """A line for each field ``data`` (a config mapping, as read) sets at its old place."""
+    return [
+        f"{group}.{name} has moved to {new[0]}.{new[1]}: it is read there; write it there"
+        for (group, name), new in MOVED.items()
+        if isinstance(data.get(group), Mapping) and name in data[group]
+    ]
+
+
+def _moved_in(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with each field of ``MOVED`` at its new place; both set is a field error."""
+    for (group, name), (to, field) in MOVED.items():
+        old = data.get(group)
+        if not isinstance(old, Mapping) or name not in old:
+            continue
+        new = data.get(to) or {}
+        if not isinstance(new, Mapping):
+            continue  # the group's own validation says what is wrong with it
+        if field in new:
+            raise ValueError(
+                f"{group}.{name}: set beside {to}.{field}, where it has moved; keep only "
+                f"{to}.{field}"
+            )
+        kept = {k: v for k, v in old.items() if k != name}
+        data = {**data, group: kept, to: {**new, field: old[name]}}
+    return data
+
+
 class Settings(BaseSettings):
     """Everything the controller needs, validated once at start-up."""
 
@@ -1049,6 +1085,7 @@ class Settings(BaseSettings):
         and clusters works (scrape.timeout defaults to min(3s, interval / 2))."""
         if not isinstance(data, dict):
             return data
+        data = _moved_in(data)
         interval = seconds(data.get("interval", INTERVAL))
         scrape = data.get("scrape") or {}
         if interval is not None and isinstance(scrape, dict) and "timeout" not in scrape:

@@ -107,9 +107,7 @@ class _Judged:
     ) -> dict[str, int] | None:
         settings = self._settings
         for name, m in metrics.items():
-            self._health[name] = health.judge(
-                self._health.get(name), m, settings.health, settings.scrape.min_pod_fraction, now
-            )
+            self._health[name] = health.judge(self._health.get(name), m, settings.health, now)
         usable = {n: signals.current(h, "p90") for n, h in self._health.items()}
         healthy = {n: s for n, s in usable.items() if s is not None}
         if not healthy:

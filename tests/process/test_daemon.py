@@ -63,6 +63,19 @@ async def test_the_process_exports_no_created_series(daemon: StartDaemon) -> Non
     assert not [n for n in names if n.endswith("_created")]
 
 
+async def test_run_reads_a_moved_field_and_warns_once(daemon: StartDaemon) -> None:
+    async with fleet() as sims:
+        config = config_for(sims)
+        config["scrape"]["min_pod_fraction"] = 0.25
+        child = await daemon(config, "run")
+        await child.wait_ready()
+        await child.stop(10)
+    moved = [e for e in child.events() if e["event"] == "config field moved"]
+    assert [e["detail"].split(":")[0] for e in moved] == [
+        "scrape.min_pod_fraction has moved to health.min_pod_fraction"
+    ]
+
+
 async def test_sigterm_stops_the_real_process_cleanly_within_5s(daemon: StartDaemon) -> None:
     async with fleet() as sims:
         sims["hot"].fault = Fault.HANG  # a tick in flight when SIGTERM lands

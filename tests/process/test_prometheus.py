@@ -23,7 +23,7 @@ from controller.fakes.clusters import Fault, Fleet, SimCluster
 from controller.fakes.pages import LATENCY_BOUNDS
 from controller.model import Reason
 from controller.render import report_json
-from controller.settings import Settings, build_settings
+from controller.settings import HealthSettings, Settings, build_settings
 from controller.sources.prometheus import PrometheusQuerySource, prometheus_source
 from controller.sources.scrape import ScrapeSource
 from tests.support.apiserver import FakeAPIServer
@@ -34,6 +34,9 @@ from tests.support.prometheus import Prometheus, binary, job
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 CONTROLLER_JOB = "weight-controller-metrics"
+
+MINUTE = HealthSettings(max_staleness=60)
+BRIEF = HealthSettings(max_staleness=0.001)
 
 
 @dataclass
@@ -212,13 +215,13 @@ async def test_promql_failures_map_to_health_reasons(stack: Stack) -> None:
     assert [(e.reason, e.url.endswith("(kv_mean)")) for e in nothing.errors] == [
         (Reason.MISSING_METRIC, True)
     ]
-    assert health.failure_reason(nothing, 0.5, 60, nothing.scraped_at) is Reason.MISSING_METRIC
+    assert health.failure_reason(nothing, MINUTE, nothing.scraped_at) is Reason.MISSING_METRIC
 
     fine = await promql_source(stack, prometheus_settings(stack, ["east"]), "east").fetch()
     assert fine.observed_at is not None
-    assert health.failure_reason(fine, 0.5, 60, fine.scraped_at) is None
+    assert health.failure_reason(fine, MINUTE, fine.scraped_at) is None
     # Prometheus answers with a dead pod's last sample for 5 minutes: its age says stale
-    assert health.failure_reason(fine, 0.5, 0.001, fine.observed_at + 5) is Reason.STALE
+    assert health.failure_reason(fine, BRIEF, fine.observed_at + 5) is Reason.STALE
 
     offline = build_settings(
         {

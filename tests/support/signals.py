@@ -42,7 +42,7 @@ def history(
     for index, kv in enumerate(kvs):
         at = INTERVAL * index
         metrics = fetch(kv, pods, queue, at)
-        state = health.judge(state, metrics, HealthSettings(), 0.5, at)
+        state = health.judge(state, metrics, HealthSettings(), at)
         memory = signals.remember(memory, metrics, state, params.demand_smoothing)
     assert state is not None and memory is not None
     return state, memory

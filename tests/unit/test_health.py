@@ -35,7 +35,7 @@ def run(
     states = []
     state = start
     for metrics in fetches:
-        state = judge(state, metrics, H, 0.5, metrics.scraped_at)
+        state = judge(state, metrics, H, metrics.scraped_at)
         states.append(state)
     return states
 
@@ -65,7 +65,7 @@ def run(
     ],
 )
 def test_failure_reasons_are_explicit(metrics: ClusterMetrics, reason: Reason | None) -> None:
-    assert failure_reason(metrics, 0.5, H.max_staleness, NOW) == reason
+    assert failure_reason(metrics, H, NOW) == reason
 
 
 def test_some_pods_failing_is_usable_but_degraded() -> None:
@@ -140,11 +140,11 @@ def test_a_good_fetch_clears_the_timeouts() -> None:
 
 def test_timeouts_hold_the_last_reading_only_while_it_is_fresh() -> None:
     short = HealthSettings(max_staleness=25)
-    state = judge(None, good(), short, 0.5, NOW)
+    state = judge(None, good(), short, NOW)
     for at in (NOW + 10, NOW + 20):
-        state = judge(state, bad(Reason.TIMEOUT, at), short, 0.5, at)
+        state = judge(state, bad(Reason.TIMEOUT, at), short, at)
         assert state.healthy
-    state = judge(state, bad(Reason.TIMEOUT, NOW + 30), short, 0.5, NOW + 30)
+    state = judge(state, bad(Reason.TIMEOUT, NOW + 30), short, NOW + 30)
     assert not state.healthy and state.reason is Reason.STALE
 
 
@@ -160,10 +160,10 @@ def test_stale_data_is_unhealthy_at_once() -> None:
 
 def test_held_signals_go_stale() -> None:
     short = HealthSettings(failures_to_unhealthy=5, max_staleness=15)
-    state = judge(None, good(), short, 0.5, NOW)
-    state = judge(state, bad(now=NOW + 10), short, 0.5, NOW + 10)
+    state = judge(None, good(), short, NOW)
+    state = judge(state, bad(now=NOW + 10), short, NOW + 10)
     assert state.healthy
-    state = judge(state, bad(now=NOW + 20), short, 0.5, NOW + 20)
+    state = judge(state, bad(now=NOW + 20), short, NOW + 20)
     assert not state.healthy and state.reason is Reason.STALE
 
 
@@ -203,4 +203,4 @@ def test_a_page_stamped_in_the_future_reads_as_stale() -> None:
     cluster = ClusterSettings(name="a", vllm_urls=["http://pod/metrics"])
     metrics = PageReader(cluster, 5).read([page], None, NOW, 0.01)
     assert metrics.observed_newest == NOW + 3600
-    assert failure_reason(metrics, 0.5, H.max_staleness, NOW) is Reason.STALE
+    assert failure_reason(metrics, H, NOW) is Reason.STALE

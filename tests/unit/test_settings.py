@@ -297,3 +297,29 @@ def test_run_refuses_a_missing_file_before_starting(tmp_path: Path) -> None:
     assert done.stderr.strip().splitlines() == [
         "config error: clusters[0].ca_file: cannot read /nonexistent/ca.pem: No such file or directory"
     ]
+
+
+def test_a_moved_field_is_read_at_its_new_place_and_said_to_have_moved(tmp_path: Path) -> None:
+    old = MINIMAL + "scrape: {min_pod_fraction: 0.25}\n"
+    done = cli("check-config", str(write(tmp_path, old)))
+    assert done.returncode == 0, done.stderr
+    normalised = yaml.safe_load(done.stdout)
+    assert normalised["health"]["min_pod_fraction"] == 0.25
+    assert "min_pod_fraction" not in normalised["scrape"]
+    assert done.stderr.strip().splitlines() == [
+        "config note: scrape.min_pod_fraction has moved to health.min_pod_fraction: it is read "
+        "there; write it there"
+    ]
+    # the environment's old spelling moves too, with nothing to say about the file
+    env = {"WEIGHT_CONTROLLER_SCRAPE__MIN_POD_FRACTION": "0.75"}
+    done = cli("check-config", str(write(tmp_path, MINIMAL)), env=env)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert yaml.safe_load(done.stdout)["health"]["min_pod_fraction"] == 0.75
+
+
+def test_a_moved_field_set_at_both_places_is_refused(tmp_path: Path) -> None:
+    both = MINIMAL + "scrape: {min_pod_fraction: 0.25}\nhealth: {min_pod_fraction: 0.5}\n"
+    done = cli("check-config", str(write(tmp_path, both)))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "scrape.min_pod_fraction: set beside health.min_pod_fraction" in done.stderr
