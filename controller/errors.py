@@ -2,17 +2,18 @@
 
 WeightControllerError
 ├── ConfigError            bad settings; the CLI exits 2
-└── ScrapeError            one page could not be turned into samples; carries a Reason
-    ├── ScrapeTimeoutError
-    ├── ScrapeConnectError
-    │   └── ScrapeRefusedError
-    ├── ScrapeHTTPStatusError
-    ├── ScrapeTruncatedError
-    ├── ScrapeAuthError
-    ├── ScrapeRedirectError
-    ├── ScrapeTooLargeError
-    ├── ScrapeContentTypeError
-    └── ScrapeParseError
+└── FetchError             one answer (a page, a PromQL query) could not be fetched or
+    │                      read into samples; carries a Reason
+    ├── FetchTimeoutError
+    ├── FetchConnectError
+    │   └── FetchRefusedError
+    ├── FetchHTTPStatusError
+    ├── FetchTruncatedError
+    ├── FetchAuthError
+    ├── FetchRedirectError
+    ├── FetchTooLargeError
+    ├── FetchContentTypeError
+    └── FetchParseError
 """
 
 from __future__ import annotations
@@ -48,9 +49,10 @@ def capped(text: str, limit: int, keep_end: bool = False) -> str:
     return note + kept if keep_end else kept + note
 
 
-class ScrapeError(WeightControllerError):
-    """A page could not be fetched or read. ``reason`` feeds health and the error counter;
-    ``detail`` is capped (``DETAIL_MAX``), whatever the peer sent."""
+class FetchError(WeightControllerError):
+    """An answer (a metrics page, a PromQL query) could not be fetched or read: what a
+    ``ClusterMetricsSource.fetch`` turns into the cluster's errors. ``reason`` feeds health
+    and the error counter; ``detail`` is capped (``DETAIL_MAX``), whatever the peer sent."""
 
     reason: Reason = Reason.PARSE
 
@@ -61,53 +63,53 @@ class ScrapeError(WeightControllerError):
         self.detail = detail
 
 
-class ScrapeTimeoutError(ScrapeError):
+class FetchTimeoutError(FetchError):
     reason = Reason.TIMEOUT
 
 
-class ScrapeConnectError(ScrapeError):
+class FetchConnectError(FetchError):
     reason = Reason.CONNECT
 
 
-class ScrapeRefusedError(ScrapeConnectError):
+class FetchRefusedError(FetchConnectError):
     """The connection was refused: the host is there and nothing listens on the port (the
     server process is gone), unlike a timeout, which may be a slow network."""
 
     reason = Reason.REFUSED
 
 
-class ScrapeHTTPStatusError(ScrapeError):
+class FetchHTTPStatusError(FetchError):
     reason = Reason.HTTP_STATUS
 
 
-class ScrapeTruncatedError(ScrapeError):
+class FetchTruncatedError(FetchError):
     """A body that ended early: empty, cut mid-line, or a gzip stream that stopped. Never
     read as values (``…usage_perc 0.`` cut from ``0.97`` would be a lie)."""
 
     reason = Reason.TRUNCATED
 
 
-class ScrapeAuthError(ScrapeError):
+class FetchAuthError(FetchError):
     """The token could not be read, or the endpoint refused it (401/403)."""
 
     reason = Reason.AUTH
 
 
-class ScrapeRedirectError(ScrapeError):
+class FetchRedirectError(FetchError):
     """A 3xx: never followed (a redirect could point anywhere, the API server included)."""
 
     reason = Reason.REDIRECT
 
 
-class ScrapeTooLargeError(ScrapeError):
+class FetchTooLargeError(FetchError):
     reason = Reason.TOO_LARGE
 
 
-class ScrapeParseError(ScrapeError):
+class FetchParseError(FetchError):
     reason = Reason.PARSE
 
 
-class ScrapeContentTypeError(ScrapeError):
+class FetchContentTypeError(FetchError):
     """The answer is not a metrics format (its ``Content-Type``), or its body contradicts the
     format it was served as (OpenMetrics without ``# EOF``): named, never read by a guess at
     what was meant."""

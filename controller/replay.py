@@ -24,7 +24,7 @@ from typing import Any
 import aiohttp
 
 from controller.churn import largest_step, reversals
-from controller.errors import ConfigError, ScrapeError
+from controller.errors import ConfigError, FetchError
 from controller.model import IMPLICIT_TARGET, Write
 from controller.render import report_json
 from controller.settings import Settings, build_settings
@@ -141,7 +141,7 @@ async def histories(
         if id(querier) not in by_querier:
             read = await querier.history(start, end, step)
             failed = [
-                a["kv_mean"] for a in read.values() if isinstance(a.get("kv_mean"), ScrapeError)
+                a["kv_mean"] for a in read.values() if isinstance(a.get("kv_mean"), FetchError)
             ]
             if read and len(failed) == len(read):
                 raise ReplayError(f"{querier.base}_range: {failed[0]}")

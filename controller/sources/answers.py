@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from controller.errors import ScrapeError
+from controller.errors import FetchError
 from controller.model import CapacityFrom, ClusterMetrics, Latency, PodError, Reason
 from controller.sources import kv_tokens_problem, pod_count_problem
 
@@ -34,7 +34,7 @@ NAMES = (
 POOL_PODS = "kv_pool_pods"
 TOKEN_PODS = "kv_token_pods"
 Series = Sequence[tuple[Mapping[str, str], float]]  # one query's answer: (labels, value)
-Answers = dict[str, dict[str, float] | ScrapeError]  # query → {cluster label value: value}
+Answers = dict[str, dict[str, float] | FetchError]  # query → {cluster label value: value}
 
 
 def vectors(series: Series, label: str, finite: bool = True) -> dict[str, float]:
@@ -140,7 +140,7 @@ def cluster_metrics(
     values: dict[str, float | None] = {}
     errors: list[PodError] = []
     for query, answer in answers.items():
-        if isinstance(answer, ScrapeError):
+        if isinstance(answer, FetchError):
             url = f"{asked.base} ({query})"
             # a querier that refuses is down, which says nothing of the cluster
             reason = Reason.CONNECT if answer.reason is Reason.REFUSED else answer.reason

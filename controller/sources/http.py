@@ -1,6 +1,6 @@
 """HTTP for sources: one GET with a timeout, a size cap enforced while reading, auth and TLS.
 
-aiohttp's exceptions are translated here into our ScrapeError tree, so callers catch one type.
+aiohttp's exceptions are translated here into our FetchError tree, so callers catch one type.
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ import aiohttp
 from yarl import URL
 
 from controller.errors import (
-    ScrapeAuthError,
-    ScrapeConnectError,
-    ScrapeError,
-    ScrapeHTTPStatusError,
-    ScrapeRedirectError,
-    ScrapeRefusedError,
-    ScrapeTimeoutError,
-    ScrapeTooLargeError,
-    ScrapeTruncatedError,
+    FetchAuthError,
+    FetchConnectError,
+    FetchError,
+    FetchHTTPStatusError,
+    FetchRedirectError,
+    FetchRefusedError,
+    FetchTimeoutError,
+    FetchTooLargeError,
+    FetchTruncatedError,
 )
 from controller.exposition import PageStream
 from controller.sources.limiter import Limiter
@@ -101,7 +101,7 @@ class Endpoint:
 
 
 async def get_text(session: aiohttp.ClientSession, endpoint: Endpoint, accept: str) -> str:
-    """The body of a 200 response as text, or a ScrapeError saying what went wrong."""
+    """The body of a 200 response as text, or a FetchError saying what went wrong."""
     chunks: list[str] = []
     await _get(session, endpoint, accept, chunks.append)
     return "".join(chunks)
@@ -156,7 +156,7 @@ async def _request(
             what = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
             if isinstance(exc, ValueError) and not isinstance(exc, UnicodeDecodeError):
                 what = str(exc)
-            raise ScrapeAuthError(url, f"cannot read the bearer token file: {what}") from None
+            raise FetchAuthError(url, f"cannot read the bearer token file: {what}") from None
     try:
         async with asyncio.timeout(endpoint.timeout):
             async with session.get(
@@ -165,26 +165,26 @@ async def _request(
                 if 300 <= response.status < 400:
                     where = snippet(response.headers.get("Location", ""), 80)
                     detail = f"HTTP {response.status} to {where or '(no Location)'}: not followed"
-                    raise ScrapeRedirectError(url, detail)
+                    raise FetchRedirectError(url, detail)
                 if response.status in (401, 403):
                     detail = await _status_detail(response)
-                    raise ScrapeAuthError(url, f"{detail} (is the bearer token valid and allowed?)")
+                    raise FetchAuthError(url, f"{detail} (is the bearer token valid and allowed?)")
                 if response.status != 200:
-                    raise ScrapeHTTPStatusError(url, await _status_detail(response))
+                    raise FetchHTTPStatusError(url, await _status_detail(response))
                 if declare is not None:
                     declare(response.headers.get("Content-Type"), _framed(response))
                 await _read_capped(response, endpoint, sink)
     except TimeoutError as exc:
-        raise ScrapeTimeoutError(url, f"no complete answer within {endpoint.timeout:g}s") from exc
+        raise FetchTimeoutError(url, f"no complete answer within {endpoint.timeout:g}s") from exc
     except aiohttp.ClientPayloadError as exc:
         detail = f"body cut short or badly encoded: {type(exc).__name__}"
-        raise ScrapeTruncatedError(url, detail) from exc
+        raise FetchTruncatedError(url, detail) from exc
     except (aiohttp.ClientConnectionError, OSError) as exc:
         if _refused(exc):
-            raise ScrapeRefusedError(url, f"connection refused: {exc}") from exc
-        raise ScrapeConnectError(url, f"{type(exc).__name__}: {exc}") from exc
+            raise FetchRefusedError(url, f"connection refused: {exc}") from exc
+        raise FetchConnectError(url, f"{type(exc).__name__}: {exc}") from exc
     except aiohttp.ClientError as exc:
-        raise ScrapeError(url, f"{type(exc).__name__}: {exc}") from exc
+        raise FetchError(url, f"{type(exc).__name__}: {exc}") from exc
 
 
 def _framed(response: aiohttp.ClientResponse) -> bool:
@@ -233,7 +233,7 @@ async def _read_capped(
     limit = endpoint.max_bytes
     declared = response.content_length
     if declared is not None and declared > limit:
-        raise ScrapeTooLargeError(endpoint.url, f"Content-Length {declared} > {limit}")
+        raise FetchTooLargeError(endpoint.url, f"Content-Length {declared} > {limit}")
     # UTF-8 decoded piece by piece as codecs' incremental decoder does (a character cut
     # between two chunks waits for the next), with the C function it wraps called directly
     # (what the wrapper costs: benchmarks/README.md).
@@ -243,7 +243,7 @@ async def _read_capped(
     async for chunk in response.content.iter_chunked(_CHUNK):
         size += len(chunk)
         if size > limit:
-            raise ScrapeTooLargeError(endpoint.url, f"body larger than {limit} bytes")
+            raise FetchTooLargeError(endpoint.url, f"body larger than {limit} bytes")
         since_yield += len(chunk)
         data = undecoded + chunk if undecoded else chunk
         text, used = codecs.utf_8_decode(data, "replace", False)

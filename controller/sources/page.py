@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 
 from controller.engines import ENGINES, Engine, Family, Pool
 from controller.errors import (
-    ScrapeContentTypeError,
-    ScrapeError,
-    ScrapeParseError,
-    ScrapeTruncatedError,
+    FetchContentTypeError,
+    FetchError,
+    FetchParseError,
+    FetchTruncatedError,
 )
 from controller.exposition import (
     MAX_LINE,
@@ -108,27 +108,27 @@ def read_page(
     stream.feed(text)
     try:
         return page_of(url, stream)
-    except ScrapeError as exc:
+    except FetchError as exc:
         return PodError(url=url, reason=exc.reason, detail=exc.detail)
 
 
 def page_of(url: str, stream: PageStream) -> Page:
     """What a whole page fed through ``stream`` amounts to, or why it is unusable."""
     if stream.media_type not in _METRICS_TYPES:
-        raise ScrapeContentTypeError(
+        raise FetchContentTypeError(
             url, f"served as {stream.media_type!r}, which is not a Prometheus metrics format"
         )
     stream.finish()
     if stream.size == 0:
-        raise ScrapeTruncatedError(url, "empty body")
+        raise FetchTruncatedError(url, "empty body")
     if not looks_like_exposition(stream.head):
-        raise ScrapeParseError(url, "not Prometheus text format")
+        raise FetchParseError(url, "not Prometheus text format")
     if stream.long_line:
-        raise ScrapeParseError(url, f"a line longer than {MAX_LINE} bytes: not a metrics page")
+        raise FetchParseError(url, f"a line longer than {MAX_LINE} bytes: not a metrics page")
     _check_ending(url, stream)
     found = stream.result
     if found.invalid_lines:
-        raise ScrapeParseError(
+        raise FetchParseError(
             url, f"{found.invalid_lines} malformed line(s), first: {found.first_error}"
         )
     fold = found.fold if isinstance(found.fold, Fold) else None
@@ -147,19 +147,19 @@ def _check_ending(url: str, stream: PageStream) -> None:
     """A page ends as its format says, or says why not: cut short, or a body that
     contradicts its Content-Type (named, never guessed at)."""
     if stream.openmetrics and stream.after_eof:  # Prometheus's parser: "data after # EOF"
-        raise ScrapeParseError(url, "data after '# EOF': not an OpenMetrics page")
+        raise FetchParseError(url, "data after '# EOF': not an OpenMetrics page")
     if stream.openmetrics and not stream.ended:
         if stream.whole:
-            raise ScrapeContentTypeError(
+            raise FetchContentTypeError(
                 url, "served as OpenMetrics, but the whole body has no final '# EOF'"
             )
-        raise ScrapeTruncatedError(url, f"no '# EOF' after {stream.size} bytes: cut short")
+        raise FetchTruncatedError(url, f"no '# EOF' after {stream.size} bytes: cut short")
     if not stream.ended:
         # A last line without its newline on a body that may have been cut in transit
         # (PageStream.finish): its value may be a prefix of the real one (0. of 0.97).
-        raise ScrapeTruncatedError(url, f"no final newline after {stream.size} bytes: cut short")
+        raise FetchTruncatedError(url, f"no final newline after {stream.size} bytes: cut short")
     if not stream.openmetrics and stream.result.stamped and stream.ends_with_eof:
-        raise ScrapeContentTypeError(
+        raise FetchContentTypeError(
             url,
             "served as text/plain, but the body ends with OpenMetrics' '# EOF' and its samples "
             "carry timestamps: whether they are seconds (OpenMetrics) or milliseconds (text) "

@@ -24,7 +24,7 @@ from typing import Any
 import aiohttp
 from yarl import URL
 
-from controller.errors import ScrapeError, ScrapeHTTPStatusError, ScrapeParseError
+from controller.errors import FetchError, FetchHTTPStatusError, FetchParseError
 from controller.model import ClusterMetrics
 from controller.settings import ClusterSettings, PrometheusQueries, ScrapeSettings
 from controller.settings import Querier as QuerierSettings
@@ -104,8 +104,8 @@ def answer_series(body: str, url: str) -> list[tuple[dict[str, str], float]]:
                 for value in [item["value"]]
             ]
     except (TypeError, KeyError, IndexError, ValueError, AttributeError) as exc:
-        raise ScrapeParseError(url, f"malformed result: {exc}") from exc
-    raise ScrapeParseError(url, f"unexpected result type {data.get('resultType')!r}")
+        raise FetchParseError(url, f"malformed result: {exc}") from exc
+    raise FetchParseError(url, f"unexpected result type {data.get('resultType')!r}")
 
 
 def _data(body: str, url: str) -> dict[str, Any]:
@@ -113,14 +113,14 @@ def _data(body: str, url: str) -> dict[str, Any]:
     try:
         answer = json.loads(body)
     except ValueError as exc:
-        raise ScrapeParseError(url, f"not JSON: {exc}") from exc
+        raise FetchParseError(url, f"not JSON: {exc}") from exc
     if not isinstance(answer, dict) or answer.get("status") != "success":
         kind = answer.get("errorType", "?") if isinstance(answer, dict) else "?"
         error = answer.get("error", body[:200]) if isinstance(answer, dict) else body[:200]
-        raise ScrapeHTTPStatusError(url, f"query failed ({kind}): {error}")
+        raise FetchHTTPStatusError(url, f"query failed ({kind}): {error}")
     data = answer.get("data") or {}
     if not isinstance(data, dict):
-        raise ScrapeParseError(url, "malformed answer: data is not an object")
+        raise FetchParseError(url, "malformed answer: data is not an object")
     return data
 
 
@@ -129,7 +129,7 @@ def matrix_series(body: str, url: str) -> dict[float, list[tuple[dict[str, str],
     Prometheus writes it)."""
     data = _data(body, url)
     if data.get("resultType") != "matrix":
-        raise ScrapeParseError(url, f"unexpected result type {data.get('resultType')!r}")
+        raise FetchParseError(url, f"unexpected result type {data.get('resultType')!r}")
     found: dict[float, list[tuple[dict[str, str], float]]] = {}
     try:
         for item in data.get("result") or []:
@@ -137,7 +137,7 @@ def matrix_series(body: str, url: str) -> dict[float, list[tuple[dict[str, str],
             for when, value in item["values"]:
                 found.setdefault(round(float(when), 3), []).append((labels, float(value)))
     except (TypeError, KeyError, ValueError, AttributeError) as exc:
-        raise ScrapeParseError(url, f"malformed result: {exc}") from exc
+        raise FetchParseError(url, f"malformed result: {exc}") from exc
     return found
 
 
@@ -198,14 +198,14 @@ class Querier:
         )
         result: Answers = {}
         for name, answer in zip(built, answers, strict=True):
-            if isinstance(answer, ScrapeError):
+            if isinstance(answer, FetchError):
                 result[name] = answer
             elif isinstance(answer, BaseException):
                 raise answer
             else:
                 try:
                     result.update(self._parse(name, answer))
-                except ScrapeError as exc:
+                except FetchError as exc:
                     result[name] = exc
         return result
 
@@ -232,7 +232,7 @@ class Querier:
                     if isinstance(body, BaseException):
                         raise body
                     by_time = matrix_series(body, self.base + "_range")
-                except ScrapeError as exc:
+                except FetchError as exc:
                     for t in chunk:
                         found[t][name] = exc
                     continue

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 import aiohttp
 
 from controller.engines import ENGINES, Engine
-from controller.errors import ScrapeError
+from controller.errors import FetchError
 from controller.exposition import PageStream
 from controller.model import ClusterMetrics, PodError
 from controller.settings import ClusterSettings, ScrapeSettings
@@ -33,7 +33,7 @@ async def fetch_page(
     try:
         await get_page(session, endpoint, ACCEPT_TEXT, stream)
         return page_of(endpoint.url, stream)
-    except ScrapeError as exc:
+    except FetchError as exc:
         return PodError(url=endpoint.url, reason=exc.reason, detail=exc.detail)
 
 

@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 
 from controller.app import Controller
-from controller.errors import ScrapeError
+from controller.errors import FetchError
 from controller.settings import build_settings
 from controller.sources.http import ACCEPT_TEXT, Endpoint, get_text
 from tests.support.servers import Server
@@ -113,5 +113,5 @@ async def test_a_url_no_parser_takes_fails_as_its_page_not_at_construction() -> 
     parse is a failed page of its own when read, never an error that stops its cluster."""
     endpoint = Endpoint("http://[bad/metrics", 1.0, 1024)
     async with aiohttp.ClientSession() as session:
-        with pytest.raises(ScrapeError):
+        with pytest.raises(FetchError):
             await get_text(session, endpoint, ACCEPT_TEXT)

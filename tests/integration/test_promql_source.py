@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from controller.errors import ScrapeHTTPStatusError, ScrapeParseError
+from controller.errors import FetchHTTPStatusError, FetchParseError
 from controller.model import Reason
 from controller.settings import build_settings
 from controller.sources.prometheus import (
@@ -71,20 +71,20 @@ def test_scalar_answers(body: dict[str, Any], expected: float | None) -> None:
 @pytest.mark.parametrize(
     ("body", "error"),
     [
-        ("not json", ScrapeParseError),
+        ("not json", FetchParseError),
         (
             json.dumps({"status": "error", "errorType": "bad_data", "error": "parse error"}),
-            ScrapeHTTPStatusError,
+            FetchHTTPStatusError,
         ),
         (
             json.dumps({"status": "success", "data": {"resultType": "matrix", "result": []}}),
-            ScrapeParseError,
+            FetchParseError,
         ),
         (
             json.dumps(
                 {"status": "success", "data": {"resultType": "vector", "result": [{"value": []}]}}
             ),
-            ScrapeParseError,
+            FetchParseError,
         ),
     ],
 )

@@ -20,7 +20,7 @@ import yaml
 from aiohttp import web
 
 from controller.app import Controller
-from controller.errors import ScrapeError
+from controller.errors import FetchError
 from controller.replay import replay
 from controller.settings import Settings, build_settings
 from controller.sources.answers import Asked, cluster_metrics, split
@@ -161,7 +161,7 @@ async def test_a_range_prometheus_refuses_is_each_time_s_named_error(
         querier = hub(prometheus, session)
         refused = await querier.history(start, start + 12_000, 1.0, max_steps=20_000)
     errors = [answers["kv_mean"] for answers in refused.values()]
-    assert all(isinstance(e, ScrapeError) for e in errors)
+    assert all(isinstance(e, FetchError) for e in errors)
     assert "11,000 points" in str(errors[0])
 
 

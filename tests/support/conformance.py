@@ -30,7 +30,7 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families as text_families
 
-from controller.errors import ScrapeError
+from controller.errors import FetchError
 from controller.exposition import OPENMETRICS, TEXT, Extractor, PageStream
 from controller.sources.page import page_of
 
@@ -110,7 +110,7 @@ def ours(text: str, page_format: str, names: Iterable[str], pieces: Sequence[int
         stream.feed(text[start:end])
     try:
         page = page_of("conformance", stream)
-    except ScrapeError as exc:
+    except FetchError as exc:
         return Read(None, f"{exc.reason.value}: {exc.detail}")
     found = [row(s.name, s.labels, s.value, s.timestamp) for g in page.samples.values() for s in g]
     return Read(found)

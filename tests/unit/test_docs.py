@@ -52,3 +52,28 @@ def test_the_controller_s_layout_names_every_module() -> None:
         and path.name not in block
     ]
     assert missing == [], f"not in controller/README.md's layout: {missing}"
+
+
+def test_the_error_tree_atop_errors_py_names_every_error_under_its_parent() -> None:
+    import inspect
+
+    from controller import errors
+
+    assert errors.__doc__ is not None
+    drawn: dict[str, str | None] = {}  # name → parent, from the tree's indentation
+    stack: list[tuple[int, str]] = []
+    for line in errors.__doc__.splitlines():
+        found = re.match(r"^([│ ]*(?:[├└]── )?)([A-Z]\w*Error)\b", line)
+        if found is None:
+            continue
+        depth = len(found.group(1))
+        while stack and stack[-1][0] >= depth:
+            stack.pop()
+        drawn[found.group(2)] = stack[-1][1] if stack else None
+        stack.append((depth, found.group(2)))
+    defined: dict[str, str | None] = {
+        name: cls.__bases__[0].__name__ if cls is not errors.WeightControllerError else None
+        for name, cls in inspect.getmembers(errors, inspect.isclass)
+        if issubclass(cls, errors.WeightControllerError) and cls.__module__ == errors.__name__
+    }
+    assert drawn == defined

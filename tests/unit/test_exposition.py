@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.engines import VLLM
-from controller.errors import ScrapeError
+from controller.errors import FetchError
 from controller.exposition import (
     OPENMETRICS,
     Extractor,
@@ -530,7 +530,7 @@ def _fed(text: str, piece: int, whole: bool = True) -> Page | PodError:
         stream.feed(text[start : start + piece])
     try:
         return page_of("http://pod/metrics", stream)
-    except ScrapeError as exc:
+    except FetchError as exc:
         return PodError(url="http://pod/metrics", reason=exc.reason, detail=exc.detail)
 
 
