@@ -7,16 +7,24 @@ from __future__ import annotations
 
 import ast
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 from kubernetes_asyncio import client
 from structlog.testing import capture_logs
 
+from controller import weights
 from controller.app import Controller
 from controller.fakes.clusters import Fleet, SimCluster
+from controller.model import ClusterMetrics, Target, WriteResult
+from controller.publish import Discovery
+from controller.publish.configured import implicit
+from controller.settings import build_settings
 from controller.status import render
+from controller.testing import Driver
 from tests.conftest import StartDaemon
 from tests.support.apiserver import FakeAPIServer
 from tests.support.kube import CRD, NS, kubeconfig, model, provider, settings_for, ticks, weights_of
@@ -130,34 +138,97 @@ async def test_once_is_read_only_unless_told_to_apply(
     assert [m for m, *_ in apiserver.writes()] == ["PATCH", "POST"]  # the patch and its Event
 
 
-def _calls(tree: ast.AST, names: set[str]) -> list[str]:
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call):
-            func = node.func
-            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-            if name in names:
-                found.append(name)
-    return found
+class Recording:
+    """The implicit target's publisher, with every write it is asked for kept."""
+
+    def __init__(self, clusters: list[str]) -> None:
+        self._inner = implicit(clusters)
+        self.writes: list[tuple[str, dict[str, int]]] = []
+
+    async def discover(self) -> Discovery:
+        return await self._inner.discover()
+
+    async def write(self, target: Target, desired: Mapping[str, int], why: str) -> WriteResult:
+        self.writes.append((target.key, dict(desired)))
+        return await self._inner.write(target, desired, why)
 
 
-def test_weights_are_decided_in_one_place() -> None:
-    """``weights.weigh``/``decide`` are called from the loop's weigh stage only (and ``decide``
-    from ``weigh``, which hands it to one law's ``decide``); no publisher imports the weights
-    module."""
-    callers = {}
-    for path in PACKAGE.rglob("*.py"):
-        tree = ast.parse(path.read_text())
-        found = _calls(tree, {"weigh", "decide"})
-        if found:
-            callers[str(path.relative_to(PACKAGE))] = sorted(found)
-        if path.parent.name == "publish":
-            imports = [
-                n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module
-            ]
-            assert not any(m.startswith("controller.weights") for m in imports), path
-            assert "from controller import weights" not in path.read_text(), path
-    assert callers == {
-        "reconcile/loop.py": ["weigh"],
-        "weights/__init__.py": ["decide", "decide", "decide"],  # weigh → decide → the law's
+def _story(tick: int, now: float) -> dict[str, ClusterMetrics]:
+    """East saturates with a growing queue, then cools well below the others; west holds;
+    north fails for a while and comes back."""
+    hot = 6 <= tick < 20
+    east = 0.98 if hot else (0.1 if tick >= 20 else 0.3)
+    north = None if 26 <= tick < 32 else 0.3
+    return {
+        "east": ClusterMetrics(
+            "east",
+            now,
+            0.01,
+            2,
+            2,
+            kv_mean=east,
+            kv_max=east,
+            queue_depth=10.0 * (tick - 5) if hot else 0.0,
+            running=20.0,
+        ),
+        "west": ClusterMetrics("west", now, 0.01, 2, 2, kv_mean=0.3, kv_max=0.3, running=20.0),
+        "north": ClusterMetrics(
+            "north",
+            now,
+            0.01,
+            2,
+            0 if north is None else 2,
+            kv_mean=north,
+            kv_max=north,
+            running=20.0,
+        ),
     }
+
+
+async def test_weights_are_decided_in_one_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over a story that sheds, recovers and loses a cluster, every weight the loop writes and
+    reports is what ``weights.weigh`` decided that tick, and nothing else: a second decider
+    (a step that adjusts weights after it, a publisher or stage that works its own out, under
+    any name) makes a write or the report differ from it."""
+    names = ["east", "west", "north"]
+    settings = build_settings(
+        {
+            "interval": 10,
+            "clusters": [{"name": n, "vllm_urls": ["http://127.0.0.1:1/"]} for n in names],
+        }
+    )
+    decided: list[dict[str, int]] = []  # this tick's weigh outputs
+    real = weights.weigh
+
+    def weigh(*args: Any, **kwargs: Any) -> Any:
+        desired, decision = real(*args, **kwargs)
+        decided.append(dict(desired))
+        return desired, decision
+
+    monkeypatch.setattr(weights, "weigh", weigh)
+    publisher = Recording(names)
+    driver = Driver(settings, publisher)
+    seen: set[tuple[tuple[str, int], ...]] = set()
+    for tick in range(45):
+        decided.clear()
+        written = len(publisher.writes)
+        report = await driver.tick(1000.0 + 10 * tick, _story(tick, 1000.0 + 10 * tick))
+        assert len(decided) == 1  # one target, weighed once (no conflict here)
+        outcome = report.targets["configured"].outcome
+        assert dict(outcome.desired) == decided[0]
+        assert dict(outcome.applied) == decided[0]
+        assert [w for _, w in publisher.writes[written:]] in ([], [decided[0]])
+        assert {n: v.share for n, v in report.clusters.items()} == decided[0]
+        seen.add(tuple(sorted(decided[0].items())))
+    print(sorted(seen))
+    assert len(seen) >= 4, seen  # the story moved the weights: shed, given back, lost one
+    assert len(publisher.writes) >= 3
+
+
+def test_no_publisher_imports_the_weights_module() -> None:
+    """Publishers write what they are handed; deciding is not theirs."""
+    for path in (PACKAGE / "publish").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        imports = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
+        assert not any(m.startswith("controller.weights") for m in imports), path
+        assert "from controller import weights" not in path.read_text(), path
