@@ -387,29 +387,34 @@ def elector_settings(identity: str) -> Any:
     return LeaderSettings(identity=identity, **LEASE)
 
 
+def elector(api: client.ApiClient, settings: Any) -> Any:
+    """An elector on the loop's clock: under looptime, the loop's virtual time (the API
+    double's answers take none of it), so its waits and deadlines are exact, never the CPU's."""
+    from controller.kube.leader import LeaderElector
+
+    return LeaderElector(api, settings, monotonic=asyncio.get_running_loop().time)
+
+
 @contextlib.asynccontextmanager
 async def leading(api: client.ApiClient, identity: str = "a") -> AsyncIterator[Any]:
     """An elector that has taken the Lease; stopped (and the Lease released) on exit."""
-    from controller.kube.leader import LeaderElector
-
-    elector = LeaderElector(api, elector_settings(identity))
+    leader = elector(api, elector_settings(identity))
     stop = asyncio.Event()
-    task = asyncio.create_task(elector.run(stop))
-    await wait_until(elector.is_leader, 3)
+    task = asyncio.create_task(leader.run(stop))
+    await wait_until(leader.is_leader, 3)
     try:
-        yield elector
+        yield leader
     finally:
         stop.set()
         await task
 
 
+@pytest.mark.looptime
 async def test_two_electors_race_and_exactly_one_leads(
     apiserver: FakeAPIServer, api: client.ApiClient
 ) -> None:
-    from controller.kube.leader import LeaderElector
-
-    a = LeaderElector(api, elector_settings("a"))
-    b = LeaderElector(api, elector_settings("b"))
+    a = elector(api, elector_settings("a"))
+    b = elector(api, elector_settings("b"))
     stop = asyncio.Event()
     tasks = [asyncio.create_task(e.run(stop)) for e in (a, b)]
     await wait_until(lambda: a.is_leader() or b.is_leader(), 3)
@@ -421,13 +426,12 @@ async def test_two_electors_race_and_exactly_one_leads(
     await asyncio.gather(*tasks)
 
 
+@pytest.mark.looptime
 async def test_lease_expiry_takeover_and_release(
     apiserver: FakeAPIServer, api: client.ApiClient
 ) -> None:
-    from controller.kube.leader import LeaderElector
-
-    a = LeaderElector(api, elector_settings("a"))
-    b = LeaderElector(api, elector_settings("b"))
+    a = elector(api, elector_settings("a"))
+    b = elector(api, elector_settings("b"))
     stop_a, stop_b = asyncio.Event(), asyncio.Event()
     task_a = asyncio.create_task(a.run(stop_a))
     await wait_until(a.is_leader, 3)
@@ -437,11 +441,13 @@ async def test_lease_expiry_takeover_and_release(
     task_a.cancel()  # a crash: no release; b must wait out the lease
     took = await wait_until(b.is_leader, 5)
     assert not a.is_leader()  # a's fence expired before b could take over
-    assert took <= LEASE["lease_duration"] + 2 * LEASE["retry_period"] + 0.3, took
+    # on the loop's virtual clock: never before a's last renewal could have run out
+    duration, retry = LEASE["lease_duration"], LEASE["retry_period"]
+    assert duration - retry <= took <= duration + 2 * retry + 0.1, took
     lease = await client.CoordinationV1Api(api).read_namespaced_lease("weight-controller", NS)
     assert lease.spec.holder_identity == "b" and lease.spec.lease_transitions == 1
     # a graceful stop releases the lease: a new candidate gets it at once
-    c = LeaderElector(api, elector_settings("c"))
+    c = elector(api, elector_settings("c"))
     stop_c = asyncio.Event()
     task_c = asyncio.create_task(c.run(stop_c))
     stop_b.set()
@@ -452,13 +458,15 @@ async def test_lease_expiry_takeover_and_release(
     await task_c
 
 
+@pytest.mark.looptime
 async def test_leader_stops_writing_when_it_cannot_renew(
     apiserver: FakeAPIServer, api: client.ApiClient
 ) -> None:
     async with leading(api) as a:
         await apiserver.stop()  # the API server goes away: renewals fail
         took = await wait_until(lambda: not a.is_leader(), 3)
-        assert took <= LEASE["renew_deadline"] + 0.3
+        # its fence is renew_deadline from its last renewal, at most a retry period ago
+        assert took <= LEASE["renew_deadline"] + 0.05, took
         await apiserver.start()
         await wait_until(a.is_leader, 3)
 
@@ -627,17 +635,17 @@ async def test_the_fence_refuses_a_write_that_could_outlive_it() -> None:
         assert not elector.is_leader()
 
 
+@pytest.mark.looptime
 async def test_a_rolling_update_that_shortens_the_lease_never_gives_two_writers(
     apiserver: FakeAPIServer, api: client.ApiClient
 ) -> None:
-    from controller.kube.leader import LeaderElector
     from controller.settings import LeaderSettings
 
     # the old replica promises 3 s; the new one is configured with 1.5 s
-    old = LeaderElector(
+    old = elector(
         api, LeaderSettings(identity="old", lease_duration=3, renew_deadline=2, retry_period=0.2)
     )
-    new = LeaderElector(api, elector_settings("new"))
+    new = elector(api, elector_settings("new"))
     stop_old, stop_new = asyncio.Event(), asyncio.Event()
     task_old = asyncio.create_task(old.run(stop_old))
     await wait_until(old.is_leader, 3)
@@ -656,17 +664,16 @@ async def test_a_rolling_update_that_shortens_the_lease_never_gives_two_writers(
     await task_new
 
 
+@pytest.mark.looptime
 async def test_taking_a_released_lease_counts_a_transition(
     apiserver: FakeAPIServer, api: client.ApiClient
 ) -> None:
-    from controller.kube.leader import LeaderElector
-
     counts = []
     for identity in ("a", "b", "c"):
-        elector = LeaderElector(api, elector_settings(identity))
+        leader = elector(api, elector_settings(identity))
         stop = asyncio.Event()
-        task = asyncio.create_task(elector.run(stop))
-        await wait_until(elector.is_leader, 3)
+        task = asyncio.create_task(leader.run(stop))
+        await wait_until(leader.is_leader, 3)
         lease = await client.CoordinationV1Api(api).read_namespaced_lease("weight-controller", NS)
         counts.append(lease.spec.lease_transitions)
         stop.set()  # graceful: releases the Lease
@@ -674,6 +681,7 @@ async def test_taking_a_released_lease_counts_a_transition(
     assert counts == [0, 1, 2]
 
 
+@pytest.mark.looptime
 async def test_a_renewal_is_retried_until_the_renew_deadline(
     apiserver: FakeAPIServer, api: client.ApiClient
 ) -> None:
@@ -687,6 +695,7 @@ async def test_a_renewal_is_retried_until_the_renew_deadline(
     assert not any(e["event"] == "leadership lost" for e in logs)
 
 
+@pytest.mark.looptime
 async def test_a_slow_renewal_is_waited_for_within_the_renew_deadline(
     apiserver: FakeAPIServer, api: client.ApiClient
 ) -> None:
