@@ -92,6 +92,19 @@ def _parser() -> argparse.ArgumentParser:
         help="also replay a candidate weights setting on the same history, side by side "
         "(repeat for more candidates; KEY=VALUE,KEY=VALUE for one of several settings)",
     )
+    loop = replay.add_mutually_exclusive_group()
+    loop.add_argument(
+        "--recorded",
+        metavar="NAME=WEIGHT,...",
+        help="the split in force while the history was recorded, every cluster named (the "
+        "even split if not given): each cluster's recorded load is moved with its replayed "
+        "share over this one",
+    )
+    loop.add_argument(
+        "--open-loop",
+        action="store_true",
+        help="feed the recorded signals as they were, not moved with the replayed weights",
+    )
     replay.add_argument("--json", type=Path, help="also write every tick and the summary here")
     replay.add_argument(
         "--plot", type=Path, help="draw weights and KV per cluster over the window (PNG)"
@@ -445,16 +458,20 @@ async def _replay(settings: Settings, args: argparse.Namespace) -> int:
         item: replay.replay_settings(settings, replay.check_overrides(item.split(",")), *where)
         for item in args.compare
     }
+    names = [c.name for c in chosen.clusters]
+    response = None if args.open_loop else replay.recorded_split(args.recorded, names)
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
             history = await replay.read_history(chosen, start, end, session)
-        summary = await replay.run(chosen, history, keep)
-        others = {item: await replay.run(s, history) for item, s in candidates.items()}
+        summary = await replay.run(chosen, history, keep, response)
+        others = {
+            item: await replay.run(s, history, None, response) for item, s in candidates.items()
+        }
     except replay.ReplayError as exc:
         print(f"replay: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    names = [c.name for c in chosen.clusters]
-    print(replay.table(summary, names))
+    loop = replay.loop_line(response)
+    print(replay.table(summary, names, loop))
     if others:
         label = ",".join(args.set) or "the config's"
         print()
@@ -463,13 +480,13 @@ async def _replay(settings: Settings, args: argparse.Namespace) -> int:
         document = {
             "summary": summary.row(names),
             "compared": {item: other.row(names) for item, other in others.items()},
-            "open_loop": replay.OPEN_LOOP,
+            "loop": loop,
             "ticks": records,
         }
         args.json.write_text(json.dumps(document, indent=2) + "\n")
     if args.plot is not None:
         try:
-            replay.plot(trace, args.plot)
+            replay.plot(trace, args.plot, closed=response is not None)
         except replay.ReplayError as exc:
             print(f"replay: {exc}", file=sys.stderr)
             return EXIT_CONFIG

@@ -7,9 +7,14 @@ weights, actuation) runs a tick at each step on a virtual clock (``testing.Drive
 what the live source would have read then (``answers.cluster_metrics``). Nothing is written
 anywhere: the loop decides for the implicit target over the config's clusters.
 
-Open loop, and said so: the recorded signals followed the weights that were in force then,
-not the replayed ones. A replay shows when and how often the controller would have moved
-traffic from what the clusters showed; it cannot show what that traffic would have done.
+The recorded signals followed the weights that were in force then, not the replayed ones. By
+default the loop is closed to first order (``Response``): each cluster's routed load (KV use,
+queue, running requests, request rates) is moved with its replayed share of the traffic over
+its recorded share, so a cluster the replay shed cools and is given back, as it would have
+been. That is a model, and said so: load that no weight moves (local traffic) is moved too,
+and nothing else of the world (latency, saturation's own queue) is. ``--open-loop`` feeds the
+recorded signals as they were: exactly what the loop would have decided from what the
+clusters showed, tick by tick, but never what its own moves would have done.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +30,7 @@ import aiohttp
 
 from controller.churn import largest_step, reversals
 from controller.errors import ConfigError, FetchError
-from controller.model import IMPLICIT_TARGET, Write
+from controller.model import IMPLICIT_TARGET, ClusterMetrics, Write
 from controller.render import report_json
 from controller.settings import Settings, build_settings
 from controller.sources.answers import Answers, Asked, cluster_metrics
@@ -41,6 +46,59 @@ OPEN_LOOP = (
     "open loop: the recorded signals followed the weights in force then, not these; this "
     "shows when and how often it would have moved traffic, not what that traffic would have done"
 )
+CLOSED_LOOP = (
+    "closed loop, first order: each cluster's KV use, queue, running requests and request "
+    "rates moved with its replayed share over its recorded share ({recorded}); local traffic "
+    "is moved with them, latency is not"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    """How the recorded load follows the replayed weights: a cluster's routed load scales with
+    its share of the traffic, so a reading taken while it held ``recorded`` (its share then,
+    0..1) is moved to the share the replay gives it. A cluster that held none then is read as
+    recorded (what it would have carried is not in the history)."""
+
+    recorded: Mapping[str, float]
+
+    @classmethod
+    def of(cls, weights: Mapping[str, float]) -> Response:
+        total = sum(weights.values())
+        return cls({name: w / total for name, w in weights.items()})
+
+    def factors(self, applied: Mapping[str, int]) -> dict[str, float]:
+        """Each cluster's load factor under ``applied`` (the replay's weights in force)."""
+        total = sum(applied.values())
+        found: dict[str, float] = {}
+        for name, then in self.recorded.items():
+            now = applied.get(name, 0) / total if total > 0 else then
+            found[name] = now / then if then > 0 else 1.0
+        return found
+
+    def describe(self) -> str:
+        return ", ".join(f"{n} {100 * s:.0f}%" for n, s in self.recorded.items())
+
+
+def responded(metrics: ClusterMetrics, factor: float) -> ClusterMetrics:
+    """``metrics`` with the cluster's routed load scaled by ``factor`` (``Response``): KV use
+    (at most full), queue, running requests, requests arrived and completed."""
+    if factor == 1.0:
+        return metrics
+
+    def scaled(value: float | None, cap: float = math.inf) -> float | None:
+        return None if value is None else min(cap, value * factor)
+
+    return replace(
+        metrics,
+        kv_mean=scaled(metrics.kv_mean, 1.0),
+        kv_max=scaled(metrics.kv_max, 1.0),
+        queue_depth=scaled(metrics.queue_depth),
+        queue_per_pod=scaled(metrics.queue_per_pod),
+        running=scaled(metrics.running),
+        arrived=scaled(metrics.arrived),
+        completed=scaled(metrics.completed),
+    )
 
 
 class ReplayError(Exception):
@@ -71,6 +129,10 @@ class Summary:
             "writes_per_hour": round(len(self.published) / self.hours, 1),
             "reversals_per_hour": round(reversals(self.published, names) / self.hours, 1),
             "largest_step": largest_step(self.published, names) if self.published else 0,
+            # how deep each cluster was shed: its least weight over the window
+            "lowest": {n: min(w.get(n, 0) for _, w in self.published) for n in names}
+            if self.published
+            else {},
             "ticks_per_mode": dict(self.modes),
             "health_changes": dict(self.health_changes),
             "shed": [{"time": t, "cluster": c} for t, c in self.shed],
@@ -174,17 +236,27 @@ async def read_history(
     return History(start, end, times, read, {name: s.asked() for name, s in found.items()})
 
 
-async def run(settings: Settings, history: History, on_tick: Any = None) -> Summary:
+async def run(
+    settings: Settings,
+    history: History,
+    on_tick: Any = None,
+    response: Response | None = None,
+) -> Summary:
     """The loop over ``history`` with ``settings`` (the config's, or a candidate's);
-    ``on_tick(time, report)`` sees every tick."""
+    ``on_tick(time, report)`` sees every tick. ``response``: the recorded load moved with the
+    replayed weights (closed loop); ``None``: the recorded signals as they were (open loop)."""
     driver = Driver(settings, start=history.start)
     summary = Summary(history.start, history.end)
     previous: float | None = None
     seen_kv = False
     last: dict[str, int] | None = None
+    factors: dict[str, float] = {}  # before the first decision, the recorded split holds
     for at in history.times:
         metrics = {
-            name: cluster_metrics(name, answers[at], history.asked[name], at, 0.0, previous)
+            name: responded(
+                cluster_metrics(name, answers[at], history.asked[name], at, 0.0, previous),
+                factors.get(name, 1.0),
+            )
             for name, answers in history.answers.items()
         }
         summary.unknown += sum(1 for m in metrics.values() if m.kv_mean is None)
@@ -192,6 +264,9 @@ async def run(settings: Settings, history: History, on_tick: Any = None) -> Summ
         report = await driver.tick(at, metrics)
         previous = at
         last = _account(summary, at, report, last)
+        target = report.targets.get(IMPLICIT_TARGET)
+        if response is not None and target is not None:
+            factors = response.factors(target.outcome.applied)
         if on_tick is not None:
             on_tick(at, report)
     if not seen_kv:
@@ -209,9 +284,11 @@ async def replay(
     end: float,
     session: aiohttp.ClientSession,
     on_tick: Any = None,
+    response: Response | None = None,
 ) -> Summary:
     """Read the window and run the loop over it (``read_history``, then ``run``)."""
-    return await run(settings, await read_history(settings, start, end, session), on_tick)
+    history = await read_history(settings, start, end, session)
+    return await run(settings, history, on_tick, response)
 
 
 def _account(
@@ -238,7 +315,8 @@ def _account(
 
 @dataclass(slots=True)
 class Trace:
-    """Each tick's weights as replayed and KV as recorded, per cluster: what ``plot`` draws."""
+    """Each tick's weights as replayed and KV as the loop read it, per cluster: what ``plot``
+    draws."""
 
     times: list[float] = field(default_factory=list)
     weights: dict[str, list[float]] = field(default_factory=dict)
@@ -254,8 +332,9 @@ class Trace:
             self.weights.setdefault(name, []).append(float(applied.get(name, math.nan)))
 
 
-def plot(trace: Trace, path: Path) -> None:
-    """Weights as replayed and KV as recorded per cluster over the window (matplotlib, the
+def plot(trace: Trace, path: Path, closed: bool = False) -> None:
+    """Weights as replayed and KV as fed to the loop per cluster over the window (``closed``:
+    the recorded load moved with the replayed weights; else as recorded) with matplotlib (the
     ``plot`` extra); a tick without a reading is a gap, never 0."""
     try:
         import matplotlib
@@ -273,10 +352,14 @@ def plot(trace: Trace, path: Path) -> None:
         weights.plot(minutes, trace.weights[name], label=name)
         kv.plot(minutes, trace.kv[name], label=name)
     weights.set_ylabel("weight, replayed")
-    kv.set_ylabel("KV use, recorded")
+    kv.set_ylabel("KV use, moved with the weights" if closed else "KV use, recorded")
     kv.set_xlabel("minutes from --start")
     weights.legend(loc="upper right")
-    weights.set_title("replay (open loop: the recorded KV followed the weights in force then)")
+    weights.set_title(
+        "replay (closed loop, first order: the recorded load moved with the replayed weights)"
+        if closed
+        else "replay (open loop: the recorded KV followed the weights in force then)"
+    )
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -302,7 +385,41 @@ def compared(rows: Mapping[str, Summary], names: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-def table(summary: Summary, names: Sequence[str]) -> str:
+def recorded_split(given: str | None, names: Sequence[str]) -> Response:
+    """``--recorded NAME=WEIGHT,...``: the split in force while the history was recorded, every
+    cluster named; the even split when not given. A bad one is a ConfigError."""
+    if given is None:
+        return Response.of(dict.fromkeys(names, 1.0))
+    weights: dict[str, float] = {}
+    for item in given.split(","):
+        name, sep, value = item.strip().partition("=")
+        try:
+            weight = float(value)
+        except ValueError:
+            weight = math.nan
+        if not sep or name not in names or not (0 <= weight < math.inf):
+            raise ConfigError(
+                [
+                    f"--recorded {item.strip()!r}: expected NAME=WEIGHT, a cluster of the config "
+                    "and a weight of 0 or more"
+                ]
+            )
+        weights[name] = weight
+    missing = [n for n in names if n not in weights]
+    if missing or sum(weights.values()) <= 0:
+        why = f"names no weight for {', '.join(missing)}" if missing else "gives no traffic"
+        raise ConfigError([f"--recorded {given!r}: {why} (name every cluster)"])
+    return Response.of(weights)
+
+
+def loop_line(response: Response | None) -> str:
+    """What the replay fed the loop, said with its result."""
+    if response is None:
+        return OPEN_LOOP
+    return CLOSED_LOOP.format(recorded="recorded split " + response.describe())
+
+
+def table(summary: Summary, names: Sequence[str], loop: str = OPEN_LOOP) -> str:
     row = summary.row(names)
     lines = [
         f"replayed {row['ticks']} ticks ({summary.hours:.1f} h) of {', '.join(names)}",
@@ -316,7 +433,7 @@ def table(summary: Summary, names: Sequence[str]) -> str:
     ]
     for shed in row["shed"]:
         lines.append(f"  shed {shed['cluster']} at {shed['time']:.0f}")
-    lines.append(f"  ({OPEN_LOOP})")
+    lines.append(f"  ({loop})")
     return "\n".join(lines)
 
 
