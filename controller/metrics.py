@@ -49,6 +49,7 @@ class ControllerMetrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         new = _Factory(registry)
+        self._pages: dict[str, Counter] = {}  # each cluster's pages counter, looked up once
         # Fleet-wide: a histogram per cluster would be 14 series each (most of the page at a
         # few hundred clusters); each cluster's last fetch time is a gauge in the state instead.
         self.scrape_duration = new.histogram(
@@ -154,7 +155,7 @@ class ControllerMetrics:
         """Create every labelled series at 0, so rate() and alerts see them from the start."""
         for to in ("healthy", "unhealthy"):
             self.health_transitions.labels(cluster, to)
-        self.scrape_pages.labels(cluster)
+        self._pages[cluster] = self.scrape_pages.labels(cluster)
         self.invalid_samples.labels(cluster)
         self.duplicate_samples.labels(cluster)
 
@@ -165,7 +166,8 @@ class ControllerMetrics:
 
     def count_fetch(self, metrics: ClusterMetrics) -> None:
         self.scrape_duration.observe(metrics.duration)
-        self.scrape_pages.labels(metrics.cluster).inc(max(metrics.pages, len(metrics.errors)))
+        pages = self._pages.get(metrics.cluster) or self.scrape_pages.labels(metrics.cluster)
+        pages.inc(max(metrics.pages, len(metrics.errors)))
         for error in metrics.errors:
             self.scrape_errors.labels(metrics.cluster, error.reason.value).inc()
         if metrics.invalid_samples:

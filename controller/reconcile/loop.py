@@ -305,10 +305,7 @@ class Reconciler:
         for key in self._memory.keys() - views.keys():
             del self._memory[key]
         only = next(iter(views.values())) if len(views) == 1 else None
-        shares = {
-            name: _cluster_share(only.outcome, name) if only else None
-            for name in self._fleet.sources
-        }
+        shares = _cluster_shares(only.outcome) if only else {}
         duration = time.perf_counter() - began
         self._metrics.reconcile_duration.observe(duration)
         self._metrics.last_reconcile.set(now)
@@ -429,13 +426,18 @@ async def on_the_grid(
         await wait_or_stop(stop, next_at - loop.time())
 
 
-def _cluster_share(outcome: TargetDecision, cluster: str) -> int | None:
-    """A cluster's share of the only target's traffic as applied, in whole points."""
-    shares = [
-        outcome.share(ref) for ref, mapped in outcome.target.clusters.items() if mapped == cluster
-    ]
-    known = [s for s in shares if s is not None]
-    return round(sum(known)) if known else None
+def _cluster_shares(outcome: TargetDecision) -> dict[str, int]:
+    """Each mapped cluster's share of the only target's traffic as applied, in whole points
+    (its refs' together); none while the target holds no traffic."""
+    total = sum(outcome.applied.values())
+    if total <= 0:
+        return {}
+    shares: dict[str, float] = {}
+    for ref in outcome.target.refs:
+        if ref.cluster is not None:
+            share = 100.0 * outcome.applied.get(ref.name, 0) / total
+            shares[ref.cluster] = shares.get(ref.cluster, 0.0) + share
+    return {cluster: round(share) for cluster, share in shares.items()}
 
 
 async def wait_or_stop(stop: asyncio.Event, seconds: float) -> None:
