@@ -19,6 +19,7 @@ from controller.model import CapacityFrom, ClusterMetrics, Latency, PodError, Re
 from controller.sources import kv_tokens_problem, pod_count_problem
 
 REQUIRED = ("kv_mean",)  # without it a cluster cannot be weighed
+_REQUIRED = frozenset(REQUIRED)
 NAMES = (
     "kv_mean",
     "kv_max",
@@ -139,16 +140,17 @@ def cluster_metrics(
     between them."""
     values: dict[str, float | None] = {}
     errors: list[PodError] = []
+    mine = asked.value
     for query, answer in answers.items():
-        if isinstance(answer, FetchError):
-            url = f"{asked.base} ({query})"
-            # a querier that refuses is down, which says nothing of the cluster
-            reason = Reason.CONNECT if answer.reason is Reason.REFUSED else answer.reason
-            errors.append(PodError(url, reason, answer.detail))
-        else:
-            values[query] = answer.get(asked.value)
-    pages = sum(1 for query in answers if query not in (POOL_PODS, TOKEN_PODS))
-    if any(query not in values for query in REQUIRED):
+        if isinstance(answer, dict):
+            values[query] = answer.get(mine)
+            continue
+        url = f"{asked.base} ({query})"
+        # a querier that refuses is down, which says nothing of the cluster
+        reason = Reason.CONNECT if answer.reason is Reason.REFUSED else answer.reason
+        errors.append(PodError(url, reason, answer.detail))
+    pages = len(answers) - (POOL_PODS in answers) - (TOKEN_PODS in answers)
+    if not values.keys() >= _REQUIRED:
         failed = tuple(errors[:1])
         return ClusterMetrics(name, started, duration, 1, 0, errors=failed, pages=pages)
     values, refused = _checked(values, asked)
