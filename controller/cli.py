@@ -181,7 +181,6 @@ EXIT_RUNTIME = 1
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    lean_metrics()
     try:
         return _dispatch(args)
     except OSError as exc:  # e.g. the metrics port is taken: say so, no traceback
@@ -193,7 +192,8 @@ def lean_metrics() -> None:
     """No ``*_created`` series on any registry of this process: a third of ``/metrics`` at 200
     clusters, and Prometheus's ``rate()`` has no use for them (the process's own start time is
     ``process_start_time_seconds``). prometheus_client's switch is process-wide, so it is set
-    here, once, at start-up."""
+    here, once, at start-up (of the commands that run the loop: the quick ones never load
+    prometheus_client)."""
     from prometheus_client import disable_created_metrics
 
     disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -211,11 +211,12 @@ def _dispatch(args: argparse.Namespace) -> int:
 def _command(args: argparse.Namespace) -> int:
     if args.command == "check-config":
         return _check_config(args.path)
-    if args.command == "simulate":
-        return _simulate(args)
     if args.command == "status":
         access = (args.token_file, args.ca_file)
         return asyncio.run(_status(args.url, args.explain, args.output, args.watch, access))
+    lean_metrics()  # each command from here runs the loop, with a registry (run serves it)
+    if args.command == "simulate":
+        return _simulate(args)
     if args.command == "demo":
         from controller.demo.runner import run_demo
 

@@ -21,7 +21,7 @@ from tests.support.apiserver import FakeAPIServer
 from tests.support.daemon import Daemon
 from tests.support.servers import Handler, Server
 
-# Controllers built in this process run as the daemon does: cli.main sets this at start-up.
+# Controllers built in this process run as the daemon does: the CLI sets this at start-up.
 lean_metrics()
 
 StartDaemon = Callable[..., Awaitable[Daemon]]

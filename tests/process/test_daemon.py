@@ -47,7 +47,7 @@ async def test_once_cli_prints_json(daemon: StartDaemon) -> None:
 
 
 async def test_the_process_exports_no_created_series(daemon: StartDaemon) -> None:
-    """cli.main switches prometheus_client's ``*_created`` series off once, at start-up."""
+    """The CLI switches prometheus_client's ``*_created`` series off once, at start-up."""
     async with fleet() as sims:
         child = await daemon(config_for(sims), "run")
         await child.wait_ready()
