@@ -77,3 +77,12 @@ def test_the_error_tree_atop_errors_py_names_every_error_under_its_parent() -> N
         if issubclass(cls, errors.WeightControllerError) and cls.__module__ == errors.__name__
     }
     assert drawn == defined
+
+
+def test_the_commit_msg_hook_refuses_a_subject_past_72_characters(tmp_path: Path) -> None:
+    hook = ROOT / ".githooks" / "commit-msg"
+    for subject, code in (("a" * 72, 0), ("é" * 72, 0), ("a" * 73, 1), ("", 1)):
+        message = tmp_path / "MSG"
+        message.write_text(f"# git's note\n{subject}\n\nThe why, with figures, at any length.\n")
+        done = subprocess.run([str(hook), str(message)], capture_output=True, text=True)
+        assert done.returncode == code, (len(subject), done.stderr)
