@@ -417,10 +417,11 @@ def _check_config(path: Path) -> int:
 
 
 def _moved(path: Path | None) -> list[str]:
-    """The fields the file sets where they used to be (``settings.moved``)."""
+    """The fields the file or the environment sets where they used to be
+    (``settings.moved``)."""
     from controller.settings import moved, read_yaml
 
-    return moved(read_yaml(path)) if path is not None else []
+    return moved(read_yaml(path) if path is not None else {}, os.environ)
 
 
 def _when(flag: str, text: str) -> float:

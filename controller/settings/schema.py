@@ -21,6 +21,8 @@ from pydantic import (
     ConfigDict,
     Field,
     HttpUrl,
+    TypeAdapter,
+    ValidationError,
     field_validator,
     model_validator,
 )
@@ -990,32 +992,59 @@ class LogSettings(_Group):
 MOVED = {("scrape", "min_pod_fraction"): ("health", "min_pod_fraction")}
 
 
-def moved(data: Mapping[str, Any]) -> list[str]:
-    """A line for each field ``data`` (a config mapping, as read) sets at its old place."""
-    return [
-        f"{group}.{name} has moved to {new[0]}.{new[1]}: it is read there; write it there"
-        for (group, name), new in MOVED.items()
-        if isinstance(data.get(group), Mapping) and name in data[group]
-    ]
+def moved(data: Mapping[str, Any], environ: Mapping[str, str]) -> list[str]:
+    """A line for each field ``data`` (a config mapping, as read) or ``environ`` sets at its
+    old place."""
+    lines = []
+    for (group, name), (to, field) in MOVED.items():
+        if isinstance(data.get(group), Mapping) and name in data[group]:
+            lines.append(
+                f"{group}.{name} has moved to {to}.{field}: it is read there; write it there"
+            )
+        old, new = _env_name(group, name), _env_name(to, field)
+        if any(key.upper() == old for key in environ):
+            lines.append(f"{old} has moved to {new}: it is read there; set that instead")
+    return lines
 
 
-def _moved_in(data: dict[str, Any]) -> dict[str, Any]:
-    """``data`` with each field of ``MOVED`` at its new place; both set is a field error."""
+def _env_name(group: str, name: str) -> str:
+    return f"{ENV_PREFIX}{group}__{name}".upper()
+
+
+def _moved_in(data: dict[str, Any], groups: Mapping[str, Any]) -> dict[str, Any]:
+    """``data`` with each field of ``MOVED`` at its new place (``groups``: each group's
+    model), its value checked under its old name; set at both places to different values
+    is a field error (the same value twice is what a config read back looks like)."""
     for (group, name), (to, field) in MOVED.items():
         old = data.get(group)
         if not isinstance(old, Mapping) or name not in old:
             continue
-        new = data.get(to) or {}
-        if not isinstance(new, Mapping):
-            continue  # the group's own validation says what is wrong with it
-        if field in new:
-            raise ValueError(
-                f"{group}.{name}: set beside {to}.{field}, where it has moved; keep only "
-                f"{to}.{field}"
-            )
         kept = {k: v for k, v in old.items() if k != name}
-        data = {**data, group: kept, to: {**new, field: old[name]}}
+        new = data.get(to, {})
+        if not isinstance(new, Mapping):  # the group's own validation says what is wrong
+            data = {**data, group: kept}
+            continue
+        info = groups[to].model_fields[field]
+        value = _field_value(info, old[name], f"{group}.{name}")
+        if field in new and _field_value(info, new[field], None) != value:
+            raise ValueError(
+                f"{group}.{name} ({value:g}) is set beside {to}.{field} ({new[field]}), where "
+                f"it has moved: keep only {to}.{field} (in the file, or as "
+                f"{_env_name(to, field)}; the old one may come from {_env_name(group, name)})"
+            )
+        data = {**data, group: kept, to: {**new, field: value}}
     return data
+
+
+def _field_value(info: Any, value: Any, where: str | None) -> Any:
+    """``value`` validated as the field ``info`` describes; a bad one is a ValueError naming
+    ``where`` (``None``: returned as it is, for the group's own validation to name)."""
+    try:
+        return TypeAdapter(Annotated[info.annotation, info]).validate_python(value)
+    except ValidationError as exc:
+        if where is None:
+            return value
+        raise ValueError(f"{where}: {exc.errors()[0]['msg']}") from None
 
 
 class Settings(BaseSettings):
@@ -1085,7 +1114,7 @@ class Settings(BaseSettings):
         and clusters works (scrape.timeout defaults to min(3s, interval / 2))."""
         if not isinstance(data, dict):
             return data
-        data = _moved_in(data)
+        data = _moved_in(data, {n: f.annotation for n, f in cls.model_fields.items()})
         interval = seconds(data.get("interval", INTERVAL))
         scrape = data.get("scrape") or {}
         if interval is not None and isinstance(scrape, dict) and "timeout" not in scrape:

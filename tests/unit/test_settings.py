@@ -299,7 +299,9 @@ def test_run_refuses_a_missing_file_before_starting(tmp_path: Path) -> None:
     ]
 
 
-def test_a_moved_field_is_read_at_its_new_place_and_said_to_have_moved(tmp_path: Path) -> None:
+def test_a_moved_field_is_read_at_its_new_place_and_said_to_have_moved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     old = MINIMAL + "scrape: {min_pod_fraction: 0.25}\n"
     done = cli("check-config", str(write(tmp_path, old)))
     assert done.returncode == 0, done.stderr
@@ -310,16 +312,39 @@ def test_a_moved_field_is_read_at_its_new_place_and_said_to_have_moved(tmp_path:
         "config note: scrape.min_pod_fraction has moved to health.min_pod_fraction: it is read "
         "there; write it there"
     ]
-    # the environment's old spelling moves too, with nothing to say about the file
+    # the environment's old spelling moves too, and is said to have moved
     env = {"WEIGHT_CONTROLLER_SCRAPE__MIN_POD_FRACTION": "0.75"}
     done = cli("check-config", str(write(tmp_path, MINIMAL)), env=env)
-    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "config note: WEIGHT_CONTROLLER_SCRAPE__MIN_POD_FRACTION has moved to "
+        "WEIGHT_CONTROLLER_HEALTH__MIN_POD_FRACTION: it is read there; set that instead"
+    ]
     assert yaml.safe_load(done.stdout)["health"]["min_pod_fraction"] == 0.75
+    # settings read back (replay rebuilds them) with the old variable still set: one value
+    monkeypatch.setenv("WEIGHT_CONTROLLER_SCRAPE__MIN_POD_FRACTION", "0.75")
+    settings = load_settings(write(tmp_path, MINIMAL))
+    assert settings.health.min_pod_fraction == 0.75
+    again = Settings(**settings.model_dump(mode="json", exclude_unset=True))
+    assert again.health.min_pod_fraction == settings.health.min_pod_fraction
 
 
-def test_a_moved_field_set_at_both_places_is_refused(tmp_path: Path) -> None:
-    both = MINIMAL + "scrape: {min_pod_fraction: 0.25}\nhealth: {min_pod_fraction: 0.5}\n"
-    done = cli("check-config", str(write(tmp_path, both)))
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        (
+            "scrape: {min_pod_fraction: 0.25}\nhealth: {min_pod_fraction: 0.5}\n",
+            "scrape.min_pod_fraction (0.25) is set beside health.min_pod_fraction (0.5)",
+        ),
+        ("scrape: {min_pod_fraction: 2}\n", "scrape.min_pod_fraction: Input should be less"),
+        ("scrape: {min_pod_fraction: x}\n", "scrape.min_pod_fraction: Input should be a valid"),
+        ("scrape: {min_pod_fraction: 0.3}\nhealth: null\n", "health: Input should be a valid"),
+    ],
+)
+def test_a_moved_field_set_twice_or_badly_is_refused_by_its_old_name(
+    tmp_path: Path, text: str, line: str
+) -> None:
+    done = cli("check-config", str(write(tmp_path, MINIMAL + text)))
     assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
-    assert "scrape.min_pod_fraction: set beside health.min_pod_fraction" in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"config error: {line}"), done.stderr
