@@ -40,8 +40,12 @@ async def apiserver(request: pytest.FixtureRequest) -> AsyncIterator[FakeAPIServ
 
 @pytest.fixture
 async def api(apiserver: FakeAPIServer) -> AsyncIterator[client.ApiClient]:
-    """The real kubernetes-asyncio client, pointed at the double."""
+    """The real kubernetes-asyncio client, pointed at the double. Its session trusts the
+    environment for proxies (``trust_env``, fixed in kubernetes-asyncio), which looks each
+    request's proxy up on a thread: on loopback there is none to find, and under looptime a
+    thread still in flight moves the loop's clock with the wall's, so the lookup is off."""
     async with client.ApiClient(client.Configuration(host=apiserver.url)) as api_client:
+        api_client.rest_client.pool_manager._trust_env = False
         yield api_client
 
 
