@@ -81,23 +81,31 @@ class Response:
 
 
 def responded(metrics: ClusterMetrics, factor: float) -> ClusterMetrics:
-    """``metrics`` with the cluster's routed load scaled by ``factor`` (``Response``): KV use
-    (at most full), queue, running requests, requests arrived and completed."""
+    """``metrics`` with the cluster's routed load scaled by ``factor`` (``Response``): requests
+    arrive ``factor`` times as often; as many more run as its KV cache holds (at most full),
+    the rest wait in its queue, and what completes follows what runs."""
     if factor == 1.0:
         return metrics
+    kv = metrics.kv_mean
+    admitted = min(factor, 1.0 / kv) if kv is not None and kv > 0 else factor
+    running = metrics.running
+    queue = metrics.queue_depth
+    if queue is not None or running is not None:
+        queue = (queue or 0.0) * factor + (running or 0.0) * (factor - admitted)
+    pods = metrics.pods_answering
 
-    def scaled(value: float | None, cap: float = math.inf) -> float | None:
-        return None if value is None else min(cap, value * factor)
+    def scaled(value: float | None, by: float, cap: float = math.inf) -> float | None:
+        return None if value is None else min(cap, value * by)
 
     return replace(
         metrics,
-        kv_mean=scaled(metrics.kv_mean, 1.0),
-        kv_max=scaled(metrics.kv_max, 1.0),
-        queue_depth=scaled(metrics.queue_depth),
-        queue_per_pod=scaled(metrics.queue_per_pod),
-        running=scaled(metrics.running),
-        arrived=scaled(metrics.arrived),
-        completed=scaled(metrics.completed),
+        kv_mean=scaled(kv, factor, 1.0),
+        kv_max=scaled(metrics.kv_max, factor, 1.0),
+        queue_depth=queue,
+        queue_per_pod=queue / pods if queue is not None and pods else metrics.queue_per_pod,
+        running=scaled(running, admitted),
+        arrived=scaled(metrics.arrived, factor),
+        completed=scaled(metrics.completed, admitted),
     )
 
 
@@ -397,19 +405,33 @@ def recorded_split(given: str | None, names: Sequence[str]) -> Response:
             weight = float(value)
         except ValueError:
             weight = math.nan
-        if not sep or name not in names or not (0 <= weight < math.inf):
+        if not sep or name not in names or name in weights or not 0 <= weight <= MAX_RECORDED:
             raise ConfigError(
                 [
-                    f"--recorded {item.strip()!r}: expected NAME=WEIGHT, a cluster of the config "
-                    "and a weight of 0 or more"
+                    f"--recorded {item.strip()!r}: expected NAME=WEIGHT, each cluster of the "
+                    f"config once and a weight from 0 to {MAX_RECORDED}"
                 ]
             )
         weights[name] = weight
     missing = [n for n in names if n not in weights]
-    if missing or sum(weights.values()) <= 0:
-        why = f"names no weight for {', '.join(missing)}" if missing else "gives no traffic"
-        raise ConfigError([f"--recorded {given!r}: {why} (name every cluster)"])
+    total = sum(weights.values())
+    # a share too small to scale from: its replayed load would be thousands of times the record's
+    tiny = [n for n, w in weights.items() if 0 < w < total * MIN_RECORDED_SHARE]
+    if missing or total <= 0 or tiny:
+        why = (
+            f"names no weight for {', '.join(missing)} (name every cluster)"
+            if missing
+            else "gives no traffic"
+            if total <= 0
+            else f"gives {', '.join(tiny)} less than {MIN_RECORDED_SHARE:.1%} of the traffic: "
+            "too little to scale its load from (0, if it had none)"
+        )
+        raise ConfigError([f"--recorded {given!r}: {why}"])
     return Response.of(weights)
+
+
+MAX_RECORDED = 1_000_000  # a weight, in whatever unit the split was written in
+MIN_RECORDED_SHARE = 0.001
 
 
 def loop_line(response: Response | None) -> str:

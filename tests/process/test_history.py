@@ -287,7 +287,7 @@ async def test_a_replay_that_cannot_run_says_why_in_one_line_and_exits_2(
     for given, why in {
         "east=70": "names no weight for west",
         "east=70,west=x": "expected NAME=WEIGHT",
-        "east=70,north=30": "expected NAME=WEIGHT, a cluster of the config",
+        "east=70,north=30": "expected NAME=WEIGHT, each cluster of the config once",
         "east=0,west=0": "gives no traffic",
     }.items():
         done = await asyncio.to_thread(replay_cli, config, start, start + 600, "--recorded", given)
