@@ -220,9 +220,28 @@ async def test_weights_are_decided_in_one_place(monkeypatch: pytest.MonkeyPatch)
         assert [w for _, w in publisher.writes[written:]] in ([], [decided[0]])
         assert {n: v.share for n, v in report.clusters.items()} == decided[0]
         seen.add(tuple(sorted(decided[0].items())))
-    print(sorted(seen))
-    assert len(seen) >= 4, seen  # the story moved the weights: shed, given back, lost one
+    assert len(seen) >= 5, seen  # the story moved the weights: shed, given back, lost one
     assert len(publisher.writes) >= 3
+
+
+def test_only_the_loop_weighs_and_only_weigh_decides() -> None:
+    """Beside the behaviour above, where the deciding functions are called from: the loop's
+    weigh stage calls ``weights.weigh``, which hands its inputs to one law's ``decide``."""
+    callers: dict[str, list[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        found = []
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                func = node.func
+                name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                if name in ("weigh", "decide"):
+                    found.append(name)
+        if found:
+            callers[str(path.relative_to(PACKAGE))] = sorted(found)
+    assert callers == {
+        "reconcile/loop.py": ["weigh"],
+        "weights/__init__.py": ["decide", "decide", "decide"],  # weigh → decide → the law's
+    }
 
 
 def test_no_publisher_imports_the_weights_module() -> None:

@@ -3,6 +3,7 @@ is a reader sent nowhere (#44 found one)."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -81,8 +82,18 @@ def test_the_error_tree_atop_errors_py_names_every_error_under_its_parent() -> N
 
 def test_the_commit_msg_hook_refuses_a_subject_past_72_characters(tmp_path: Path) -> None:
     hook = ROOT / ".githooks" / "commit-msg"
-    for subject, code in (("a" * 72, 0), ("é" * 72, 0), ("a" * 73, 1), ("", 1)):
+    cases = (("a" * 72, 0), ("é" * 72, 0), ("\n" + "a" * 72, 0), ("a" * 73, 1), ("é" * 73, 1))
+    for subject, code in cases:
         message = tmp_path / "MSG"
         message.write_text(f"# git's note\n{subject}\n\nThe why, with figures, at any length.\n")
-        done = subprocess.run([str(hook), str(message)], capture_output=True, text=True)
-        assert done.returncode == code, (len(subject), done.stderr)
+        for locale in ("C", "C.UTF-8"):
+            done = subprocess.run(
+                [str(hook), str(message)],
+                capture_output=True,
+                text=True,
+                env={"PATH": os.environ.get("PATH", ""), "LC_ALL": locale},
+            )
+            assert done.returncode == code, (len(subject), locale, done.stderr)
+    # an empty message: no subject at all
+    message.write_text("# git's note\n\n")
+    assert subprocess.run([str(hook), str(message)], capture_output=True).returncode == 1
