@@ -453,6 +453,9 @@ def table(summary: Summary, names: Sequence[str], loop: str = OPEN_LOOP) -> str:
         + (", ".join(f"{c} {n}" for c, n in sorted(row["health_changes"].items())) or "none"),
         f"  cluster-ticks without a KV reading: {row['unknown_cluster_ticks']}",
     ]
+    if row["lowest"]:
+        least = ", ".join(f"{c} {w}" for c, w in row["lowest"].items())
+        lines.insert(2, f"  least weight each held: {least}")
     for shed in row["shed"]:
         lines.append(f"  shed {shed['cluster']} at {shed['time']:.0f}")
     lines.append(f"  ({loop})")

@@ -210,6 +210,7 @@ async def test_replay_sheds_the_hot_cluster_in_its_episode_and_holds_when_calm(
     assert done.returncode == 0, done.stderr
     assert "closed loop" in done.stdout
     assert "the config's" in done.stdout and "max_step=10" in done.stdout
+    assert "  least weight each held: east 7, west 50" in done.stdout.splitlines()
     document = json.loads(out.read_text())
     east = {
         t["time"] - start: t["targets"]["configured"]["applied"]["east"] for t in document["ticks"]
