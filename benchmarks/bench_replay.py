@@ -83,7 +83,7 @@ def asked(cluster: str) -> Asked:
 
 async def replayed(settings: Settings, clusters: list[str], answers: list[Answers]) -> float:
     """Seconds for the replay loop over ``answers``."""
-    driver = Driver(settings)
+    driver = Driver(settings, journal=False)  # as replay runs it
     who = {c: asked(c) for c in clusters}
     began = time.perf_counter()
     previous: float | None = None

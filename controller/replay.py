@@ -253,7 +253,7 @@ async def run(
     """The loop over ``history`` with ``settings`` (the config's, or a candidate's);
     ``on_tick(time, report)`` sees every tick. ``response``: the recorded load moved with the
     replayed weights (closed loop); ``None``: the recorded signals as they were (open loop)."""
-    driver = Driver(settings, start=history.start)
+    driver = Driver(settings, start=history.start, journal=False)  # no one reads its logs
     summary = Summary(history.start, history.end)
     previous: float | None = None
     seen_kv = False

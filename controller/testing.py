@@ -37,13 +37,17 @@ def build_loop(
     publisher: Publisher | None = None,
     clock: Callable[[], float] = time.time,
     on_tick: Callable[[TickReport], None] | None = None,
+    journal: bool = True,
 ) -> Loop:
-    """A Reconciler over ``sources`` with a fresh registry: nothing shared with another."""
+    """A Reconciler over ``sources`` with a fresh registry: nothing shared with another
+    (``journal``: see ``Reconciler``)."""
     snapshot = Snapshot()
     registry, metrics = make_registry(snapshot)
     if publisher is None:
         publisher = implicit(source.cluster for source in sources)
-    reconciler = Reconciler(settings, sources, publisher, metrics, snapshot, clock, on_tick)
+    reconciler = Reconciler(
+        settings, sources, publisher, metrics, snapshot, clock, on_tick, journal=journal
+    )
     return Loop(reconciler, snapshot, registry)
 
 
@@ -88,11 +92,12 @@ class Driver:
         publisher: Publisher | None = None,
         start: float = 0.0,
         on_tick: Callable[[TickReport], None] | None = None,
+        journal: bool = True,
     ) -> None:
         self.clock = VirtualClock(start)
         self.sources = {c.name: ScriptedSource(c.name) for c in settings.clusters}
         self.loop = build_loop(
-            settings, list(self.sources.values()), publisher, self.clock, on_tick
+            settings, list(self.sources.values()), publisher, self.clock, on_tick, journal
         )
 
     @property

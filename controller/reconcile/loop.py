@@ -76,7 +76,11 @@ class Reconciler:
         clock: Callable[[], float] = time.time,
         on_tick: Callable[[TickReport], None] | None = None,
         source_factory: SourceFactory | None = None,
+        *,
+        journal: bool = True,
     ) -> None:
+        """``journal``: write the log lines (off only where no one reads them: ``replay``,
+        whose decisions are the daemon's, tick for tick)."""
         self._settings = settings
         self._publisher = publisher
         self._metrics = metrics
@@ -86,7 +90,7 @@ class Reconciler:
         self._fleet = Fleet(settings, sources, metrics, source_factory)
         self._memory: dict[str, TargetMemory] = {}
         self._conditions = Conditions(log, settings.log.repeat_interval, clock)
-        self._journal = Journal(settings.log, self._conditions, clock)
+        self._journal = Journal(settings.log, self._conditions, clock) if journal else None
         self._found = Discovery()
         self._tick = 0
         self._settle = settings.settle
@@ -113,7 +117,8 @@ class Reconciler:
             outcomes = await self._publish_all(plans, inputs)
             self._beat()
             report = self._record(found, outcomes, began)
-            self._journal.write(self._snapshot.report, report)
+            if self._journal is not None:
+                self._journal.write(self._snapshot.report, report)
             self._snapshot.report = report
         if self._on_tick is not None:
             self._on_tick(report)
