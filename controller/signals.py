@@ -98,8 +98,10 @@ def _occupancy(
     return before[0] + a * (kv - before[0]), before[1] + a * (running - before[1])
 
 
-def current(health: ClusterHealth, quantile: str) -> Signals | None:
-    """A cluster's signals from its last usable fetch alone; nothing unless it is healthy."""
+def current(health: ClusterHealth, quantile: str, **more: Any) -> Signals | None:
+    """A cluster's signals from its last usable fetch alone (and ``more``, what ``derive``
+    adds, built in the same object: this runs per cluster per tick); nothing unless it is
+    healthy."""
     metrics = health.metrics
     if not health.healthy or metrics is None or metrics.kv_mean is None:
         return None
@@ -108,16 +110,18 @@ def current(health: ClusterHealth, quantile: str) -> Signals | None:
         latency = {"p50": metrics.latency.p50, "p90": metrics.latency.p90}.get(
             quantile, metrics.latency.mean
         )
-    return Signals(
-        kv=metrics.kv_mean,
-        queue_per_pod=metrics.queue_per_pod,
-        latency=latency,
-        utilization=utilization(metrics),
-        capacity=capacity(metrics),
-        capacity_from=capacity_from(metrics),
-        pods=pods(metrics),
-        kv_tokens=metrics.kv_tokens,
-    )
+    fields: dict[str, Any] = {
+        "kv": metrics.kv_mean,
+        "queue_per_pod": metrics.queue_per_pod,
+        "latency": latency,
+        "utilization": utilization(metrics),
+        "capacity": capacity(metrics),
+        "capacity_from": capacity_from(metrics),
+        "pods": pods(metrics),
+        "kv_tokens": metrics.kv_tokens,
+    }
+    fields.update(more)
+    return Signals(**fields)
 
 
 def pods(metrics: ClusterMetrics) -> float | None:
@@ -231,25 +235,21 @@ def derive(
     """What the laws read of a cluster this tick: ``current`` with its filtered demand and,
     when ``forecast_horizon`` is on and the window is full, its KV forecast; ``arrived``:
     its arrivals this tick, where they were read this tick."""
-    signals = current(health, params.latency_quantile)
-    if signals is None:
-        return signals
-    changes: dict[str, Any] = {}  # one copy for all of them: this runs per cluster per tick
+    more: dict[str, Any] = {}
     if arrived is not None:
-        changes["arrived"] = arrived
-    if memory is None:
-        return replace(signals, **changes) if changes else signals
-    if memory.demand is not None:
-        changes["demand"] = memory.demand
-    if memory.occupancy is not None:
-        changes["occupied"], changes["running"] = memory.occupancy
-    if len(memory.readings) == 2 and health.metrics is not None:
-        changes["previous"] = memory.readings[0]
-    horizon = float(params.forecast_horizon)
-    # Two noisy points make a wild slope: forecast only from a full window.
-    if horizon > 0 and len(memory.history) == FORECAST_POINTS:
-        changes["kv"] = forecast_kv(memory.history, horizon)
-    return replace(signals, **changes) if changes else signals
+        more["arrived"] = arrived
+    if memory is not None:
+        if memory.demand is not None:
+            more["demand"] = memory.demand
+        if memory.occupancy is not None:
+            more["occupied"], more["running"] = memory.occupancy
+        if len(memory.readings) == 2 and health.metrics is not None:
+            more["previous"] = memory.readings[0]
+        horizon = float(params.forecast_horizon)
+        # Two noisy points make a wild slope: forecast only from a full window.
+        if horizon > 0 and len(memory.history) == FORECAST_POINTS:
+            more["kv"] = forecast_kv(memory.history, horizon)
+    return current(health, params.latency_quantile, **more)
 
 
 def forecast_kv(history: Sequence[tuple[float, float]], horizon: float) -> float:
