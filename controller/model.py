@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
-from typing import Any
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 
 class Reason(StrEnum):
@@ -330,3 +334,20 @@ class TargetDecision:
         """A ref's share of the target's traffic as applied, 0..100 (``None``: it holds 0)."""
         total = sum(self.applied.values())
         return None if total <= 0 else 100.0 * self.applied.get(ref, 0) / total
+
+
+Record = TypeVar("Record", bound="DataclassInstance")
+_INIT_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def replaced(record: Record, **changes: Any) -> Record:
+    """``dataclasses.replace`` for the frozen records here, without its checks of each field
+    (all of theirs are init fields): it runs per cluster per tick, where ``replace`` costs
+    more than building the record (replay's moved load, the capacity estimates)."""
+    kind = type(record)
+    names = _INIT_FIELDS.get(kind)
+    if names is None:
+        names = _INIT_FIELDS[kind] = tuple(f.name for f in fields(kind) if f.init)
+    values = dict(zip(names, attrgetter(*names)(record), strict=True))
+    values.update(changes)
+    return kind(**values)

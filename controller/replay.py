@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ import aiohttp
 
 from controller.churn import largest_step, reversals
 from controller.errors import ConfigError, FetchError
-from controller.model import IMPLICIT_TARGET, ClusterMetrics, Write
+from controller.model import IMPLICIT_TARGET, ClusterMetrics, Write, replaced
 from controller.render import report_json
 from controller.settings import Settings, build_settings
 from controller.sources.answers import Answers, Asked, cluster_metrics
@@ -97,7 +97,7 @@ def responded(metrics: ClusterMetrics, factor: float) -> ClusterMetrics:
     def scaled(value: float | None, by: float, cap: float = math.inf) -> float | None:
         return None if value is None else min(cap, value * by)
 
-    return replace(
+    return replaced(
         metrics,
         kv_mean=scaled(kv, factor, 1.0),
         kv_max=scaled(metrics.kv_max, factor, 1.0),

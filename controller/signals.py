@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-from controller.model import CapacityFrom, ClusterHealth, ClusterMetrics, Signals
+from controller.model import CapacityFrom, ClusterHealth, ClusterMetrics, Signals, replaced
 from controller.settings import WeightSettings
 
 # Readings the KV forecast fits its slope to: enough to average out noise, few enough to turn.
@@ -172,7 +172,7 @@ def on_one_basis(healthy: Mapping[str, Signals]) -> tuple[dict[str, Signals], st
             from_ = CapacityFrom.READY_ENDPOINTS if s.capacity_from in _READY else CapacityFrom.PODS
             if s.capacity_from == CapacityFrom.REPLICAS:  # Ray Serve's replicas, not its nodes
                 from_ = CapacityFrom.REPLICAS
-            result[name] = replace(s, capacity=s.pods, capacity_from=from_)
+            result[name] = replaced(s, capacity=s.pods, capacity_from=from_)
         return result, None
     per_pod, largest = min(sizes), max(sizes)
     per_request = _tokens_per_request(known.values())
@@ -188,14 +188,14 @@ def on_one_basis(healthy: Mapping[str, Signals]) -> tuple[dict[str, Signals], st
             ceiling = (s.pods or 1.0) * largest
             capped = " (capped: its pods × the largest pod)" if estimate > ceiling else ""
             estimate = min(estimate, ceiling)
-            result[name] = replace(s, capacity=estimate, capacity_from=CapacityFrom.MEASURED)
+            result[name] = replaced(s, capacity=estimate, capacity_from=CapacityFrom.MEASURED)
             notes.append(
                 f"{name}: {estimate:.0f} tokens measured, {s.running:.1f} running × "
                 f"{per_request:.0f} tokens a request / {s.occupied:.3f} KV use{capped}"
             )
             continue
         estimate_ = s.pods * per_pod if s.pods else None
-        result[name] = replace(s, capacity=estimate_, capacity_from=CapacityFrom.LEARNED_PER_POD)
+        result[name] = replaced(s, capacity=estimate_, capacity_from=CapacityFrom.LEARNED_PER_POD)
         notes.append(f"{name}: pods × {per_pod:.0f} tokens, the smallest pod (no load to measure)")
     return result, (
         f"capacity where no KV pool is published, against {', '.join(sorted(known))}: "

@@ -100,3 +100,19 @@ def test_latency_is_the_configured_quantile(quantile: str, expected: float) -> N
     state = ClusterHealth(True, None, 0, 1, False, True, metrics)
     derived = signals.current(state, quantile)
     assert derived is not None and derived.latency == expected
+
+
+def test_replaced_is_dataclasses_replace_for_the_hot_records() -> None:
+    import dataclasses
+
+    from controller.model import ClusterMetrics, Signals, replaced
+
+    metrics = ClusterMetrics("a", 1.0, 0.1, 3, 2, kv_mean=0.4, queue_depth=2.0, running=9.0)
+    signals = Signals(kv=0.4, pods=3.0, capacity=3.0)
+    for record, changes in (
+        (metrics, {"kv_mean": 0.2, "running": None}),
+        (signals, {"capacity": 5.0, "capacity_from": "measured"}),
+        (signals, {}),
+    ):
+        assert replaced(record, **changes) == dataclasses.replace(record, **changes)
+        assert replaced(record, **changes) is not record
