@@ -1,9 +1,9 @@
 """What a replayed tick costs (#43), without the querier's own time: a history of 20 clusters
 read through one hub querier, its answers held in memory as ``Querier.history`` hands them
-over, replayed as ``controller.replay`` replays them (``answers.cluster_metrics`` for each
-cluster, then ``testing.Driver.tick``: the real Reconciler). Its floor, on the same inputs in
-the same run: the pure stages alone (``health.judge``, ``signals.remember`` and ``derive``,
-``weights.weigh``), with no loop around them.
+over, replayed by ``controller.replay.run`` itself (``answers.cluster_metrics`` for each
+cluster, the closed loop's response, then ``testing.Driver.tick``: the real Reconciler). Its
+floor, on the same inputs in the same run: the pure stages alone (``health.judge``,
+``signals.remember`` and ``derive``, ``weights.weigh``), with no loop around them.
 
     python benchmarks/bench_replay.py [--clusters 20] [--ticks 3000]
 
@@ -35,10 +35,10 @@ from controller.model import (  # noqa: E402
     Signals,
     Target,
 )
+from controller.replay import History, recorded_split, run  # noqa: E402
 from controller.settings import Settings, build_settings  # noqa: E402
 from controller.signals import SignalMemory  # noqa: E402
 from controller.sources.answers import Answers, Asked, cluster_metrics  # noqa: E402
-from controller.testing import Driver  # noqa: E402
 
 STEP = 10.0
 WEEK = 7 * 24 * 3600 / STEP
@@ -82,16 +82,17 @@ def asked(cluster: str) -> Asked:
 
 
 async def replayed(settings: Settings, clusters: list[str], answers: list[Answers]) -> float:
-    """Seconds for the replay loop over ``answers``."""
-    driver = Driver(settings, journal=False)  # as replay runs it
-    who = {c: asked(c) for c in clusters}
+    """Seconds for ``replay.run`` over ``answers``, as ``replay`` runs by default: the recorded
+    load moved with the replayed weights (``Response``, the even split recorded), each tick's
+    answers read into metrics, the loop without its journal, the summary kept."""
+    times = [tick * STEP for tick in range(len(answers))]
+    read = dict(zip(times, answers, strict=True))
+    history = History(
+        times[0], times[-1], times, dict.fromkeys(clusters, read), {c: asked(c) for c in clusters}
+    )
+    response = recorded_split(None, clusters)
     began = time.perf_counter()
-    previous: float | None = None
-    for tick, at_tick in enumerate(answers):
-        at = tick * STEP
-        metrics = {c: cluster_metrics(c, at_tick, who[c], at, 0.0, previous) for c in clusters}
-        await driver.tick(at, metrics)
-        previous = at
+    await run(settings, history, None, response)
     return time.perf_counter() - began
 
 
