@@ -11,8 +11,8 @@ The recorded signals followed the weights that were in force then, not the repla
 default the loop is closed to first order (``Response``): each cluster's routed load (KV use,
 queue, running requests, request rates) is moved with its replayed share of the traffic over
 its recorded share, so a cluster the replay shed cools and is given back, as it would have
-been. That is a model, and said so: load that no weight moves (local traffic) is moved too,
-and nothing else of the world (latency, saturation's own queue) is. ``--open-loop`` feeds the
+been; what a full cache cannot hold waits in the queue. That is a model, and said so: load
+that no weight moves (local traffic) is moved too, and latency is not. ``--open-loop`` feeds the
 recorded signals as they were: exactly what the loop would have decided from what the
 clusters showed, tick by tick, but never what its own moves would have done.
 """
@@ -393,6 +393,10 @@ def compared(rows: Mapping[str, Summary], names: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
+MAX_RECORDED = 1_000_000  # a weight, in whatever unit the split was written in
+MIN_RECORDED_SHARE = 0.001
+
+
 def recorded_split(given: str | None, names: Sequence[str]) -> Response:
     """``--recorded NAME=WEIGHT,...``: the split in force while the history was recorded, every
     cluster named; the even split when not given. A bad one is a ConfigError."""
@@ -428,10 +432,6 @@ def recorded_split(given: str | None, names: Sequence[str]) -> Response:
         )
         raise ConfigError([f"--recorded {given!r}: {why}"])
     return Response.of(weights)
-
-
-MAX_RECORDED = 1_000_000  # a weight, in whatever unit the split was written in
-MIN_RECORDED_SHARE = 0.001
 
 
 def loop_line(response: Response | None) -> str:
