@@ -216,6 +216,11 @@ class Decision:
     law: str = field(default="capacity", kw_only=True)  # weights.law in force
 
 
+# Per cluster (or ref): the share of requests it served and the share its weights intended,
+# 0..100, over ``weights.realised_window`` (``reconcile/realised.py``).
+Served = Mapping[str, tuple[float, float]]
+
+
 # ---- routing targets: the unit of decision ---------------------------------------------------
 
 IMPLICIT_TARGET = "configured"

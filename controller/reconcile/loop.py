@@ -197,7 +197,8 @@ class Reconciler:
         memory = self._memory.get(found.key)
         target = found if fresh else in_force(found, memory)
         wait = settling(memory, self._clock(), self._settle, self._settings.interval)
-        desired, decision = weights.weigh(target, inputs, self._settings.weights, wait)
+        served = memory.realised.shares() if memory is not None else None
+        desired, decision = weights.weigh(target, inputs, self._settings.weights, wait, served)
         return Plan(found, target, desired, decision)
 
     # ---- publish -----------------------------------------------------------------------------

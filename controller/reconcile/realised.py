@@ -92,7 +92,7 @@ class Window:
             shares = {ref: 100.0 * w / total for ref, w in weights.items()}
             served.append((now, counts, shares))
             self._count(counts, shares, 1.0)
-        return self._shares()
+        return self.shares()
 
     def _count(self, counts: Mapping[str, float], shares: Mapping[str, float], sign: float) -> None:
         requests, intended, present = self._requests, self._intended, self._present
@@ -104,7 +104,7 @@ class Window:
         for ref, share in shares.items():
             intended[ref] = intended.get(ref, 0.0) + sign * share
 
-    def _shares(self) -> tuple[dict[str, float], dict[str, float]]:
+    def shares(self) -> tuple[dict[str, float], dict[str, float]]:
         requests = self._requests
         seen = sum(requests.values())
         if seen < MIN_REQUESTS or not self.served:

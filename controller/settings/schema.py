@@ -737,7 +737,9 @@ class WeightSettings(_Group):
         default=300.0,
         description="Window over which each ref's realised share (requests its cluster "
         "served) is compared with the share its weight intended: long enough to hold a few "
-        "hundred requests.",
+        "hundred requests. The capacity law reads it too: a cluster that serves more than its "
+        "weight sends it carries traffic of its own, and at rest gains no further than its "
+        "fair share.",
     )
 
     @model_validator(mode="after")

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TypeVar
 
-from controller.model import Decision, Mode, Ref, Signals, Target
+from controller.model import Decision, Mode, Ref, Served, Signals, Target
 from controller.settings import WeightSettings
 from controller.signals import on_one_basis
 from controller.weights import capacity, integral
@@ -62,11 +62,14 @@ def weigh(
     signals: Mapping[str, Signals | None],
     params: WeightSettings,
     settling: bool = False,
+    served: tuple[Mapping[str, float], Mapping[str, float]] | None = None,
 ) -> tuple[dict[str, int], Decision]:
     """The weights every ref of ``target`` should hold (unmapped refs keep theirs), and the
     decision over the mapped refs on a 0..100 scale. ``target.weights`` is what is in force;
     a mapped ref whose cluster has no signals this tick counts as unhealthy. ``settling``:
-    the target changed less than ``settle`` ago (the capacity law waits for it to act)."""
+    the target changed less than ``settle`` ago (the capacity law waits for it to act).
+    ``served``: each mapped ref's realised and intended share over
+    ``weights.realised_window``, as the last tick's report holds them."""
     held = target.weights
     law = params.law
     if params.freeze:
@@ -90,7 +93,7 @@ def weigh(
     healthy, basis = on_one_basis({name: s for name, s in inputs.items() if s is not None})
     inputs = {name: healthy.get(name) for name in inputs}
     why = factors(healthy, params)
-    decided = decide(inputs, in_force, params, settling)
+    decided = decide(inputs, in_force, params, settling, _by_cluster(served, refs_of))
     decision = _per_ref(
         replace(
             decided,
@@ -105,6 +108,21 @@ def weigh(
         return held, decision
     scaled = at_least(proportional(decision.weights, share), target.minimum)
     return {**held, **scaled}, decision
+
+
+def _by_cluster(
+    served: tuple[Mapping[str, float], Mapping[str, float]] | None,
+    refs_of: Mapping[str, Sequence[str]],
+) -> dict[str, tuple[float, float]]:
+    """Each cluster's realised and intended share, its refs' summed (where all were counted)."""
+    if served is None:
+        return {}
+    realised, intended = served
+    return {
+        cluster: (sum(realised[r] for r in refs), sum(intended.get(r, 0.0) for r in refs))
+        for cluster, refs in refs_of.items()
+        if all(r in realised for r in refs)
+    }
 
 
 def _no_room(target: Target, mapped: Sequence[Ref], share: int) -> str | None:
@@ -192,6 +210,7 @@ def decide(
     in_force: Mapping[str, int] | None,
     params: WeightSettings,
     settling: bool = False,
+    served: Served | None = None,
 ) -> Decision:
     """The next weights (see ``_decide``), with a note when the floor cannot hold.
 
@@ -200,7 +219,7 @@ def decide(
     healthy ref sits at 0 while one point each is possible (an ExternalModel has at most 64
     refs, so it always is). Past 100 healthy clusters (only the implicit target can have so
     many) 100 points cannot cover them: some get 0, and the note says so."""
-    decision = _decide(clusters, in_force, params, settling)
+    decision = _decide(clusters, in_force, params, settling, served)
     healthy = sum(1 for s in clusters.values() if s is not None)
     if healthy == 0 or decision.weights is None or params.floor * healthy <= TOTAL:
         return decision
@@ -217,6 +236,7 @@ def _decide(
     in_force: Mapping[str, int] | None,
     params: WeightSettings,
     settling: bool = False,
+    served: Served | None = None,
 ) -> Decision:
     """The next weights. ``clusters`` maps every cluster to its signals, or ``None`` if
     unhealthy; ``in_force`` is what was last published (``None`` before the first time)."""
@@ -233,5 +253,5 @@ def _decide(
         return Decision(previous, {}, Mode.FAIL_STATIC, False, (note,), law=law)
     base = survivors(previous, healthy) if previous else None
     if law == capacity.LAW:
-        return capacity.decide(clusters, previous, base, params, settling)
+        return capacity.decide(clusters, previous, base, params, settling, served)
     return integral.decide(clusters, previous, base, params)

@@ -14,7 +14,9 @@ utilization: a faster GPU finishes requests sooner, so the same traffic holds le
   do not saturate.
 - At rest: hold; step towards capacity shares (``rest_goal``, whose cap on gainers holds) only
   when a ref is ``rebalance`` points or more below its share and its cluster is clearly less
-  used than the others (``APART``): a returning cluster, a share set by hand.
+  used than the others (``APART``): a returning cluster, a share set by hand. A cluster whose
+  arrivals, over ``weights.realised_window`` and now, carry traffic the weights do not move
+  gains no further than its fair share (``fair_shares``).
 - A hot cluster saturated with a growing queue while another has room (``emergency``): the
   step off it may pass ``max_step``, which then bounds what each other cluster gains (or its
   room before ``pressure``, ``rooms``, if more); one step, then the same wait as any other
@@ -33,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from controller.model import Decision, Mode, Signals
+from controller.model import Decision, Mode, Served, Signals
 from controller.settings import WeightSettings
 from controller.weights.rounding import TOTAL, round_to_total
 from controller.weights.steps import capped, forced, with_floor, within
@@ -179,14 +181,64 @@ def capacity_goal(
     return {n: v * TOTAL / mass for n, v in result.items()}
 
 
+def unmoved(healthy: Mapping[str, Signals], served: Served) -> tuple[dict[str, float], float]:
+    """Over ``weights.realised_window``, from each cluster's realised and intended share
+    (``served``): the arrivals of each healthy cluster that the weights do not move, as a share
+    of all arrivals (0..1; only clusters at most ``LOCAL`` of whose arrivals follow the
+    weights), and the share of all arrivals that the weights route. Where a cluster's arrivals
+    are ``w·R + L`` of a total ``T``, the clusters without such traffic give ``R/T`` (what they
+    realised over what they were meant to), and each other cluster's ``L/T`` is what it
+    realised beyond ``w·R/T``. A window holds hundreds of requests, where ``follows`` reads
+    one tick's few dozen: from those, a fair share lands anywhere in 6–17 points
+    (controller/simulation/HISTORY.md)."""
+    shares = {n: served[n] for n in healthy if n in served}
+    realised = sum(r for r, _ in shares.values())
+    intended = sum(w for _, w in shares.values())
+    if len(shares) < len(healthy) or realised <= 0 or intended <= 0:
+        return {}, 1.0
+    shares = {n: (r / realised, w / intended) for n, (r, w) in shares.items()}
+    local = {n for n, (r, w) in shares.items() if r > 0 and w / r <= LOCAL}
+    follow_r = sum(r for n, (r, _) in shares.items() if n not in local)
+    follow_w = sum(w for n, (_, w) in shares.items() if n not in local)
+    if not local or follow_w <= 0:
+        return {}, 1.0
+    routed = min(1.0, follow_r / follow_w)
+    return {n: max(0.0, shares[n][0] - shares[n][1] * routed) for n in local}, routed
+
+
+def fair_shares(
+    healthy: Mapping[str, Signals], base: Mapping[str, float], served: Served
+) -> dict[str, tuple[float, float]]:
+    """Each cluster that carries traffic the weights do not move, over the window
+    (``unmoved``) and in this tick's arrivals too (``follows``, so that a burst that has
+    ended no longer counts): that traffic's share of all arrivals, and its *fair share*
+    (0..100), the share that gives it arrivals in proportion to its capacity with its own
+    traffic counted (in proportion to capacity is what capacity shares give the others)."""
+    local, routed = unmoved(healthy, served)
+    if not local:
+        return {}
+    follow = follows(healthy, base)
+    why = factors(healthy)
+    return {
+        n: (extra, TOTAL * max(0.0, why[n]["capacity_share"] - extra) / routed)
+        for n, extra in local.items()
+        if follow.get(n, 1.0) <= LOCAL
+    }
+
+
 def rest_goal(
-    healthy: Mapping[str, Signals], base: Mapping[str, float], params: WeightSettings
+    healthy: Mapping[str, Signals],
+    base: Mapping[str, float],
+    params: WeightSettings,
+    fair: Mapping[str, tuple[float, float]] | None = None,
 ) -> dict[str, float]:
     """With no cluster under pressure: shares proportional to capacity, except that a cluster
     gains only as far as its utilization, scaled with the part of its share that follows the
     weights (``follows``), stays below ``REST_LIMIT`` of ``pressure``: demand that does not
     follow the weights, such as local traffic, is not moved back onto a cluster that would
-    then be hot. Noise in utilization does not move it.
+    then be hot. Noise in utilization does not move it. A cluster with a ``fair`` share
+    (``fair_shares``) gains no further than that: its utilization, read in a lull, would
+    hand it its capacity share, which its own traffic makes wrong.
 
     A gainer held by that cap keeps exactly its cap: only the others are scaled to make the
     goals sum to 100 (scaling every goal would hand the capped ones more than the cap)."""
@@ -197,6 +249,9 @@ def rest_goal(
     for name, f in why.items():
         share = TOTAL * f["capacity_share"]
         current = base.get(name, 0.0)
+        if fair and name in fair and fair[name][1] < share:
+            share = max(fair[name][1], min(current, share))
+            capped.add(name)
         if share > current and f["utilization"] > 0 and current > 0:
             # only the part that follows the weights grows with them
             rho = follow.get(name, 1.0)
@@ -254,9 +309,11 @@ def decide(
     base: Mapping[str, float] | None,
     params: WeightSettings,
     settling: bool,
+    served: Served | None = None,
 ) -> Decision:
     """The capacity law's next weights (see the module docstring); ``previous`` is what is in
-    force and ``base`` the same with unhealthy clusters' share handed to the survivors."""
+    force and ``base`` the same with unhealthy clusters' share handed to the survivors;
+    ``served``, each cluster's realised and intended share over ``weights.realised_window``."""
     healthy = {n: s for n, s in clusters.items() if s is not None}
     names = list(healthy)
     hot = hot_clusters(healthy, params)
@@ -271,17 +328,25 @@ def decide(
         goal = capacity_goal(healthy, base, hot)
         pressing = any(goal[n] <= base[n] - params.deadband for n in hot)
     apart = False
+    notes: tuple[str, ...] = ()
     if not pressing:
-        goal = rest_goal(healthy, base, params)
+        fair = fair_shares(healthy, base, served or {})
+        notes = tuple(
+            f"{n}: {100 * extra:.0f}% of arrivals do not follow the weights: at rest it gains "
+            f"no further than its fair share, {share:.1f}"
+            for n, (extra, share) in sorted(fair.items())
+        )
+        goal = rest_goal(healthy, base, params, fair)
         apart = _apart(healthy, base, goal, params)
     if not must and (settling or not (pressing or apart)):
-        return Decision(previous, goal, Mode.SATURATED if saturated else Mode.HOLD, False, law=LAW)
+        mode = Mode.SATURATED if saturated else Mode.HOLD
+        return Decision(previous, goal, mode, False, notes, law=LAW)
     urgent = pressing and emergency(healthy, hot, params)
     weights = _step(healthy, base, goal, hot, must, params, urgent)
     if not must and within(previous, weights, params.deadband):
-        return Decision(previous, goal, Mode.HOLD, False, law=LAW)
+        return Decision(previous, goal, Mode.HOLD, False, notes, law=LAW)
     mode = Mode.SATURATED if saturated else Mode.EMERGENCY if urgent else Mode.NORMAL
-    return Decision(weights, goal, mode, weights != previous, law=LAW)
+    return Decision(weights, goal, mode, weights != previous, notes, law=LAW)
 
 
 def _first(

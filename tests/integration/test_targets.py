@@ -251,3 +251,39 @@ def test_no_publisher_imports_the_weights_module() -> None:
         imports = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
         assert not any(m.startswith("controller.weights") for m in imports), path
         assert "from controller import weights" not in path.read_text(), path
+
+
+async def test_the_law_reads_the_realised_share_the_report_showed() -> None:
+    """The realised and intended shares a tick's report shows are what the next tick's law
+    reads: b takes more requests than its weight sends it, and from the first tick whose
+    window holds enough of them, the decision names b's own traffic as that window says."""
+    names = ["a", "b", "c"]
+    settings = build_settings(
+        {
+            "interval": 10,
+            "clusters": [{"name": n, "vllm_urls": ["http://127.0.0.1:1/"]} for n in names],
+        }
+    )
+    arrivals, kv = {"a": 20.0, "b": 60.0, "c": 20.0}, {"a": 0.3, "b": 0.6, "c": 0.3}
+    driver = Driver(settings)
+    shown: tuple[Mapping[str, float], Mapping[str, float]] | None = None
+    for tick in range(4):
+        now = 1000.0 + 10 * tick
+        metrics = {
+            n: ClusterMetrics(n, now, 0.01, 2, 2, kv_mean=kv[n], kv_max=kv[n], arrived=a)
+            for n, a in arrivals.items()
+        }
+        view = (await driver.tick(now, metrics)).targets["configured"]
+        notes = [n for n in view.outcome.decision.notes if "do not follow the weights" in n]
+        if shown is None or not shown[0]:
+            assert notes == []  # nothing counted yet: the law knows nothing of b's own
+        else:
+            realised, intended = shown
+            routed = (realised["a"] + realised["c"]) / (intended["a"] + intended["c"])
+            own = realised["b"] - intended["b"] * routed
+            assert notes == [
+                f"b: {own:.0f}% of arrivals do not follow the weights: at rest it gains "
+                "no further than its fair share, 0.0"
+            ]
+        shown = (view.realised, view.intended)
+    assert notes  # the window filled within the run

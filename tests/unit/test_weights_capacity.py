@@ -18,10 +18,12 @@ from controller.weights.capacity import (
     REST_LIMIT,
     arrival_loads,
     capacity_goal,
+    fair_shares,
     hot_clusters,
     load_of,
     rest_goal,
     rooms,
+    unmoved,
 )
 from controller.weights.steps import forced
 from tests.support.signals import read
@@ -132,6 +134,58 @@ def test_local_traffic_is_not_routed_back_onto_its_cluster() -> None:
     clusters = {"a": sig(0.5), "b": sig(0.7), "c": sig(0.5)}
     decision = decide(clusters, {"a": 49, "b": 2, "c": 49}, P)
     assert decision.weights is None or decision.weights["b"] <= 3
+
+
+# b holds 2 points and serves traffic of its own; a and c hold the rest. Over the window a and
+# c realised 35% of the requests each where their weights meant 49%, b 30% where 2% was meant.
+LOCAL_WINDOW = {"a": (35.0, 49.0), "b": (30.0, 2.0), "c": (35.0, 49.0)}
+LOCAL_BASE = {"a": 49.0, "b": 2.0, "c": 49.0}
+
+
+def local_fleet(b_arrivals: float = 30.0, b_kv: float = 0.2) -> dict[str, Signals]:
+    """Three equal clusters in a lull on b (its KV reads low this tick), with this tick's
+    arrivals: 35 each for a and c, ``b_arrivals`` for b."""
+    arrived = {"a": 35.0, "b": b_arrivals, "c": 35.0}
+    kv = {"a": 0.5, "b": b_kv, "c": 0.5}
+    return {n: replace(sig(kv[n]), arrived=x) for n, x in arrived.items()}
+
+
+def test_the_window_tells_the_traffic_the_weights_do_not_move() -> None:
+    # a and c follow their weights: they give the routed share of all arrivals, 0.70 / 0.98;
+    # b's own traffic is what it realised beyond its weight's part of that
+    local, routed = unmoved(local_fleet(), LOCAL_WINDOW)
+    assert routed == pytest.approx(0.70 / 0.98)
+    assert local == {"b": pytest.approx(0.30 - 0.02 * routed)}
+    # its fair share gives it arrivals in proportion to its capacity, its own counted: ~6.7
+    fair = fair_shares(local_fleet(), LOCAL_BASE, LOCAL_WINDOW)
+    assert fair["b"][1] == pytest.approx(100 * (1 / 3 - local["b"]) / routed)
+    assert 6 < fair["b"][1] < 7.5
+    # a window where every cluster realised what it was meant to says nothing of the kind
+    even = {n: (w, w) for n, w in LOCAL_BASE.items()}
+    assert unmoved(local_fleet(), even) == ({}, 1.0)
+
+
+def test_a_lull_on_a_cluster_with_local_traffic_does_not_hand_it_its_capacity_share() -> None:
+    # b's KV reads 0.2 this tick; without the window, the rest step reads it as idle and steps
+    # it towards its capacity share (then its own traffic makes it hot, and it is shed again)
+    fleet = local_fleet()
+    blind = decide(fleet, {"a": 49, "b": 2, "c": 49}, P)
+    assert blind.changed and blind.weights is not None and blind.weights["b"] > 8
+    served = capacity.decide(fleet, {"a": 49, "b": 2, "c": 49}, LOCAL_BASE, P, False, LOCAL_WINDOW)
+    assert served.weights is None or served.weights["b"] <= 7
+    assert served.goal["b"] == pytest.approx(fair_shares(fleet, LOCAL_BASE, LOCAL_WINDOW)["b"][1])
+    assert any(note.startswith("b: 29% of arrivals do not follow") for note in served.notes)
+
+
+def test_local_traffic_that_has_ended_no_longer_holds_its_cluster_down() -> None:
+    # the window still remembers b's burst, but this tick b takes only its weight's part, and
+    # its KV shows it nearly idle
+    ended = local_fleet(b_arrivals=1.5, b_kv=0.05)
+    assert fair_shares(ended, LOCAL_BASE, LOCAL_WINDOW) == {}
+    decision = capacity.decide(
+        ended, {"a": 49, "b": 2, "c": 49}, LOCAL_BASE, P, False, LOCAL_WINDOW
+    )
+    assert decision.changed and decision.weights is not None and decision.weights["b"] > 8
 
 
 def test_a_rest_step_keeps_the_cap_it_computed() -> None:
