@@ -525,8 +525,8 @@ class PageReader:
             return None
         fold = page.fold
         if fold is None or fold.sample_name != latency + "_bucket":
-            fold = Fold(latency, self._keep(engine) if engine else None)
-            fold.add_all(page.samples.get(latency + "_bucket", ()))
+            fold = Fold(latency, self._keep(engine) if engine else None, self._layouts)
+            fold.add_samples(page.samples.get(latency + "_bucket", ()))
         return fold.folded(page.samples)
 
 

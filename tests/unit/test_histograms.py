@@ -355,6 +355,41 @@ def test_a_fold_summed_by_columns_is_the_line_by_line_sum_to_the_last_bit(layout
             _sums_as_line_by_line(fold, text)
 
 
+@pytest.mark.parametrize(
+    "layout",
+    ["blocks", "descending", "split", "twice", "missing", "bucket-major", "no-number", "stray"],
+)
+def test_samples_summed_by_columns_are_their_line_by_line_sum_to_the_last_bit(
+    layout: str,
+) -> None:
+    """A Ray replica's buckets, told apart after its node's page was read, are summed by
+    columns (``add_samples``) where they are laid out for it and all match the fold's
+    ``keep``: the same series, bounds, counts (to the bit) and repeats as ``add_all``'s line
+    by line; a keep that some lines miss, or a layout that is not blocks, goes line by line."""
+    rng = random.Random(f"samples-{layout}")
+    layouts = histograms.Layouts()
+    for _ in range(40):
+        text, engines = _laid_out(rng, layout)
+        whole = EXTRACTOR.extract(text).by_name()
+        buckets = whole[f"{E2E}_bucket"]
+        for keep in (None, {"engine": engines[0]}, {"engine": "absent"}):
+            for _ in range(2):  # the second time, from the layout kept the first
+                fast = histograms.Fold(E2E, keep, layouts).add_samples(buckets)
+                slow = histograms.Fold(E2E, keep).add_all(buckets)
+                assert (fast.duplicates, fast.first_duplicate) == (
+                    slow.duplicates,
+                    slow.first_duplicate,
+                )
+                a, b = fast.folded(whole), slow.folded(whole)
+                assert (a is None) == (b is None)
+                if a is not None and b is not None:
+                    assert (a.series, a.histogram.bounds) == (b.series, b.histogram.bounds)
+                    assert _bits(a.histogram.counts) == _bits(b.histogram.counts)
+                    assert _bits(a.counts) == _bits(b.counts)
+    if layout in ("blocks", "descending"):
+        assert len(layouts) > 0  # these were summed by columns, their layouts kept
+
+
 def test_a_layout_kept_from_earlier_pages_sums_only_a_page_laid_out_the_same() -> None:
     """One reader's ``Layouts`` over pages of every layout, mixed: those of one number of
     lines may hold the same label sets in another order ("split", "bucket-major"), or
@@ -381,7 +416,7 @@ def test_a_layout_kept_from_earlier_pages_sums_only_a_page_laid_out_the_same() -
         assert isinstance(fold, histograms.Fold)
         reused += layouts.get(fold.labels) is not None
         _sums_as_line_by_line(fold, text)
-        assert len(layouts) <= histograms.Layouts.LIMIT
+        assert layouts.lines <= histograms.Layouts.LINES
     assert reused >= 20  # pages laid out as an earlier one were summed by its layout
 
 
