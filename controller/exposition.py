@@ -128,26 +128,62 @@ class _Kept(Generic[_T]):
         return self.size + sum(map(len, self.old))
 
 
+class _Idents:
+    """A number for each (series, bound) worked out: equal pairs get the same number whatever
+    label text they were parsed from (``{a="1",le="1"}``, ``{le="1.0",a="1"}``), so a page's
+    repeated series are found by comparing small ints (``first_of_each``). Numbers are never
+    reused; past ``LIMIT`` pairs the table starts afresh, and a number given before it did
+    (below ``first``) is no longer vouched for: its label set is compared whole, and numbered
+    again (``current``)."""
+
+    LIMIT = 1 << 15
+
+    def __init__(self) -> None:
+        self._numbers: dict[tuple[tuple[tuple[str, str], ...], float | None], int] = {}
+        self._next = 0
+        self.first = 0  # the first number of the table as it is
+
+    def number(self, series: tuple[tuple[str, str], ...], bound: float | None) -> int:
+        found = self._numbers.get((series, bound))
+        if found is not None:
+            return found
+        if len(self._numbers) >= self.LIMIT:
+            self._numbers.clear()
+            self.first = self._next
+        found = self._numbers[series, bound] = self._next
+        self._next += 1
+        return found
+
+
+_IDENTS = _Idents()
+
+
 class Labels(dict[str, str]):
     """A parsed label set, one object per distinct label text and shared by every sample that
     carries it (the extractor's cache hands out the same object). What histograms need from
     it is worked out on first use and kept: ``series``, the labels without ``le`` in order,
-    and ``bound``, ``le`` as a number (``None`` when absent or not a number). Read them
-    through ``derived()``; until then the slots are empty, so a label set that is never a
-    histogram bucket costs only its dict."""
+    ``bound``, ``le`` as a number (``None`` when absent or not a number), and ``ident``, the
+    pair's number (``_Idents``). Read them through ``derived()``; until then the slots are
+    empty, so a label set that is never a histogram bucket costs only its dict."""
 
-    __slots__ = ("bound", "series")
+    __slots__ = ("bound", "ident", "series")
     series: tuple[tuple[str, str], ...]
     bound: float | None
+    ident: int
 
     def derived(self) -> tuple[tuple[tuple[str, str], ...], float | None]:
         try:
             return self.series, self.bound
         except AttributeError:
             pass
-        self.series = tuple(sorted((k, v) for k, v in self.items() if k != "le"))
-        self.bound = bound_or_none(self["le"]) if "le" in self else None
+        series = tuple(sorted((k, v) for k, v in self.items() if k != "le"))
+        self.settle(series, bound_or_none(self["le"]) if "le" in self else None)
         return self.series, self.bound
+
+    def settle(self, series: tuple[tuple[str, str], ...], bound: float | None) -> None:
+        """Keep what ``derived`` reads: the series, the bound and the pair's number."""
+        self.series, self.bound = series, bound
+        self.ident = _IDENTS.number(series, bound)
 
     def key(self) -> tuple[tuple[str, str], ...]:
         """``series`` alone, from its slot once worked out: what a series is keyed by."""
@@ -478,11 +514,11 @@ class Extractor:
             return None  # a duplicate: the general parse says so
         labels = Labels(series)
         labels["le"] = bound
-        labels.series = series.derived()[0]
         try:  # a histogram's bounds recur in every one of its series
-            labels.bound = self._bounds[bound]
+            number = self._bounds[bound]
         except KeyError:
-            labels.bound = self._bound(bound)
+            number = self._bound(bound)
+        labels.settle(series.derived()[0], number)
         return labels
 
     def _bound(self, text: str) -> float | None:
@@ -501,8 +537,14 @@ def first_of_each(samples: list[Sample]) -> tuple[list[Sample], Sample | None, i
     if len(samples) < 2:
         return samples, None, 0
     try:  # the usual group: as many series (le as a number) as samples, in C from the slots
-        if len(set(map(_SERIES_BOUND, map(_LABELS, samples)))) == len(samples):
-            return samples, None, 0
+        idents = list(map(_IDENT, map(_LABELS, samples)))
+        if min(idents) >= _IDENTS.first:
+            if len(set(idents)) == len(samples):
+                return samples, None, 0
+        else:  # numbered before the table started afresh: number again, compare whole below
+            for labels in map(_LABELS, samples):
+                if type(labels) is Labels and labels.ident < _IDENTS.first:
+                    labels.settle(labels.series, labels.bound)
     except AttributeError:  # a label set not worked out yet, or a plain dict: read below
         pass
     seen: set[tuple[tuple[tuple[str, str], ...], object]] = set()
@@ -526,7 +568,7 @@ def _derived(labels: dict[str, str]) -> tuple[tuple[tuple[str, str], ...], float
 
 # A Sample's labels; their worked-out series and bound (distinct pairs are distinct keys below:
 # a bound that is not a number is None, and its le text decides only where pairs are equal)
-_LABELS, _SERIES_BOUND = itemgetter(1), attrgetter("series", "bound")
+_LABELS, _IDENT = itemgetter(1), attrgetter("ident")
 
 
 # No real sample line comes near this (labels are short); a longer "line" is a hostile or

@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from controller import exposition
 from controller.exposition import OPENMETRICS, TEXT, Extractor, PageStream, go_float
 from controller.histograms import collect
 from controller.model import PodError, Reason
@@ -141,6 +142,28 @@ def test_a_repeated_histogram_series_keeps_its_first_buckets_and_count() -> None
     twice = page(_epp_histogram([2, 5, 6], repeat_bucket=1), extractor=EPP_EXTRACTOR)
     assert collect(twice.samples, EPP_LATENCY) == plain
     assert twice.duplicates == 2
+
+
+def test_a_series_repeated_under_another_text_is_found_when_its_number_table_restarted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Repeats are found by each (series, bound)'s number (``exposition._Idents``). When the
+    table starts afresh, label sets numbered before it keep their old numbers: one of them
+    beside the same series under another label text (numbered anew) is still a repeat."""
+    monkeypatch.setattr(exposition._Idents, "LIMIT", 8)
+    monkeypatch.setattr(exposition, "_IDENTS", exposition._Idents())
+    extractor = Extractor(gauges=[RUNNING])
+    first = f'{RUNNING}{{engine="0",model_name="m"}} 2\n{RUNNING}{{engine="1"}} 3\n'
+    assert page(first, extractor=extractor).duplicates == 0  # numbered in the first table
+    for i in range(3):  # enough other series to fill it and start afresh
+        flood = "".join(f'{RUNNING}{{engine="{i}{j}"}} 1\n' for j in range(8))
+        assert page(flood, extractor=extractor).duplicates == 0
+    assert exposition._IDENTS.first > 0
+    text = first + f'{RUNNING}{{model_name="m",engine="0"}} 5\n'
+    for _ in range(2):  # the second time, every label set has its number
+        again = page(text, extractor=extractor)
+        assert again.duplicates == 1
+        assert [s.value for s in again.samples[RUNNING]] == [2.0, 3.0]
 
 
 def test_a_repeated_pod_bucket_is_kept_at_its_first_value_when_folded() -> None:
