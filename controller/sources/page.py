@@ -206,26 +206,32 @@ def replicas_on(page: Page, engine: Engine) -> Split:
 
 
 def _by_replica(page: ByName, engine: Engine) -> Split:
+    """``replicas_on``'s split. A name's samples come in runs of one replica and process (a
+    replica's buckets, one after another), so each sample costs its labels' lookups and an
+    append; the groups are looked up where a run starts."""
     assert engine.replica_label is not None
     label, process, model = engine.replica_label, engine.process_label, engine.model_label
     units: dict[str, dict[str, ByName]] = {}
     models: dict[tuple[str, str], set[str]] = {}
     for name, samples in page.items():
+        run: tuple[str, str] | None = None
+        group: list[Sample] = []
+        named: set[str] = set()
         for sample in samples:
             labels = sample.labels
             replica = labels.get(label)
             if replica is None:
                 continue
             worker = labels.get(process, "") if process else ""
-            unit = units.setdefault(replica, {}).setdefault(worker, {})
-            group = unit.get(name)
-            if group is None:
-                unit[name] = [sample]
-                models.setdefault((replica, worker), set()).add(labels.get(model, ""))
-            else:
-                group.append(sample)
-                if (value := labels.get(model, "")) not in models[replica, worker]:
-                    models[replica, worker].add(value)
+            if run is None or replica != run[0] or worker != run[1]:
+                run = (replica, worker)
+                unit = units.setdefault(replica, {}).setdefault(worker, {})
+                group = unit.setdefault(name, [])
+                named = models.setdefault(run, set())
+            group.append(sample)
+            value = labels.get(model, "")
+            if value not in named:
+                named.add(value)
     return {
         replica: {w: (series, frozenset(models[replica, w])) for w, series in workers.items()}
         for replica, workers in units.items()

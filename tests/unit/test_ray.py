@@ -3,15 +3,19 @@ cluster's model is read as a pod, keyed by its ``ReplicaId`` whatever node page 
 
 from __future__ import annotations
 
+import random
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from controller.engines import ENGINES
+from controller.exposition import Sample
 from controller.model import CapacityFrom, ClusterMetrics, PodError, Reason
 from controller.settings import build_settings
 from controller.signals import capacity_from, pods
 from controller.sources.between import REPLICA_READS
-from controller.sources.page import POD_EXTRACTOR, Page, read_page
+from controller.sources.page import POD_EXTRACTOR, Page, read_page, replicas_on
 from controller.sources.reader import PageReader
 from tests.support.engines import Load, Replica, ray_node_page
 
@@ -250,3 +254,38 @@ def test_a_cluster_naming_no_model_on_a_node_of_two_is_told_so() -> None:
     assert [n.reason for n in mixed.notices] == [Reason.MIXED_MODELS]
     assert A in mixed.notices[0].detail and B in mixed.notices[0].detail
     assert read(reader(A), [node(TWO_MODELS)]).notices == ()
+
+
+def test_a_node_page_is_split_by_replica_and_process_whatever_order_its_lines_come_in() -> None:
+    """``replicas_on`` groups by runs of one replica; shuffled lines (one replica's buckets
+    between another's, a restarted replica's two processes interleaved) are grouped as a
+    plain dictionary would group them, each name's samples in page order."""
+    restarted = [
+        *TWO_MODELS,
+        Replica(A, Load(kv=0.5, waiting=0, running=1, blocks=20_000), "a-1", OLD),
+        Replica(A, Load(kv=0.6, waiting=1, running=2, blocks=20_000), "a-1", NEW),
+    ]
+    engine = ENGINES["ray-vllm"]
+    label, process, model = engine.replica_label, engine.process_label, engine.model_label
+    assert label is not None and process is not None
+    rng = random.Random("split")
+    for _ in range(20):
+        whole = node(restarted)
+        shuffled = {
+            name: rng.sample(samples, len(samples)) for name, samples in whole.samples.items()
+        }
+        page = replace(whole, samples=shuffled, split={})
+        expected: dict[str, dict[str, dict[str, list[Sample]]]] = {}
+        names: dict[tuple[str, str], set[str]] = {}
+        for name, samples in shuffled.items():
+            for s in samples:
+                if label not in s.labels:
+                    continue
+                replica, worker = s.labels[label], s.labels.get(process, "")
+                group = expected.setdefault(replica, {}).setdefault(worker, {})
+                group.setdefault(name, []).append(s)
+                names.setdefault((replica, worker), set()).add(s.labels.get(model, ""))
+        split = replicas_on(page, engine)
+        assert {r: {w: dict(u) for w, (u, _) in ws.items()} for r, ws in split.items()} == expected
+        assert {(r, w): set(m) for r, ws in split.items() for w, (_, m) in ws.items()} == names
+        assert len(expected) == 3 and len(expected["a-1"]) == 3  # its three processes
