@@ -160,11 +160,8 @@ class Reconciler:
     # ---- read and judge ----------------------------------------------------------------------
     async def _read(self) -> list[ClusterMetrics]:
         sources = list(self._fleet.sources.values())
-        return await asyncio.gather(*(self._fetch(source) for source in sources))
-
-    async def _fetch(self, source: ClusterMetricsSource) -> ClusterMetrics:
         deadline = self._settings.interval * DEADLINE_SHARE
-        return await fetch_within(source, deadline, self._clock, self._metrics, self._conditions)
+        return await fetch_all(sources, deadline, self._clock, self._metrics, self._conditions)
 
     def _judge(self, fetched: Sequence[ClusterMetrics]) -> None:
         now = self._clock()
@@ -335,21 +332,48 @@ class Reconciler:
 T = TypeVar("T")
 
 
-async def fetch_within(
-    source: ClusterMetricsSource,
+async def fetch_all(
+    sources: Sequence[ClusterMetricsSource],
     deadline: float,
     clock: Callable[[], float],
     metrics: ControllerMetrics,
     conditions: Conditions,
-) -> ClusterMetrics:
-    """One cluster's fetch, failed as ``timeout`` past ``deadline`` and as ``internal`` if the
-    source raised (a bug in one source must not take the others down)."""
+) -> list[ClusterMetrics]:
+    """Every cluster's fetch at once, in ``sources``' order: one still out ``deadline`` after
+    they began fails as ``timeout`` (its fetch cancelled, the others kept), one whose source
+    raised as ``internal`` (a bug in one source must not take the others down). One timer for
+    the stage, not one per cluster: in a replay of a week that was a tenth of each tick."""
+    tasks = [
+        asyncio.ensure_future(_fetch(source, clock, metrics, conditions)) for source in sources
+    ]
+    if not tasks:
+        return []
     try:
-        async with asyncio.timeout(deadline):
-            return await source.fetch()
-    except TimeoutError:
-        detail = f"tick deadline {deadline:g}s passed"
-        return ClusterMetrics.failed(source.cluster, clock(), Reason.TIMEOUT, detail)
+        _, late = await asyncio.wait(tasks, timeout=deadline)
+    finally:  # the deadline passed, or the tick itself was cancelled: nothing left running
+        for task in tasks:
+            task.cancel()
+    if late:
+        await asyncio.wait(late)  # each winds down as a cancelled fetch does
+    detail = f"tick deadline {deadline:g}s passed"
+    return [
+        ClusterMetrics.failed(source.cluster, clock(), Reason.TIMEOUT, detail)
+        if task in late
+        else task.result()
+        for source, task in zip(sources, tasks, strict=True)
+    ]
+
+
+async def _fetch(
+    source: ClusterMetricsSource,
+    clock: Callable[[], float],
+    metrics: ControllerMetrics,
+    conditions: Conditions,
+) -> ClusterMetrics:
+    try:
+        return await source.fetch()
+    except asyncio.CancelledError:
+        raise
     except Exception as exc:
         metrics.reconcile_errors.labels("fetch").inc()
         key = ("fetch", source.cluster)

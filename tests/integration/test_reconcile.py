@@ -143,6 +143,31 @@ async def test_the_tick_deadline_fails_only_the_slow_cluster() -> None:
     assert report.targets["configured"].outcome.applied == {"a": 0, "b": 100}
 
 
+@pytest.mark.looptime
+async def test_a_slow_cluster_is_cut_off_at_the_deadline_and_a_cancelled_tick_leaves_none() -> None:
+    """The read stage has one deadline for every cluster: a fetch still out is cancelled
+    there (it does not run on into the next tick), the others kept; a tick cancelled while
+    its fetches are out (the daemon stopping) cancels them all."""
+    a, b = Timed("a", delay=5), Timed("b", delay=0.05)
+    reconciler, _, _ = make(settings(0.1), a, b)
+    report = await reconciler.tick()
+    assert a.active == 0  # cut off at 0.08 s, not left running for 5 s
+    assert report.clusters["b"].metrics is not None and report.clusters["b"].metrics.errors == ()
+    a.delay = b.delay = 1.0
+    tick = asyncio.create_task(reconciler.tick())
+    for _ in range(100):  # bounded: both fetches start within a few loop turns
+        if a.active and b.active:
+            break
+        await asyncio.sleep(0)
+    assert a.active == b.active == 1
+    tick.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await tick
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert a.active == b.active == 0
+
+
 async def test_a_raising_source_is_counted_and_the_loop_goes_on() -> None:
     a, b = Timed("a"), Timed("b")
     reconciler, _, registry = make(settings(), a, b)
