@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from enum import StrEnum
 from operator import attrgetter
@@ -342,17 +342,29 @@ class TargetDecision:
 
 
 Record = TypeVar("Record", bound="DataclassInstance")
-_INIT_FIELDS: dict[type, tuple[str, ...]] = {}
+_INIT_FIELDS: dict[type, tuple[tuple[str, ...], Callable[[Any], Any], frozenset[str]]] = {}
+_new, _set = object.__new__, object.__setattr__
 
 
 def replaced(record: Record, **changes: Any) -> Record:
     """``dataclasses.replace`` for the frozen records here, without its checks of each field
-    (all of theirs are init fields): it runs per cluster per tick, where ``replace`` costs
-    more than building the record (replay's moved load, the capacity estimates)."""
+    and without ``__init__`` (all their fields are init fields, none has ``__post_init__``):
+    each field set as a frozen ``__init__`` sets it. It runs per cluster per tick, where
+    ``replace`` costs more than building the record (replay's moved load, the capacity
+    estimates): 5.9 → 3.6 µs a ``ClusterMetrics``."""
     kind = type(record)
-    names = _INIT_FIELDS.get(kind)
-    if names is None:
-        names = _INIT_FIELDS[kind] = tuple(f.name for f in fields(kind) if f.init)
-    values = dict(zip(names, attrgetter(*names)(record), strict=True))
-    values.update(changes)
-    return kind(**values)
+    known = _INIT_FIELDS.get(kind)
+    if known is None:
+        assert not hasattr(kind, "__post_init__"), kind
+        names = tuple(f.name for f in fields(kind))
+        assert len(names) > 1 and all(f.init for f in fields(kind)), kind
+        known = _INIT_FIELDS[kind] = (names, attrgetter(*names), frozenset(names))
+    names, values, named = known
+    copy = _new(kind)
+    for name, value in zip(names, values(record), strict=True):
+        _set(copy, name, value)
+    for name, value in changes.items():
+        if name not in named:
+            raise TypeError(f"{kind.__name__} has no field {name!r}")
+        _set(copy, name, value)
+    return copy

@@ -93,19 +93,16 @@ def responded(metrics: ClusterMetrics, factor: float) -> ClusterMetrics:
     if queue is not None or running is not None:
         queue = (queue or 0.0) * factor + (running or 0.0) * (factor - admitted)
     pods = metrics.pods_answering
-
-    def scaled(value: float | None, by: float, cap: float = math.inf) -> float | None:
-        return None if value is None else min(cap, value * by)
-
+    kv_max, arrived, completed = metrics.kv_max, metrics.arrived, metrics.completed
     return replaced(
         metrics,
-        kv_mean=scaled(kv, factor, 1.0),
-        kv_max=scaled(metrics.kv_max, factor, 1.0),
+        kv_mean=None if kv is None else min(1.0, kv * factor),
+        kv_max=None if kv_max is None else min(1.0, kv_max * factor),
         queue_depth=queue,
         queue_per_pod=queue / pods if queue is not None and pods else metrics.queue_per_pod,
-        running=scaled(running, admitted),
-        arrived=scaled(metrics.arrived, factor),
-        completed=scaled(metrics.completed, admitted),
+        running=None if running is None else running * admitted,
+        arrived=None if arrived is None else arrived * factor,
+        completed=None if completed is None else completed * admitted,
     )
 
 

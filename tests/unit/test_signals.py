@@ -116,3 +116,8 @@ def test_replaced_is_dataclasses_replace_for_the_hot_records() -> None:
     ):
         assert replaced(record, **changes) == dataclasses.replace(record, **changes)
         assert replaced(record, **changes) is not record
+    copy = replaced(metrics, kv_mean=0.3)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        copy.kv_mean = 0.5  # type: ignore[misc]
+    with pytest.raises(TypeError, match="no field 'kv'"):
+        replaced(metrics, kv=0.2)
