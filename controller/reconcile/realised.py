@@ -68,6 +68,7 @@ class Window:
     _requests: dict[str, float] = field(default_factory=dict)
     _intended: dict[str, float] = field(default_factory=dict)
     _present: dict[str, int] = field(default_factory=dict)  # ticks of the window counting a ref
+    _shares: tuple[dict[str, float], dict[str, float]] | None = None  # as the last add left it
 
     def add(
         self,
@@ -92,6 +93,7 @@ class Window:
             shares = {ref: 100.0 * w / total for ref, w in weights.items()}
             served.append((now, counts, shares))
             self._count(counts, shares, 1.0)
+        self._shares = None
         return self.shares()
 
     def _count(self, counts: Mapping[str, float], shares: Mapping[str, float], sign: float) -> None:
@@ -105,6 +107,13 @@ class Window:
             intended[ref] = intended.get(ref, 0.0) + sign * share
 
     def shares(self) -> tuple[dict[str, float], dict[str, float]]:
+        """The realised and intended shares over the window as the last ``add`` left it
+        (worked out once: the report shows them, and the next tick's law reads them)."""
+        if self._shares is None:
+            self._shares = self._worked_out()
+        return self._shares
+
+    def _worked_out(self) -> tuple[dict[str, float], dict[str, float]]:
         requests = self._requests
         seen = sum(requests.values())
         if seen < MIN_REQUESTS or not self.served:
