@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -283,12 +283,16 @@ class Target:
         return {ref.name: ref.cluster for ref in self.refs}
 
     def holding(self, weights: Mapping[str, int]) -> Target:
-        """The same target with ``weights`` in place of what it holds (refs not named keep)."""
+        """The same target with ``weights`` in place of what it holds (refs not named keep),
+        every weight stated. A ref that already holds its weight so is kept as it is: a
+        target that holds still builds no ref (this runs twice per target per tick)."""
         refs = tuple(
-            Ref(r.path, r.name_path, r.name, weights.get(r.name, r.weight), r.cluster)
+            r
+            if r.stated and weights.get(r.name, r.weight) == r.weight
+            else Ref(r.path, r.name_path, r.name, weights.get(r.name, r.weight), r.cluster)
             for r in self.refs
         )
-        return replace(self, refs=refs)
+        return replaced(self, refs=refs)
 
 
 class Write(StrEnum):

@@ -121,3 +121,23 @@ def test_replaced_is_dataclasses_replace_for_the_hot_records() -> None:
         copy.kv_mean = 0.5  # type: ignore[misc]
     with pytest.raises(TypeError, match="no field 'kv'"):
         replaced(metrics, kv=0.2)
+
+
+def test_a_target_holding_new_weights_states_them_and_keeps_the_refs_that_already_hold() -> None:
+    from controller.model import Ref, Target
+
+    refs = (
+        Ref("/r/0", "/n", "east", 50, "east"),
+        Ref("/r/1", "/n", "west", 50, "west", stated=False),  # a default, not yet written
+        Ref("/r/2", "/n", "other", 7, None),
+    )
+    target = Target("ExternalModel", "ns", "m", "uid", "1", refs, paused="by hand")
+    moved = target.holding({"east": 30, "west": 50})
+    assert [(r.name, r.weight, r.stated) for r in moved.refs] == [
+        ("east", 30, True),
+        ("west", 50, True),
+        ("other", 7, True),
+    ]
+    assert moved.refs[2] is refs[2] and moved.paused == "by hand" and target.refs == refs
+    still = target.holding({"east": 50})
+    assert still.refs[0] is refs[0] and still.refs[1] is not refs[1]
