@@ -409,7 +409,7 @@ class Layouts:
         return kept[1]
 
     def keep(self, labels: list[dict[str, str]], layout: _Layout) -> None:
-        if not labels:
+        if not labels or len(labels) > self.LINES // 4:  # a hostile replica's: not kept
             return
         key = (len(labels), id(labels[0]))
         if key not in self._kept:

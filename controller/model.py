@@ -359,9 +359,13 @@ def replaced(record: Record, **changes: Any) -> Record:
     kind = type(record)
     known = _INIT_FIELDS.get(kind)
     if known is None:
-        assert not hasattr(kind, "__post_init__"), kind
         names = tuple(f.name for f in fields(kind))
-        assert len(names) > 1 and all(f.init for f in fields(kind)), kind
+        if (
+            hasattr(kind, "__post_init__")
+            or len(names) < 2
+            or not all(f.init for f in fields(kind))
+        ):
+            raise TypeError(f"replaced() copies records of init fields only: {kind.__name__}")
         known = _INIT_FIELDS[kind] = (names, attrgetter(*names), frozenset(names))
     names, values, named = known
     copy = _new(kind)

@@ -388,6 +388,7 @@ def test_samples_summed_by_columns_are_their_line_by_line_sum_to_the_last_bit(
                     assert _bits(a.counts) == _bits(b.counts)
     if layout in ("blocks", "descending"):
         assert len(layouts) > 0  # these were summed by columns, their layouts kept
+    assert layouts.lines <= histograms.Layouts.LINES
 
 
 def test_a_layout_kept_from_earlier_pages_sums_only_a_page_laid_out_the_same() -> None:
@@ -486,3 +487,17 @@ def test_a_long_page_of_buckets_is_summed_as_it_streams_and_the_same_as_line_by_
     assert max(waiting) < FOLD_BATCH + per_piece
     assert sum(1 for a, b in pairwise(waiting) if b < a) >= 2  # summed along the way
     _sums_as_line_by_line(fold, text)
+
+
+def test_layouts_never_hold_more_label_sets_than_their_cap() -> None:
+    """A replica's buckets come whole, not in batches: one hostile replica of more lines
+    than the cap allows is summed but not kept, and many small ones are dropped and kept
+    afresh, so what is held stays bounded."""
+    layouts = histograms.Layouts()
+    big = [{"le": str(i)} for i in range(histograms.Layouts.LINES)]
+    layouts.keep(big, object())  # type: ignore[arg-type]
+    assert len(layouts) == 0 and layouts.lines == 0
+    for i in range(histograms.Layouts.LINES // 10):
+        layouts.keep([{"r": str(i), "le": str(b)} for b in range(22)], object())  # type: ignore[arg-type]
+        assert layouts.lines <= histograms.Layouts.LINES
+    assert 0 < len(layouts) < histograms.Layouts.LINES // 10
