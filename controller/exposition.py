@@ -133,8 +133,8 @@ class _Idents:
     label text they were parsed from (``{a="1",le="1"}``, ``{le="1.0",a="1"}``), so a page's
     repeated series are found by comparing small ints (``first_of_each``). Numbers are never
     reused; past ``LIMIT`` pairs the table starts afresh, and a number given before it did
-    (below ``first``) is no longer vouched for: its label set is compared whole, and numbered
-    again (``current``)."""
+    (below ``first``) is no longer vouched for: ``first_of_each`` compares its group whole and
+    numbers the label set again."""
 
     LIMIT = 1 << 15
 

@@ -389,7 +389,7 @@ class Layouts:
     out again costs more than the sums (benchmarks/README.md). Kept by their number of lines
     and first label set, at most ``LINES`` label sets in all (a few batches of one page's
     bucket lines, ``FOLD_BATCH``, or a few hundred replicas' own): past it, all are
-    dropped and kept afresh."""
+    dropped and kept afresh; a layout of more than a quarter of that is not kept."""
 
     __slots__ = ("_kept", "_lines")
     LINES = 16_384

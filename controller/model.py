@@ -216,8 +216,9 @@ class Decision:
     law: str = field(default="capacity", kw_only=True)  # weights.law in force
 
 
-# Per cluster (or ref): the share of requests it served and the share its weights intended,
-# 0..100, over ``weights.realised_window`` (``reconcile/realised.py``).
+# Per cluster: the share of requests it served and the share its weights intended, 0..100,
+# over ``weights.realised_window`` (``reconcile/realised.py``; ``weights.weigh`` is handed
+# the two per ref, as the window keeps them, and sums each cluster's refs).
 Served = Mapping[str, tuple[float, float]]
 
 
