@@ -9,8 +9,9 @@ every pod on a loopback address of its own (127.1.x.y), every connection closed 
 page, as a fleet of default vLLMs does (``VLLM_HTTP_TIMEOUT_KEEP_ALIVE`` is 5 s, under a 10 s
 interval) unless ``--keep-alive``. ``--epp`` gives every cluster of 10 pods an EPP page too
 (the llm-d-router request-duration capture), as a cluster behind llm-d has. ``--ray`` serves
-a Ray node's page instead (``ray_page``: 16 Ray Serve replicas of 3 models, ~374 KiB), and
-each 10 nodes are three clusters, one per model, each scraping all 10.
+a Ray node's page instead (``ray_page``: 16 Ray Serve replicas of 3 models, ~374 KiB), each
+node's its own (its address, its workers' and replicas' ids, as a real fleet's pages differ),
+and each 10 nodes are three clusters, one per model, each scraping all 10.
 ``weight-controller run`` scrapes them every 10 s for ``--seconds``. Its CPU comes from
 /proc/<pid>/stat, its peak RSS from VmHWM, tick durations from its own reconcile histogram on
 /metrics, and failing pages (first tick and last) from /debug/state.
@@ -65,13 +66,18 @@ from aiohttp import web
 sys.path.insert(0, {root!r})
 from benchmarks.vllm_page import vllm_v1_page
 from benchmarks.ray_page import ray_node_page
-body = (ray_node_page() if {ray!r} else vllm_v1_page()).encode()
+hosts = json.loads(sys.stdin.read())
+# a Ray node's page names the node, its workers and its replicas: each host serves its own
+ray = {ray!r}
+bodies = {{h: ray_node_page(node=h, seed=i).encode() for i, h in enumerate(hosts) if ray}}
+body = vllm_v1_page().encode()
 epp = [line.rsplit(" ", 1) if line and not line.startswith("#") else [line]
        for line in open({epp!r}).read().splitlines()]
 keep = {keep!r}
 hits = 0
 async def page(request):
-    response = web.Response(body=body, content_type="text/plain")
+    host = request.transport.get_extra_info("sockname")[0]
+    response = web.Response(body=bodies.get(host, body), content_type="text/plain")
     if not keep:
         response.force_close()
     return response
@@ -88,7 +94,6 @@ async def epp_page(request):
 app = web.Application()
 app.router.add_get("/metrics", page)
 app.router.add_get("/epp/metrics", epp_page)
-hosts = json.loads(sys.stdin.read())
 web.run_app(app, host=hosts, port={port}, print=None, access_log=None, backlog=4096,
             keepalive_timeout=75)
 """

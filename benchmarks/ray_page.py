@@ -7,7 +7,7 @@ operation histograms by method, labelled ``Component``, ``NodeAddress``, ``Sessi
 ``Version`` and OpenTelemetry's scope), and each replica's vLLM series are named and tagged as
 vLLM's Ray stat logger reports them (``vllm/v1/metrics/ray_wrappers.py``: ``ray_vllm_``,
 ``ReplicaId``, ``WorkerId``). Ray's own share is sized to the real page's; the numbers are
-made up.
+made up, and each node's page (``node``, ``seed``) names its own workers and replicas.
 """
 
 from __future__ import annotations
@@ -69,8 +69,16 @@ def ray_node_page(
             f'ray_grpc_server_req_new_total{{Component="raylet",Method="M{m}",{base},{SCOPE}}}'
             f" {float(rng.randint(0, 9999))}"
         )
+    # every node's replicas and workers are its own (Ray names them at random: an 8-character
+    # replica id, a 56-hex-digit worker id), so no two nodes' pages share a wanted line
     units = [
-        (f"replica-{i}", MODELS[i % models], f"{i:02d}" * 28, rng.random()) for i in range(replicas)
+        (
+            f"{rng.getrandbits(32):08x}",
+            MODELS[i % models],
+            f"{rng.getrandbits(224):056x}",
+            rng.random(),
+        )
+        for i in range(replicas)
     ]
 
     def tags(replica: str, worker: str, model: str | None) -> str:

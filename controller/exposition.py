@@ -488,26 +488,37 @@ class Extractor:
         self._bounds = {}
 
     def _bucket_labels(self, text: str) -> Labels | None:
-        """A bucket's label set (``{…,le="0.5"}``) from its series' (``{…}``): the series is
-        parsed once for all its buckets, its ``_sum`` and ``_count`` and the gauges with the
-        same labels, so a first scrape costs a dict copy per bucket instead of a parse.
-        ``None`` where the text is not that shape; the general parse then decides.
+        """A bucket's label set (``{…,le="0.5",…}``) from its series' (the text without the
+        ``le`` pair): the series is parsed once for all its buckets, its ``_sum`` and
+        ``_count`` and the gauges with the same labels, so a bucket seen for the first time
+        costs a dict copy instead of a parse. ``le`` may be last (client_python, vLLM) or
+        anywhere (Ray writes its labels sorted, OpenTelemetry's scope after ``le``). ``None``
+        where the text is not that shape; the general parse then decides.
 
-        The split is exact: a series text that parses on its own and ends with a closing quote
-        (no trailing comma or space), then ``,le="v"`` with no quote or backslash in ``v``,
-        tokenises only one way."""
+        The split is exact. Write the text ``P,le="v"S``, with no quote or backslash in
+        ``v`` and ``S`` either ``}`` or ``,…``. When ``P}`` parses on its own and ``P`` ends
+        with a quote, that quote closes a value in the whole text too (a value ends at the
+        first unescaped quote, so the text is tokenised through ``P`` as ``P}`` is); then
+        ``,le="v"`` is one pair, and ``S`` follows a closed value in the text as it does in
+        ``PS``. So the text parses exactly when ``PS`` does, to ``PS``'s pairs and ``le``."""
         if len(text) > _SHORTCUT_CHARS:
             return None
-        series_text, _, bound = text.rpartition(',le="')
-        if series_text[-1:] != '"' or bound[-2:] != '"}':
+        at = text.find(',le="')
+        if at < 0 or text[at - 1] != '"':
             return None
-        bound = bound[:-2]
-        if '"' in bound or "\\" in bound:
+        close = text.find('"', at + 5)
+        if close < 0:
+            return None
+        bound, rest = text[at + 5 : close], text[close + 1 :]
+        if "\\" in bound or (rest != "}" and rest[:1] != ","):
             return None
         # Parsed whole, never split again: '{a="1",le="1",le="1",…}' would otherwise recurse
         # once per repeat (quadratic, and past Python's recursion limit).
+        head = text[:at]
         try:
-            series = self._labels_of(series_text + "}", split=False)
+            series = self._labels_of(head + "}", split=False)
+            if rest != "}":
+                series = self._labels_of(head + rest, split=False)
         except ValueError:
             return None
         if "le" in series:

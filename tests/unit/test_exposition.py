@@ -476,6 +476,39 @@ def test_a_bucket_label_set_comes_from_its_series_and_carries_its_bound() -> Non
     assert ours(list(extractor.extract(page).samples)) == reference(page, extractor.sample_names)
 
 
+def test_a_bucket_with_le_between_its_labels_comes_from_its_series(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ray writes its labels sorted, ``le`` among them and OpenTelemetry's scope after it: a
+    bucket seen for the first time still costs a dict copy, not a parse. Counted, not timed:
+    the page's two series (and the prefix that proves each split) are parsed, no bucket is;
+    what is read agrees with the reference, escapes and a quoted ',le=' included."""
+    from controller import exposition
+
+    parses: list[str] = []
+    real = exposition._parse_labels
+
+    def counting(body: str) -> Labels:
+        parses.append(body)
+        return real(body)
+
+    monkeypatch.setattr(exposition, "_parse_labels", counting)
+    series = ['ReplicaId="r1",WorkerId="w"', 'ReplicaId="r\\\\2",WorkerId="x\\",le=\\"9\\""']
+    page = "".join(
+        f'{HIST}_bucket{{{labels},le="{bound}",otel_scope_name="ray"}} {n}\n'
+        for labels in series
+        for n, bound in enumerate(("0.3", "1.0", "+Inf"))
+    ) + "".join(f'{HIST}_count{{{labels},otel_scope_name="ray"}} 2\n' for labels in series)
+    extractor = Extractor(histograms=[HIST])
+    found = extractor.extract(page)
+    assert found.invalid_lines == 0
+    assert ours(found.samples) == reference(page, extractor.sample_names)
+    assert len(parses) == 2 * len(series)  # each series, and its prefix: never a bucket
+    buckets, counts = found.grouped[HIST + "_bucket"], found.grouped[HIST + "_count"]
+    assert buckets[4].labels == {**counts[1].labels, "le": "1.0"}
+    assert buckets[4].labels.derived() == (counts[1].labels.derived()[0], 1.0)
+
+
 def test_a_bucket_label_text_repeating_le_is_parsed_a_bounded_number_of_times(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
