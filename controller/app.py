@@ -16,7 +16,7 @@ from types import TracebackType
 import aiohttp
 import structlog
 
-from controller import server
+from controller import exposition, server
 from controller.exporter import CacheCollector, make_registry
 from controller.kube import client as kube_client
 from controller.kube.access import AccessReviewer
@@ -411,12 +411,34 @@ def settle_collector() -> None:
     gc.set_threshold(*GC_THRESHOLD)
 
 
+class CollectorSettler:
+    """Called after each tick: once the label caches have grown to the fleet
+    (``exposition._Kept``: a Ray node's lines are its own, so 200 nodes hold ~180,000 label
+    sets and heads) and a tick went by without them dropping anything, what they hold is
+    kept for good, collected once and frozen as start-up's is. Else every full pass of the
+    collector walks all of them: 39% of the daemon's CPU over 200 Ray nodes
+    (benchmarks/README.md). Once per growth, a handful in a process's life; what they drop
+    later is freed by its reference count (label sets hold no cycles)."""
+
+    def __init__(self) -> None:
+        self._settled = exposition.growths
+        self._rotations = exposition.rotations
+
+    def __call__(self, report: TickReport | None = None) -> None:
+        grown, still = exposition.growths != self._settled, exposition.rotations == self._rotations
+        if grown and still:
+            gc.collect()
+            gc.freeze()
+            self._settled = exposition.growths
+        self._rotations = exposition.rotations
+
+
 async def serve_forever(settings: Settings, dry_run: bool = False) -> None:
     stop = asyncio.Event()
     install_signal_handlers(stop)
     server.AcceptErrors(log).install(asyncio.get_running_loop())
     raise_open_file_limit()
-    async with Controller(settings, dry_run=dry_run) as controller:
+    async with Controller(settings, dry_run=dry_run, on_tick=CollectorSettler()) as controller:
         settle_collector()
         await controller.run(stop)
     log.info("stopped")

@@ -68,12 +68,25 @@ _ESCAPE_RE = re.compile(r'\\[\\n"]')
 _UNESCAPE = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
 # Label sets and line heads repeat on every scrape and across the pods of one deployment;
 # working each out once keeps the per-line cost at one regex match and a lookup. Kept in two
-# generations (_Kept), each of at most this many entries ...
+# generations (_Kept), each of at first at most this many entries ...
 _CACHE_LIMIT = 16384
 # ... and this much text (real label texts are a few hundred characters; 16,384 of them
 # fit); a text longer than _CACHED_CHARS is not kept.
 _CACHE_BYTES = 4 * 1024 * 1024
 _CACHED_CHARS = 4096
+# A generation grows (doubling) while what it drops keeps coming back, up to this many times
+# its first size: 64 MiB of text a generation. Pods of one deployment share their lines, but
+# a Ray node's page names its node, workers and replicas, so a fleet of them wants ~470
+# bytes a line of each node (200 nodes of 16 replicas: 89,600 lines, 42 MB).
+_CACHE_GROWTH = 16
+# What a generation dropped is remembered by a bit of its hash in a filter of this many bits
+# (256 KiB, made at the first rotation), cleared once a quarter of it is set: a text that
+# is new is taken for one seen before at most a quarter of the time.
+_GHOST_BITS = 1 << 21
+# Every cache's rotations and growths, for the process: once they grew and stopped dropping
+# anything, what they hold is kept for good (``app.CollectorSettler``).
+rotations = 0
+growths = 0
 # Real label texts are a few hundred characters at most; a longer one (hostile, or broken) is
 # parsed whole, never through the bucket shortcut, which would parse its series once more.
 _SHORTCUT_CHARS = 4096
@@ -84,40 +97,80 @@ _T = TypeVar("_T")
 
 class _Kept(Generic[_T]):
     """What was worked out from a text, kept for the next page: two generations, each
-    bounded in entries and in bytes of text (``_CACHE_LIMIT``, ``_CACHE_BYTES``; a label set
-    kept for a text holds about as much again, while a head's entry refers to a label set it
-    shares with that cache). When the young one is full it becomes the old one and the
-    oldest is dropped; a hit in the old one moves back, so what is still in use survives and
-    a page of a million new texts cannot evict the fleet's working set at once. A text longer
-    than ``_CACHED_CHARS`` is never kept: worked out each time it is seen, it costs time,
-    never memory. ``young`` is read directly on the hot path (a dict's ``get``); it is a new
-    dict after each rotation."""
+    bounded in entries and in bytes of text (``limit``, ``budget``; a label set kept for a
+    text holds about as much again, while a head's entry refers to a label set it shares
+    with that cache). When the young one is full it becomes the old one and the oldest is
+    dropped; a hit in the old one moves back, so what is still in use survives and a page of
+    a million new texts cannot evict the fleet's working set at once. A text longer than
+    ``_CACHED_CHARS`` is never kept: worked out each time it is seen, it costs time, never
+    memory. ``young`` is read directly on the hot path (a dict's ``get``); it is a new dict
+    after each rotation.
 
-    __slots__ = ("old", "rotations", "size", "young")
+    A working set larger than a generation is read in a cycle (every page, every tick), so
+    each text is dropped before it comes round again and nothing is ever a hit: the cache
+    churns at full cost. That is told from a flood of new texts by what comes back: the
+    texts a rotation drops are marked in a filter (``_GHOST_BITS``), and when more than half
+    of a generation's new entries were marked, the generation doubles (``_CACHE_GROWTH``
+    times at most). A flood never comes back, so it never grows the cache; a fleet does, to
+    its size."""
+
+    __slots__ = (
+        *("_ghosts", "_marked", "_old_size", "_returned", "budget", "limit", "old", "rotations"),
+        *("size", "young"),
+    )
 
     def __init__(self, seed: dict[str, _T] | None = None) -> None:
         self.young: dict[str, _T] = dict(seed or {})
         self.old: dict[str, _T] = {}
         self.size = 0  # text held by the young generation
+        self._old_size = 0  # and by the old (its keys never change)
         self.rotations = 0  # generations dropped: churn, for tests and benchmarks
+        self.limit, self.budget = _CACHE_LIMIT, _CACHE_BYTES  # a generation's, as grown
+        self._ghosts: bytearray | None = None  # what rotations dropped (``_GHOST_BITS``)
+        self._marked = 0  # texts marked in it since it was cleared
+        self._returned = 0  # new entries of the young generation that had been dropped
 
     def recall(self, text: str) -> _T | None:
         found = self.young.get(text)
         if found is None:
             found = self.old.get(text)
             if found is not None:
-                self.keep(text, found)
+                self._put(text, found)
         return found
 
     def keep(self, text: str, value: _T) -> None:
         if len(text) > _CACHED_CHARS:
             return
-        if len(self.young) >= _CACHE_LIMIT or self.size + len(text) > _CACHE_BYTES:
-            self.old, self.young = self.young, {}
-            self.rotations += 1
-            self.size = 0
+        ghosts = self._ghosts
+        if ghosts is not None:
+            bit = hash(text) & (_GHOST_BITS - 1)
+            self._returned += ghosts[bit >> 3] >> (bit & 7) & 1
+        self._put(text, value)
+
+    def _put(self, text: str, value: _T) -> None:
+        if len(self.young) >= self.limit or self.size + len(text) > self.budget:
+            self._rotate()
         self.young[text] = value
         self.size += len(text)
+
+    def _rotate(self) -> None:
+        global rotations, growths
+        rotations += 1
+        if 2 * self._returned > len(self.young) and self.limit < _CACHE_LIMIT * _CACHE_GROWTH:
+            self.limit, self.budget = 2 * self.limit, 2 * self.budget
+            _IDENTS.fit(2 * self.limit)  # every label set two generations hold, numbered
+            growths += 1
+        ghosts = self._ghosts
+        if ghosts is None or self._marked + len(self.old) > _GHOST_BITS // 4:
+            ghosts = self._ghosts = bytearray(_GHOST_BITS // 8)
+            self._marked = 0
+        for text in self.old:  # dropped now
+            bit = hash(text) & (_GHOST_BITS - 1)
+            ghosts[bit >> 3] |= 1 << (bit & 7)
+        self._marked += len(self.old)
+        self.old, self.young = self.young, {}
+        self.rotations += 1
+        self._old_size, self.size, self._returned = self.size, 0, 0
 
     @property
     def entries(self) -> int:
@@ -125,14 +178,14 @@ class _Kept(Generic[_T]):
 
     @property
     def bytes(self) -> int:
-        return self.size + sum(map(len, self.old))
+        return self.size + self._old_size
 
 
 class _Idents:
     """A number for each (series, bound) worked out: equal pairs get the same number whatever
     label text they were parsed from (``{a="1",le="1"}``, ``{le="1.0",a="1"}``), so a page's
     repeated series are found by comparing small ints (``first_of_each``). Numbers are never
-    reused; past ``LIMIT`` pairs the table starts afresh, and a number given before it did
+    reused; past ``limit`` pairs the table starts afresh, and a number given before it did
     (below ``first``) is no longer vouched for: ``first_of_each`` compares its group whole and
     numbers the label set again."""
 
@@ -142,12 +195,18 @@ class _Idents:
         self._numbers: dict[tuple[tuple[tuple[str, str], ...], float | None], int] = {}
         self._next = 0
         self.first = 0  # the first number of the table as it is
+        self.limit = self.LIMIT  # raised with the label caches (``fit``)
+
+    def fit(self, label_sets: int) -> None:
+        """Hold as many pairs as the label caches hold label sets, once they have grown
+        (``_Kept``): else a fleet that fits in them renumbers its groups every page."""
+        self.limit = max(self.limit, label_sets)
 
     def number(self, series: tuple[tuple[str, str], ...], bound: float | None) -> int:
         found = self._numbers.get((series, bound))
         if found is not None:
             return found
-        if len(self._numbers) >= self.LIMIT:
+        if len(self._numbers) >= self.limit:
             self._numbers.clear()
             self.first = self._next
         found = self._numbers[series, bound] = self._next

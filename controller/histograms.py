@@ -389,16 +389,26 @@ class Layouts:
     out again costs more than the sums (benchmarks/README.md). Kept by their number of lines
     and first label set, at most ``LINES`` label sets in all (a few batches of one page's
     bucket lines, ``FOLD_BATCH``, or a few hundred replicas' own): past it, all are
-    dropped and kept afresh; a layout of more than a quarter of that is not kept."""
+    dropped and kept afresh; a layout of more than a quarter of that is not kept. Where one
+    tick's reads keep more than that (a model's replicas over a fleet of Ray nodes: 200
+    nodes hold ~1,100 replicas of a model, 23,500 bucket lines), the bound doubles instead,
+    up to ``GROWTH`` times: else every replica's layout is worked out again every tick."""
 
-    __slots__ = ("_kept", "_lines")
+    __slots__ = ("_kept", "_lines", "_read", "limit")
     LINES = 16_384
+    GROWTH = 4
 
     def __init__(self) -> None:
         # (lines, id of the first label set) → the label sets, and their layout. The list
         # holds the first label set alive, so its id is never another's while kept.
         self._kept: dict[tuple[int, int], tuple[list[dict[str, str]], _Layout]] = {}
         self._lines = 0
+        self._read = 0  # lines kept since the reader's read began (``begin``)
+        self.limit = self.LINES
+
+    def begin(self) -> None:
+        """The reader's read begins: what is kept from here to the next is one tick's."""
+        self._read = 0
 
     def get(self, labels: list[dict[str, str]]) -> _Layout | None:
         if not labels:
@@ -413,10 +423,14 @@ class Layouts:
             return
         key = (len(labels), id(labels[0]))
         if key not in self._kept:
-            if self._lines + len(labels) > self.LINES:
-                self._kept.clear()
-                self._lines = 0
+            if self._lines + len(labels) > self.limit:
+                if self._read + len(labels) > self.limit and self.limit < self.LINES * self.GROWTH:
+                    self.limit *= 2  # one tick's own layouts: hold them
+                else:
+                    self._kept.clear()
+                    self._lines = 0
             self._lines += len(labels)
+            self._read += len(labels)
         self._kept[key] = (list(labels), layout)
 
     def __len__(self) -> int:

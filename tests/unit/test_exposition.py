@@ -14,11 +14,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from controller.engines import VLLM
 from controller.errors import FetchError
 from controller.exposition import (
+    _CACHE_BYTES,
+    _CACHE_GROWTH,
+    _CACHE_LIMIT,
     OPENMETRICS,
     Extractor,
     Labels,
     PageStream,
     Sample,
+    _Kept,
     bound_or_none,
 )
 from controller.model import PodError, Reason
@@ -376,6 +380,87 @@ def test_a_flood_of_new_series_holds_both_caches_to_two_generations() -> None:
     assert extractor.cached_bytes <= 4 * exposition._CACHE_BYTES
 
 
+def _cycle(kept: _Kept[int], texts: list[str]) -> int:
+    """One pass over ``texts`` as the extractor reads a page: recalled, or worked out and
+    kept. Returns the misses."""
+    misses = 0
+    for i, text in enumerate(texts):
+        if kept.recall(text) is None:
+            kept.keep(text, i)
+            misses += 1
+    return misses
+
+
+def test_a_working_set_larger_than_a_generation_grows_the_cache_until_it_is_all_hits() -> None:
+    """A Ray node's page names its node, workers and replicas, so a fleet's wanted lines
+    outnumber a generation; read in a cycle, each was dropped before it came round and none
+    was ever a hit (200 nodes: 16 ms a page, 1 for the floor). What comes back after a
+    rotation dropped it grows the generation, until a pass is read from the cache alone."""
+    texts = [f"line{i}" for i in range(3 * _CACHE_LIMIT)]
+    kept: _Kept[int] = _Kept()
+    misses = [_cycle(kept, texts) for _ in range(5)]
+    assert misses[0] == len(texts) and misses[-1] == 0, misses
+    assert _CACHE_LIMIT < kept.limit <= 4 * _CACHE_LIMIT
+    rotations = kept.rotations
+    assert _cycle(kept, texts) == 0 and kept.rotations == rotations  # read, nothing dropped
+
+
+def test_the_collector_keeps_a_grown_cache_for_good_once_it_stops_dropping() -> None:
+    """Grown to a fleet, the caches hold hundreds of thousands of label sets, and every full
+    pass of the collector walked them (39% of the daemon's CPU over 200 Ray nodes). Once a
+    tick goes by without a rotation they are frozen, as start-up's objects are: not while
+    they still churn, and once per growth."""
+    import gc
+
+    from controller.app import CollectorSettler
+
+    settle = CollectorSettler()
+    texts = [f"line{i}" for i in range(3 * _CACHE_LIMIT)]
+    kept: _Kept[Labels] = _Kept()
+    passes = []  # (rotated, grew, objects frozen after it)
+    try:
+        for _ in range(8):
+            rotations, limit = kept.rotations, kept.limit
+            for text in texts:
+                if kept.recall(text) is None:
+                    kept.keep(text, Labels(t=text))
+            settle()
+            passes.append((kept.rotations > rotations, kept.limit > limit, gc.get_freeze_count()))
+        first = passes[0][2]
+        settled = next(i for i, (_, _, frozen) in enumerate(passes) if frozen > first)
+        assert any(grew for _, grew, _ in passes[:settled])  # it grew first
+        assert not passes[settled][0] and passes[settled - 1][0]  # the first still pass
+        assert passes[settled][2] >= first + len(texts)  # every label set kept, frozen
+        assert {frozen for _, _, frozen in passes[settled:]} == {passes[settled][2]}  # once
+    finally:
+        gc.unfreeze()
+
+
+def test_a_flood_of_new_texts_never_grows_the_cache() -> None:
+    """Texts that never come back (a page inventing series) rotate the generations at their
+    first size, however many: only what a rotation dropped and is asked for again grows it."""
+    kept: _Kept[int] = _Kept()
+    for n in range(8):
+        assert _cycle(kept, [f"new{n}-{i}" for i in range(_CACHE_LIMIT)]) == _CACHE_LIMIT
+    assert kept.rotations >= 7 and (kept.limit, kept.budget) == (_CACHE_LIMIT, _CACHE_BYTES)
+
+
+def test_a_working_set_past_the_growth_cap_churns_within_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Growth stops at ``_CACHE_GROWTH`` times the first size: a set larger still is read at
+    the parse's cost (counted on /metrics as rotations), never held whole."""
+    from controller import exposition
+
+    monkeypatch.setattr(exposition, "_CACHE_LIMIT", 64)
+    texts = [f"line{i}" for i in range(3 * 64 * _CACHE_GROWTH)]  # past two generations
+    kept: _Kept[int] = _Kept()
+    for _ in range(12):
+        _cycle(kept, texts)
+        assert kept.limit <= 64 * _CACHE_GROWTH and kept.entries <= 2 * 64 * _CACHE_GROWTH
+    assert kept.limit == 64 * _CACHE_GROWTH and _cycle(kept, texts) == len(texts)
+
+
 # ---- the shortcuts: a cached label text split at the last space, a bucket from its series ----
 
 HIST = "vllm:e2e_request_latency_seconds"
@@ -505,8 +590,10 @@ def test_a_bucket_with_le_between_its_labels_comes_from_its_series(
     assert ours(found.samples) == reference(page, extractor.sample_names)
     assert len(parses) == 2 * len(series)  # each series, and its prefix: never a bucket
     buckets, counts = found.grouped[HIST + "_bucket"], found.grouped[HIST + "_count"]
-    assert buckets[4].labels == {**counts[1].labels, "le": "1.0"}
-    assert buckets[4].labels.derived() == (counts[1].labels.derived()[0], 1.0)
+    bucket, count = buckets[4].labels, counts[1].labels
+    assert isinstance(bucket, Labels) and isinstance(count, Labels)
+    assert bucket == {**count, "le": "1.0"}
+    assert bucket.derived() == (count.derived()[0], 1.0)
 
 
 def test_a_bucket_label_text_repeating_le_is_parsed_a_bounded_number_of_times(

@@ -492,12 +492,36 @@ def test_a_long_page_of_buckets_is_summed_as_it_streams_and_the_same_as_line_by_
 def test_layouts_never_hold_more_label_sets_than_their_cap() -> None:
     """A replica's buckets come whole, not in batches: one hostile replica of more lines
     than the cap allows is summed but not kept, and many small ones are dropped and kept
-    afresh, so what is held stays bounded."""
+    afresh, so what is held stays bounded (the cap grown for one tick's own, at most
+    ``GROWTH`` times)."""
     layouts = histograms.Layouts()
+    cap = histograms.Layouts.LINES * histograms.Layouts.GROWTH
     big = [{"le": str(i)} for i in range(histograms.Layouts.LINES)]
     layouts.keep(big, object())  # type: ignore[arg-type]
     assert len(layouts) == 0 and layouts.lines == 0
-    for i in range(histograms.Layouts.LINES // 10):
+    layouts.begin()
+    for i in range(cap // 10):
         layouts.keep([{"r": str(i), "le": str(b)} for b in range(22)], object())  # type: ignore[arg-type]
-        assert layouts.lines <= histograms.Layouts.LINES
-    assert 0 < len(layouts) < histograms.Layouts.LINES // 10
+        assert layouts.lines <= layouts.limit <= cap
+    assert 0 < len(layouts) < cap // 10 and layouts.limit == cap
+
+
+def test_a_tick_of_more_replicas_than_the_cap_holds_finds_them_all_the_next() -> None:
+    """A model over 200 Ray nodes has ~1,100 replicas, 23,500 bucket lines: past the cap,
+    the layouts were dropped part way through every tick and each replica's worked out again
+    the next. One tick's own grow the cap; the next tick finds every one of them."""
+    layouts = histograms.Layouts()
+    replicas = [
+        [{"r": str(i), "le": str(b)} for b in range(22)]
+        for i in range(2 * histograms.Layouts.LINES // 22)
+    ]
+    for tick in range(2):
+        layouts.begin()
+        found = 0
+        for labels in replicas:
+            if layouts.get(labels) is not None:
+                found += 1
+            else:
+                layouts.keep(labels, object())  # type: ignore[arg-type]
+        assert found == (len(replicas) if tick else 0)
+    assert layouts.limit == 2 * histograms.Layouts.LINES
