@@ -537,8 +537,9 @@ class Extractor:
 
     @property
     def rotations(self) -> int:
-        """Generations the label cache has dropped: churn, for tests and benchmarks."""
-        return self._labels.rotations
+        """Generations the caches (label sets, heads) have dropped: churn, for tests and
+        benchmarks."""
+        return self._labels.rotations + self._heads.rotations
 
     def forget(self) -> None:
         """Drop every label set and head kept: the next page reads as the first after a

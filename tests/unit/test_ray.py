@@ -10,12 +10,19 @@ from pathlib import Path
 import pytest
 
 from controller.engines import ENGINES
-from controller.exposition import Sample
+from controller.exposition import Extractor, Sample
 from controller.model import CapacityFrom, ClusterMetrics, PodError, Reason
 from controller.settings import build_settings
 from controller.signals import capacity_from, pods
 from controller.sources.between import REPLICA_READS
-from controller.sources.page import POD_EXTRACTOR, Page, read_page, replicas_on
+from controller.sources.page import (
+    POD_EXTRACTOR,
+    POD_GAUGES,
+    POD_HISTOGRAMS,
+    Page,
+    read_page,
+    replicas_on,
+)
 from controller.sources.reader import PageReader
 from tests.support.engines import Load, Replica, ray_node_page
 
@@ -289,3 +296,45 @@ def test_a_node_page_is_split_by_replica_and_process_whatever_order_its_lines_co
         assert {r: {w: dict(u) for w, (u, _) in ws.items()} for r, ws in split.items()} == expected
         assert {(r, w): set(m) for r, ws in split.items() for w, (_, m) in ws.items()} == names
         assert len(expected) == 3 and len(expected["a-1"]) == 3  # its three processes
+
+
+def test_a_fleet_whose_lines_outnumber_the_label_cache_is_read_from_it_once_grown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each Ray node's page names its node, workers and replicas, so no two nodes share a
+    wanted line: a fleet's lines outnumbered the cache, each was dropped before its node
+    came round again, and every tick parsed them all anew (200 nodes: 16 ms a node page, 1
+    for the floor). Read tick after tick (here with a cache 64 times smaller, so twelve
+    nodes outnumber it eight times), the cache grows until a tick is read from it alone:
+    the same samples as the first, each from the label set the tick before was given."""
+    from controller import exposition
+
+    monkeypatch.setattr(exposition, "_CACHE_LIMIT", 256)
+    monkeypatch.setattr(exposition, "_CACHE_BYTES", 64 * 1024)
+    extractor = Extractor(gauges=POD_GAUGES, histograms=POD_HISTOGRAMS)
+    rng = random.Random(7)
+
+    def replica(n: int, i: int) -> Replica:
+        load = Load(kv=rng.random(), waiting=rng.randint(0, 9), running=2, blocks=20_000)
+        return Replica(A if i % 2 else B, load, f"n{n}-r{i}", f"{n:02d}{i:02d}" * 14)
+
+    pages = {
+        f"http://10.0.1.{n}:8080/metrics": ray_node_page(
+            [replica(n, i) for i in range(4)], f"10.0.1.{n}"
+        )
+        for n in range(12)
+    }
+    ticks: list[tuple[dict[str, Page], bool]] = []  # each tick's pages, and whether it churned
+    for _ in range(6):
+        rotations = extractor.rotations
+        read = {url: read_page(url, text, extractor) for url, text in pages.items()}
+        answered = {url: page for url, page in read.items() if isinstance(page, Page)}
+        assert len(answered) == len(pages)
+        ticks.append((answered, extractor.rotations != rotations))
+    assert ticks[0][1] and not ticks[-1][1], [churned for _, churned in ticks]
+    first, before, last = ticks[0][0], ticks[-2][0], ticks[-1][0]
+    for url in pages:
+        assert last[url].samples == first[url].samples
+        for name, samples in last[url].samples.items():
+            pairs = zip(samples, before[url].samples[name], strict=True)
+            assert all(a.labels is b.labels for a, b in pairs)
