@@ -415,10 +415,11 @@ class CollectorSettler:
     """Called after each tick: once the label caches have grown to the fleet
     (``exposition._Kept``: a Ray node's lines are its own, so 200 nodes hold ~180,000 label
     sets and heads) and a tick went by without them dropping anything, what they hold is
-    kept for good, collected once and frozen as start-up's is. Else every full pass of the
-    collector walks all of them: 39% of the daemon's CPU over 200 Ray nodes
-    (benchmarks/README.md). Once per growth, a handful in a process's life; what they drop
-    later is freed by its reference count (label sets hold no cycles)."""
+    kept for good: the process unfrozen, collected once and frozen again, as start-up's is
+    (so a cycle an earlier freeze caught in flight is collected then). Else every full pass
+    of the collector walks all of them: 39% of the daemon's CPU over 200 Ray nodes
+    (benchmarks/README.md). Once per growth, a handful in a process's life; what the caches
+    drop later is freed by its reference count (label sets hold no cycles)."""
 
     def __init__(self) -> None:
         self._settled = exposition.growths
@@ -426,7 +427,8 @@ class CollectorSettler:
 
     def __call__(self, report: TickReport | None = None) -> None:
         grown, still = exposition.growths != self._settled, exposition.rotations == self._rotations
-        if grown and still:
+        if grown and still:  # and what an earlier freeze kept that is garbage now
+            gc.unfreeze()
             gc.collect()
             gc.freeze()
             self._settled = exposition.growths

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from itertools import repeat
 from operator import attrgetter, itemgetter
@@ -79,6 +79,10 @@ _CACHED_CHARS = 4096
 # a Ray node's page names its node, workers and replicas, so a fleet of them wants ~470
 # bytes a line of each node (200 nodes of 16 replicas: 89,600 lines, 42 MB).
 _CACHE_GROWTH = 16
+# ... and only where the texts that filled a generation came from many pages, at most this
+# many a page (a Ray node of 100 replicas wants ~2,800 lines): a page that repeats its own
+# flood of series scrape after scrape is a cycle too, but one page, and grows nothing.
+PAGE_LINES = 4096
 # What a generation dropped is remembered by a bit of its hash in a filter of this many bits
 # (256 KiB, made at the first rotation), cleared once a quarter of it is set: a text that
 # is new is taken for one seen before at most a quarter of the time.
@@ -110,17 +114,22 @@ class _Kept(Generic[_T]):
     each text is dropped before it comes round again and nothing is ever a hit: the cache
     churns at full cost. That is told from a flood of new texts by what comes back: the
     texts a rotation drops are marked in a filter (``_GHOST_BITS``), and when more than half
-    of a generation's new entries were marked, the generation doubles (``_CACHE_GROWTH``
-    times at most). A flood never comes back, so it never grows the cache; a fleet does, to
-    its size."""
+    of a generation's new entries were marked and they came from pages enough
+    (``PAGE_LINES`` a page at most: ``pages`` counts the pages begun), the generation
+    doubles (``_CACHE_GROWTH`` times at most). A flood never comes back, and a page's own
+    repeats are one page: neither grows the cache; a fleet does, to its size."""
 
     __slots__ = (
-        *("_ghosts", "_marked", "_old_size", "_returned", "budget", "limit", "old", "rotations"),
-        *("size", "young"),
+        *("_ghosts", "_marked", "_old_size", "_pages_then", "_returned", "budget", "limit"),
+        *("_grown", "old", "pages", "rotations", "size", "young"),
     )
 
-    def __init__(self, seed: dict[str, _T] | None = None) -> None:
+    def __init__(
+        self, seed: dict[str, _T] | None = None, grown: Callable[[int], None] | None = None
+    ) -> None:
+        """``grown``: told the new limit when a generation grows."""
         self.young: dict[str, _T] = dict(seed or {})
+        self._grown = grown
         self.old: dict[str, _T] = {}
         self.size = 0  # text held by the young generation
         self._old_size = 0  # and by the old (its keys never change)
@@ -129,6 +138,8 @@ class _Kept(Generic[_T]):
         self._ghosts: bytearray | None = None  # what rotations dropped (``_GHOST_BITS``)
         self._marked = 0  # texts marked in it since it was cleared
         self._returned = 0  # new entries of the young generation that had been dropped
+        self.pages = 0  # pages begun on the cache's extractor (``Extractor.begin_page``)
+        self._pages_then = 0  # ... when the young generation began
 
     def recall(self, text: str) -> _T | None:
         found = self.young.get(text)
@@ -156,10 +167,13 @@ class _Kept(Generic[_T]):
     def _rotate(self) -> None:
         global rotations, growths
         rotations += 1
-        if 2 * self._returned > len(self.young) and self.limit < _CACHE_LIMIT * _CACHE_GROWTH:
+        came_back = 2 * self._returned > len(self.young)
+        pages = (self.pages - self._pages_then) * PAGE_LINES >= len(self.young)
+        if came_back and pages and self.limit < _CACHE_LIMIT * _CACHE_GROWTH:
             self.limit, self.budget = 2 * self.limit, 2 * self.budget
-            _IDENTS.fit(2 * self.limit)  # every label set two generations hold, numbered
             growths += 1
+            if self._grown is not None:
+                self._grown(self.limit)
         ghosts = self._ghosts
         if ghosts is None or self._marked + len(self.old) > _GHOST_BITS // 4:
             ghosts = self._ghosts = bytearray(_GHOST_BITS // 8)
@@ -171,6 +185,7 @@ class _Kept(Generic[_T]):
         self.old, self.young = self.young, {}
         self.rotations += 1
         self._old_size, self.size, self._returned = self.size, 0, 0
+        self._pages_then = self.pages
 
     @property
     def entries(self) -> int:
@@ -215,6 +230,11 @@ class _Idents:
 
 
 _IDENTS = _Idents()
+
+
+def _fit_idents(limit: int) -> None:
+    """A label cache grew to ``limit`` a generation: number as many pairs as it holds."""
+    _IDENTS.fit(2 * limit)
 
 
 class Labels(dict[str, str]):
@@ -351,7 +371,7 @@ class Extractor:
         # Label sets, keyed by the label text as the line writes it, braces included ("" for
         # none); and in front of them, a line's head (its name and label text, as written)
         # to its sample name and label set, so a line seen before is one lookup.
-        self._labels: _Kept[Labels] = _Kept({"": Labels()})
+        self._labels: _Kept[Labels] = _Kept({"": Labels()}, _fit_idents)
         self._heads: _Kept[tuple[str, Labels]] = _Kept()
         # le text → bound, shared by every series of a histogram; capped (past the cap a
         # bound is parsed each time, so a flood of odd bounds costs speed, never memory).
@@ -371,7 +391,13 @@ class Extractor:
     def extract_into(self, text: str, result: Extraction) -> None:
         """The wanted samples of ``text`` (whole lines, from the start of one) appended to
         ``result``."""
+        self.begin_page()
         self.extract_lines("\n" + text, result)
+
+    def begin_page(self) -> None:
+        """A page begins: its caches grow only with texts from many pages (``_Kept``)."""
+        self._labels.pages += 1
+        self._heads.pages += 1
 
     def extract_lines(
         self, text: str, result: Extraction, start: int = 0, end: int | None = None
@@ -544,7 +570,7 @@ class Extractor:
     def forget(self) -> None:
         """Drop every label set and head kept: the next page reads as the first after a
         start does (benchmarks time that)."""
-        self._labels, self._heads = _Kept({"": Labels()}), _Kept()
+        self._labels, self._heads = _Kept({"": Labels()}, _fit_idents), _Kept()
         self._bounds = {}
 
     def _bucket_labels(self, text: str) -> Labels | None:
@@ -677,6 +703,7 @@ class PageStream:
         content_type: str | None = None,
     ) -> None:
         self._extractor = extractor
+        extractor.begin_page()
         self._max_line = max_line
         self._parts: list[str] = []
         self._pending = 0

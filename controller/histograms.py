@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from itertools import chain, pairwise, repeat
 from operator import add, attrgetter, ge, itemgetter, lt, sub
 
-from controller.exposition import Labels, Sample, bound_or_none
+from controller.exposition import PAGE_LINES, Labels, Sample, bound_or_none
 
 SeriesKey = tuple[tuple[str, str], ...]
 Bounds = tuple[float, ...]
@@ -392,9 +392,11 @@ class Layouts:
     dropped and kept afresh; a layout of more than a quarter of that is not kept. Where one
     tick's reads keep more than that (a model's replicas over a fleet of Ray nodes: 200
     nodes hold ~1,100 replicas of a model, 23,500 bucket lines), the bound doubles instead,
-    up to ``GROWTH`` times: else every replica's layout is worked out again every tick."""
+    up to ``GROWTH`` times and to no more than ``PAGE_LINES`` for each page the tick read:
+    else every replica's layout is worked out again every tick, while one page's flood of
+    lines grows nothing."""
 
-    __slots__ = ("_kept", "_lines", "_read", "limit")
+    __slots__ = ("_allowed", "_kept", "_lines", "_read", "limit")
     LINES = 16_384
     GROWTH = 4
 
@@ -404,11 +406,14 @@ class Layouts:
         self._kept: dict[tuple[int, int], tuple[list[dict[str, str]], _Layout]] = {}
         self._lines = 0
         self._read = 0  # lines kept since the reader's read began (``begin``)
+        self._allowed = self.LINES  # what the pages of that read may grow the bound to
         self.limit = self.LINES
 
-    def begin(self) -> None:
-        """The reader's read begins: what is kept from here to the next is one tick's."""
+    def begin(self, pages: int) -> None:
+        """The reader's read of ``pages`` begins: what is kept from here to the next is one
+        tick's."""
         self._read = 0
+        self._allowed = min(self.LINES * self.GROWTH, max(self.LINES, pages * PAGE_LINES))
 
     def get(self, labels: list[dict[str, str]]) -> _Layout | None:
         if not labels:
@@ -424,7 +429,7 @@ class Layouts:
         key = (len(labels), id(labels[0]))
         if key not in self._kept:
             if self._lines + len(labels) > self.limit:
-                if self._read + len(labels) > self.limit and self.limit < self.LINES * self.GROWTH:
+                if self._read + len(labels) > self.limit and 2 * self.limit <= self._allowed:
                     self.limit *= 2  # one tick's own layouts: hold them
                 else:
                     self._kept.clear()

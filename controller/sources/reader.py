@@ -197,7 +197,7 @@ class PageReader:
         nodes: list[Page] = []  # the pages that answered, pods' or Ray nodes'
         units: _Units = {}  # the model's replicas → process → (node page, its series there)
         row: Engine | None = None  # the row of the node pages, if any
-        self._layouts.begin()
+        self._layouts.begin(len(results))
         for result in results:
             if isinstance(result, PodError):
                 errors.append(result)

@@ -380,11 +380,13 @@ def test_a_flood_of_new_series_holds_both_caches_to_two_generations() -> None:
     assert extractor.cached_bytes <= 4 * exposition._CACHE_BYTES
 
 
-def _cycle(kept: _Kept[int], texts: list[str]) -> int:
-    """One pass over ``texts`` as the extractor reads a page: recalled, or worked out and
-    kept. Returns the misses."""
+def _cycle(kept: _Kept[int], texts: list[str], page: int = 100) -> int:
+    """One pass over ``texts`` as the extractor reads a fleet's pages of ``page`` lines:
+    recalled, or worked out and kept. Returns the misses."""
     misses = 0
     for i, text in enumerate(texts):
+        if i % page == 0:
+            kept.pages += 1  # as ``Extractor.begin_page``
         if kept.recall(text) is None:
             kept.keep(text, i)
             misses += 1
@@ -397,15 +399,19 @@ def test_a_working_set_larger_than_a_generation_grows_the_cache_until_it_is_all_
     was ever a hit (200 nodes: 16 ms a page, 1 for the floor). What comes back after a
     rotation dropped it grows the generation, until a pass is read from the cache alone."""
     texts = [f"line{i}" for i in range(3 * _CACHE_LIMIT)]
-    kept: _Kept[int] = _Kept()
+    limits: list[int] = []
+    kept: _Kept[int] = _Kept(grown=limits.append)
     misses = [_cycle(kept, texts) for _ in range(5)]
     assert misses[0] == len(texts) and misses[-1] == 0, misses
-    assert _CACHE_LIMIT < kept.limit <= 4 * _CACHE_LIMIT
+    assert _CACHE_LIMIT < kept.limit <= 4 * _CACHE_LIMIT and limits[-1] == kept.limit
+    assert kept.bytes == sum(map(len, kept.young)) + sum(map(len, kept.old))
     rotations = kept.rotations
     assert _cycle(kept, texts) == 0 and kept.rotations == rotations  # read, nothing dropped
 
 
-def test_the_collector_keeps_a_grown_cache_for_good_once_it_stops_dropping() -> None:
+def test_the_collector_keeps_a_grown_cache_for_good_once_it_stops_dropping(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Grown to a fleet, the caches hold hundreds of thousands of label sets, and every full
     pass of the collector walked them (39% of the daemon's CPU over 200 Ray nodes). Once a
     tick goes by without a rotation they are frozen, as start-up's objects are: not while
@@ -414,26 +420,45 @@ def test_the_collector_keeps_a_grown_cache_for_good_once_it_stops_dropping() -> 
 
     from controller.app import CollectorSettler
 
+    passes: list[tuple[bool, bool]] = []  # each pass: rotated, grew
+    freezes: list[int] = []  # the pass each freeze came after
+    real = gc.freeze
+
+    def freeze() -> None:
+        freezes.append(len(passes))
+        real()
+
+    monkeypatch.setattr(gc, "freeze", freeze)
     settle = CollectorSettler()
     texts = [f"line{i}" for i in range(3 * _CACHE_LIMIT)]
     kept: _Kept[Labels] = _Kept()
-    passes = []  # (rotated, grew, objects frozen after it)
     try:
         for _ in range(8):
             rotations, limit = kept.rotations, kept.limit
-            for text in texts:
+            for i, text in enumerate(texts):
+                kept.pages += i % 100 == 0
                 if kept.recall(text) is None:
                     kept.keep(text, Labels(t=text))
             settle()
-            passes.append((kept.rotations > rotations, kept.limit > limit, gc.get_freeze_count()))
-        first = passes[0][2]
-        settled = next(i for i, (_, _, frozen) in enumerate(passes) if frozen > first)
-        assert any(grew for _, grew, _ in passes[:settled])  # it grew first
+            passes.append((kept.rotations > rotations, kept.limit > limit))
+        assert len(freezes) == 1, (freezes, passes)  # once
+        settled = freezes[0]
+        assert any(grew for _, grew in passes[:settled])  # it grew first
         assert not passes[settled][0] and passes[settled - 1][0]  # the first still pass
-        assert passes[settled][2] >= first + len(texts)  # every label set kept, frozen
-        assert {frozen for _, _, frozen in passes[settled:]} == {passes[settled][2]}  # once
+        assert gc.get_freeze_count() >= len(texts)  # every label set kept, frozen
     finally:
         gc.unfreeze()
+
+
+def test_one_page_repeating_its_own_flood_never_grows_the_cache() -> None:
+    """A page that serves the same flood of series every scrape is a cycle too, but one
+    page (the default body cap holds ~280,000 such lines): growth asks for texts from many
+    pages, so it rotates at the first size however often it comes back."""
+    texts = [f"flood{i}" for i in range(3 * _CACHE_LIMIT)]
+    kept: _Kept[int] = _Kept()
+    for _ in range(6):
+        _cycle(kept, texts, page=len(texts))
+    assert kept.rotations >= 15 and (kept.limit, kept.budget) == (_CACHE_LIMIT, _CACHE_BYTES)
 
 
 def test_a_flood_of_new_texts_never_grows_the_cache() -> None:

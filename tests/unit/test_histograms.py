@@ -499,7 +499,7 @@ def test_layouts_never_hold_more_label_sets_than_their_cap() -> None:
     big = [{"le": str(i)} for i in range(histograms.Layouts.LINES)]
     layouts.keep(big, object())  # type: ignore[arg-type]
     assert len(layouts) == 0 and layouts.lines == 0
-    layouts.begin()
+    layouts.begin(pages=1_000)
     for i in range(cap // 10):
         layouts.keep([{"r": str(i), "le": str(b)} for b in range(22)], object())  # type: ignore[arg-type]
         assert layouts.lines <= layouts.limit <= cap
@@ -516,7 +516,7 @@ def test_a_tick_of_more_replicas_than_the_cap_holds_finds_them_all_the_next() ->
         for i in range(2 * histograms.Layouts.LINES // 22)
     ]
     for tick in range(2):
-        layouts.begin()
+        layouts.begin(pages=200)
         found = 0
         for labels in replicas:
             if layouts.get(labels) is not None:
@@ -525,3 +525,19 @@ def test_a_tick_of_more_replicas_than_the_cap_holds_finds_them_all_the_next() ->
                 layouts.keep(labels, object())  # type: ignore[arg-type]
         assert found == (len(replicas) if tick else 0)
     assert layouts.limit == 2 * histograms.Layouts.LINES
+
+
+def test_one_page_of_many_replicas_grows_no_layouts() -> None:
+    """The bound grows to what the tick's pages may hold (``PAGE_LINES`` each): one page's
+    flood of replicas is dropped and kept afresh at the first bound, read after read."""
+    layouts = histograms.Layouts()
+    replicas = [
+        [{"r": str(i), "le": str(b)} for b in range(22)]
+        for i in range(2 * histograms.Layouts.LINES // 22)
+    ]
+    for _ in range(3):
+        layouts.begin(pages=1)
+        for labels in replicas:
+            if layouts.get(labels) is None:
+                layouts.keep(labels, object())  # type: ignore[arg-type]
+        assert layouts.lines <= layouts.limit == histograms.Layouts.LINES

@@ -311,6 +311,8 @@ def test_a_fleet_whose_lines_outnumber_the_label_cache_is_read_from_it_once_grow
 
     monkeypatch.setattr(exposition, "_CACHE_LIMIT", 256)
     monkeypatch.setattr(exposition, "_CACHE_BYTES", 64 * 1024)
+    monkeypatch.setattr(exposition._Idents, "LIMIT", 256)
+    monkeypatch.setattr(exposition, "_IDENTS", exposition._Idents())
     extractor = Extractor(gauges=POD_GAUGES, histograms=POD_HISTOGRAMS)
     rng = random.Random(7)
 
@@ -332,6 +334,9 @@ def test_a_fleet_whose_lines_outnumber_the_label_cache_is_read_from_it_once_grow
         assert len(answered) == len(pages)
         ticks.append((answered, extractor.rotations != rotations))
     assert ticks[0][1] and not ticks[-1][1], [churned for _, churned in ticks]
+    # the (series, bound) numbers hold what the grown label cache holds, or each tick's
+    # repeated-series check would number every group afresh
+    assert exposition._IDENTS.limit == 2 * extractor._labels.limit > 2 * 256
     first, before, last = ticks[0][0], ticks[-2][0], ticks[-1][0]
     for url in pages:
         assert last[url].samples == first[url].samples
