@@ -200,15 +200,19 @@ class _Idents:
     """A number for each (series, bound) worked out: equal pairs get the same number whatever
     label text they were parsed from (``{a="1",le="1"}``, ``{le="1.0",a="1"}``), so a page's
     repeated series are found by comparing small ints (``first_of_each``). Numbers are never
-    reused; past ``limit`` pairs the table starts afresh, and a number given before it did
-    (below ``first``) is no longer vouched for: ``first_of_each`` compares its group whole and
-    numbers the label set again."""
+    reused; past ``limit`` pairs, or ``LABELS`` labels a pair on average (the table holds
+    each series alive after the caches let its label sets go: a hostile series of 450 labels
+    is ~80 KB), the table starts afresh, and a number given before it did (below ``first``)
+    is no longer vouched for: ``first_of_each`` compares its group whole and numbers the label
+    set again."""
 
     LIMIT = 1 << 15
+    LABELS = 16  # a Ray replica's series has 11, vLLM's 2 or 3
 
     def __init__(self) -> None:
         self._numbers: dict[tuple[tuple[tuple[str, str], ...], float | None], int] = {}
         self._next = 0
+        self._labels = 0  # the labels of the series held
         self.first = 0  # the first number of the table as it is
         self.limit = self.LIMIT  # raised with the label caches (``fit``)
 
@@ -221,10 +225,12 @@ class _Idents:
         found = self._numbers.get((series, bound))
         if found is not None:
             return found
-        if len(self._numbers) >= self.limit:
+        if len(self._numbers) >= self.limit or self._labels >= self.limit * self.LABELS:
             self._numbers.clear()
+            self._labels = 0
             self.first = self._next
         found = self._numbers[series, bound] = self._next
+        self._labels += len(series)
         self._next += 1
         return found
 

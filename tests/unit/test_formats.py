@@ -166,6 +166,24 @@ def test_a_series_repeated_under_another_text_is_found_when_its_number_table_res
         assert [s.value for s in again.samples[RUNNING]] == [2.0, 3.0]
 
 
+def test_the_number_table_holds_series_by_their_labels_not_only_by_their_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The table keeps each series alive after the label caches let it go: bounded only by
+    entries, 32,768 hostile series of 450 labels held ~2.7 GB. Past ``LABELS`` labels a pair
+    on average it starts afresh, while series of a few labels fill it by count."""
+    monkeypatch.setattr(exposition._Idents, "LIMIT", 64)
+    table = exposition._Idents()
+    for i in range(64):  # two labels each: held by count
+        table.number((("a", str(i)), ("b", "x")), None)
+    assert table.first == 0
+    table = exposition._Idents()
+    wide = tuple((f"l{j}", "v") for j in range(450))
+    for i in range(4):  # 1,800 labels in four series: past 64 x 16
+        table.number(((*wide, ("i", str(i)))), None)
+    assert table.first > 0
+
+
 def test_a_repeated_pod_bucket_is_kept_at_its_first_value_when_folded() -> None:
     """A pod's e2e buckets are summed as they are read (``Fold``): a repeated one too."""
     e2e = "vllm:e2e_request_latency_seconds"
