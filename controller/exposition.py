@@ -68,7 +68,7 @@ _ESCAPE_RE = re.compile(r'\\[\\n"]')
 _UNESCAPE = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
 # Label sets and line heads repeat on every scrape and across the pods of one deployment;
 # working each out once keeps the per-line cost at one regex match and a lookup. Kept in two
-# generations (_Kept), each of at first at most this many entries ...
+# generations (_Kept), each at first of at most this many entries ...
 _CACHE_LIMIT = 16384
 # ... and this much text (real label texts are a few hundred characters; 16,384 of them
 # fit); a text longer than _CACHED_CHARS is not kept.
@@ -168,8 +168,8 @@ class _Kept(Generic[_T]):
         global rotations, growths
         rotations += 1
         came_back = 2 * self._returned > len(self.young)
-        pages = (self.pages - self._pages_then) * PAGE_LINES >= len(self.young)
-        if came_back and pages and self.limit < _CACHE_LIMIT * _CACHE_GROWTH:
+        many_pages = (self.pages - self._pages_then) * PAGE_LINES >= len(self.young)
+        if came_back and many_pages and self.limit < _CACHE_LIMIT * _CACHE_GROWTH:
             self.limit, self.budget = 2 * self.limit, 2 * self.budget
             growths += 1
             if self._grown is not None:
