@@ -506,38 +506,44 @@ def test_layouts_never_hold_more_label_sets_than_their_cap() -> None:
     assert 0 < len(layouts) < cap // 10 and layouts.limit == cap
 
 
+def _replicas() -> list[list[dict[str, str]]]:
+    """Replicas' bucket label sets, 22 each, twice the first bound's lines in all (each
+    tick hands the same objects over, as the extractor's cache does)."""
+    return [
+        [{"r": str(i), "le": str(b)} for b in range(22)]
+        for i in range(2 * histograms.Layouts.LINES // 22)
+    ]
+
+
+def _read_replicas(
+    layouts: histograms.Layouts, replicas: list[list[dict[str, str]]], pages: int
+) -> int:
+    """One tick of a reader over ``replicas`` read from ``pages`` pages: each replica's
+    layout found, or kept. Returns the replicas found."""
+    found = 0
+    layouts.begin(pages=pages)
+    for labels in replicas:
+        if layouts.get(labels) is not None:
+            found += 1
+        else:
+            layouts.keep(labels, object())  # type: ignore[arg-type]
+    return found
+
+
 def test_a_tick_of_more_replicas_than_the_cap_holds_finds_them_all_the_next() -> None:
     """A model over 200 Ray nodes has ~1,100 replicas, 23,500 bucket lines: past the cap,
     the layouts were dropped part way through every tick and each replica's worked out again
     the next. One tick's own grow the cap; the next tick finds every one of them."""
-    layouts = histograms.Layouts()
-    replicas = [
-        [{"r": str(i), "le": str(b)} for b in range(22)]
-        for i in range(2 * histograms.Layouts.LINES // 22)
-    ]
-    for tick in range(2):
-        layouts.begin(pages=200)
-        found = 0
-        for labels in replicas:
-            if layouts.get(labels) is not None:
-                found += 1
-            else:
-                layouts.keep(labels, object())  # type: ignore[arg-type]
-        assert found == (len(replicas) if tick else 0)
+    layouts, replicas = histograms.Layouts(), _replicas()
+    assert _read_replicas(layouts, replicas, pages=200) == 0
+    assert _read_replicas(layouts, replicas, pages=200) == len(replicas)
     assert layouts.limit == 2 * histograms.Layouts.LINES
 
 
 def test_one_page_of_many_replicas_grows_no_layouts() -> None:
     """The bound grows to what the tick's pages may hold (``PAGE_LINES`` each): one page's
     flood of replicas is dropped and kept afresh at the first bound, read after read."""
-    layouts = histograms.Layouts()
-    replicas = [
-        [{"r": str(i), "le": str(b)} for b in range(22)]
-        for i in range(2 * histograms.Layouts.LINES // 22)
-    ]
+    layouts, replicas = histograms.Layouts(), _replicas()
     for _ in range(3):
-        layouts.begin(pages=1)
-        for labels in replicas:
-            if layouts.get(labels) is None:
-                layouts.keep(labels, object())  # type: ignore[arg-type]
+        _read_replicas(layouts, replicas, pages=1)
         assert layouts.lines <= layouts.limit == histograms.Layouts.LINES
