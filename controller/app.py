@@ -417,9 +417,10 @@ class CollectorSettler:
     sets and heads) and a tick went by without them dropping anything, what they hold is
     kept for good: the process unfrozen, collected once and frozen again, as start-up's is
     (so a cycle an earlier freeze caught in flight is collected then). Else every full pass
-    of the collector walks all of them: 39% of the daemon's CPU over 200 Ray nodes
-    (benchmarks/README.md). Once per growth, a handful in a process's life; what the caches
-    drop later is freed by its reference count (label sets hold no cycles)."""
+    of the collector walks all of them: over 200 Ray nodes, in turns with it off, 4.14–4.38
+    against 4.51–4.53 ms a node page (benchmarks/HISTORY.md). Once per growth, a handful in
+    a process's life; what the caches drop later is freed by its reference count (label sets
+    hold no cycles)."""
 
     def __init__(self) -> None:
         self._settled = exposition.growths

@@ -380,15 +380,16 @@ def test_a_flood_of_new_series_holds_both_caches_to_two_generations() -> None:
     assert extractor.cached_bytes <= 4 * exposition._CACHE_BYTES
 
 
-def _cycle(kept: _Kept[int], texts: list[str], page: int = 100) -> int:
+def _cycle(kept: _Kept[Labels], texts: list[str], page: int = 100) -> int:
     """One pass over ``texts`` as the extractor reads a fleet's pages of ``page`` lines:
-    recalled, or worked out and kept. Returns the misses."""
+    recalled, or worked out (a label set, as the collector sees one) and kept. Returns the
+    misses."""
     misses = 0
     for i, text in enumerate(texts):
         if i % page == 0:
             kept.pages += 1  # as ``Extractor.begin_page``
         if kept.recall(text) is None:
-            kept.keep(text, i)
+            kept.keep(text, Labels(t=text))
             misses += 1
     return misses
 
@@ -400,7 +401,7 @@ def test_a_working_set_larger_than_a_generation_grows_the_cache_until_it_is_all_
     rotation dropped it grows the generation, until a pass is read from the cache alone."""
     texts = [f"line{i}" for i in range(3 * _CACHE_LIMIT)]
     limits: list[int] = []
-    kept: _Kept[int] = _Kept(grown=limits.append)
+    kept: _Kept[Labels] = _Kept(grown=limits.append)
     misses = [_cycle(kept, texts) for _ in range(5)]
     assert misses[0] == len(texts) and misses[-1] == 0, misses
     assert _CACHE_LIMIT < kept.limit <= 4 * _CACHE_LIMIT and limits[-1] == kept.limit
@@ -413,7 +414,7 @@ def test_the_collector_keeps_a_grown_cache_for_good_once_it_stops_dropping(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Grown to a fleet, the caches hold hundreds of thousands of label sets, and every full
-    pass of the collector walked them (39% of the daemon's CPU over 200 Ray nodes). Once a
+    pass of the collector walked them (over 200 Ray nodes, ~5% of a node page's cost). Once a
     tick goes by without a rotation they are frozen, as start-up's objects are: not while
     they still churn, and once per growth."""
     import gc
@@ -435,10 +436,7 @@ def test_the_collector_keeps_a_grown_cache_for_good_once_it_stops_dropping(
     try:
         for _ in range(8):
             rotations, limit = kept.rotations, kept.limit
-            for i, text in enumerate(texts):
-                kept.pages += i % 100 == 0
-                if kept.recall(text) is None:
-                    kept.keep(text, Labels(t=text))
+            _cycle(kept, texts)
             settle()
             passes.append((kept.rotations > rotations, kept.limit > limit))
         assert len(freezes) == 1, (freezes, passes)  # once
@@ -455,7 +453,7 @@ def test_one_page_repeating_its_own_flood_never_grows_the_cache() -> None:
     page (the default body cap holds ~280,000 such lines): growth asks for texts from many
     pages, so it rotates at the first size however often it comes back."""
     texts = [f"flood{i}" for i in range(3 * _CACHE_LIMIT)]
-    kept: _Kept[int] = _Kept()
+    kept: _Kept[Labels] = _Kept()
     for _ in range(6):
         _cycle(kept, texts, page=len(texts))
     assert kept.rotations >= 15 and (kept.limit, kept.budget) == (_CACHE_LIMIT, _CACHE_BYTES)
@@ -464,7 +462,7 @@ def test_one_page_repeating_its_own_flood_never_grows_the_cache() -> None:
 def test_a_flood_of_new_texts_never_grows_the_cache() -> None:
     """Texts that never come back (a page inventing series) rotate the generations at their
     first size, however many: only what a rotation dropped and is asked for again grows it."""
-    kept: _Kept[int] = _Kept()
+    kept: _Kept[Labels] = _Kept()
     for n in range(8):
         assert _cycle(kept, [f"new{n}-{i}" for i in range(_CACHE_LIMIT)]) == _CACHE_LIMIT
     assert kept.rotations >= 7 and (kept.limit, kept.budget) == (_CACHE_LIMIT, _CACHE_BYTES)
@@ -474,12 +472,12 @@ def test_a_working_set_past_the_growth_cap_churns_within_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Growth stops at ``_CACHE_GROWTH`` times the first size: a set larger still is read at
-    the parse's cost (counted on /metrics as rotations), never held whole."""
+    the parse's cost, rotating the generations, never held whole."""
     from controller import exposition
 
     monkeypatch.setattr(exposition, "_CACHE_LIMIT", 64)
     texts = [f"line{i}" for i in range(3 * 64 * _CACHE_GROWTH)]  # past two generations
-    kept: _Kept[int] = _Kept()
+    kept: _Kept[Labels] = _Kept()
     for _ in range(12):
         _cycle(kept, texts)
         assert kept.limit <= 64 * _CACHE_GROWTH and kept.entries <= 2 * 64 * _CACHE_GROWTH

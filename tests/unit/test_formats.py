@@ -180,7 +180,7 @@ def test_the_number_table_holds_series_by_their_labels_not_only_by_their_count(
     table = exposition._Idents()
     wide = tuple((f"l{j}", "v") for j in range(450))
     for i in range(4):  # 1,800 labels in four series: past 64 x 16
-        table.number(((*wide, ("i", str(i)))), None)
+        table.number((*wide, ("i", str(i))), None)
     assert table.first > 0
 
 
