@@ -45,7 +45,7 @@ def pages() -> list[tuple[str, str]]:
     3 engines; large: the same server shape with 7 engines and 9 LoRA adapters, ~1 MiB."""
     found = [
         ("medium (V1, 3 engines)", vllm_v1_page()),
-        ("medium (SGLang, 90 dp ranks)", sglang_page()),
+        ("medium (SGLang, 7 dp ranks)", sglang_page()),
         ("1 MB (V1, 7 engines, 9 LoRA)", vllm_v1_page(engines=7, adapters=9)),
     ]
     small = FIXTURES / "vllm-v0-aibrix-docs.prom"
@@ -98,12 +98,13 @@ def measure(page: str, repeat: int) -> dict[str, float]:
     }
 
 
-def engines_compared(repeat: int) -> tuple[float, float]:
+def engines_compared(repeat: int, gauges_only: bool = False) -> tuple[float, float]:
     """An SGLang page's warm read against a vLLM page's of about the same size, timed in the
     same rounds: the medians of the rounds' ratios per KiB and per wanted sample (#41: no
-    engine's page may cost more to read). The SGLang page wants ~2.2× the lines per KiB (six
-    gauges a scheduler), so per KiB it does more of the work the floor does not."""
-    sglang, vllm = sglang_page(), vllm_v1_page()
+    engine's page may cost more to read). ``gauges_only``: the SGLang page of scheduler gauges
+    alone (``sglang_page``), which wants ~2.2× the V1 page's lines per KiB, so per KiB it does
+    more of the work the floor does not."""
+    sglang, vllm = sglang_page(gauges_only=gauges_only), vllm_v1_page()
     wanted = [len(POD_EXTRACTOR.extract(p).samples) for p in (sglang, vllm)]
     per_kib, per_sample = [], []
     for _ in range(repeat):
@@ -156,11 +157,12 @@ def main() -> int:
             f" {r['warm']:>9.3f} {r['cold']:>9.3f} {r['warm x']:>7.1f}"
             f" {r['cold x']:>7.1f} {r['warm/floor']:>10.2f}"
         )
-    kib, sample = engines_compared(args.repeat)
-    print(
-        f"SGLang page / vLLM V1 page, warm (median of rounds): {kib:.2f} per KiB,"
-        f" {sample:.2f} per wanted sample"
-    )
+    for gauges_only, shape in ((False, "as its collector writes it"), (True, "gauges only")):
+        kib, sample = engines_compared(args.repeat, gauges_only)
+        print(
+            f"SGLang page ({shape}) / vLLM V1 page, warm (median of rounds): {kib:.2f} per KiB,"
+            f" {sample:.2f} per wanted sample"
+        )
     ours, floor, ratio = ray_node(args.repeat)
     print(
         f"Ray node page (16 replicas of 3 models, {len(ray_node_page()) // 1024} KiB), one model's"
