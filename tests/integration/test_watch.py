@@ -5,7 +5,6 @@ every tick (quorum reads from etcd). Now a tick reads the informers' cache."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -145,9 +144,9 @@ async def test_nothing_opted_in_is_a_warning_naming_the_selector_and_nothing_is_
 
 async def _watched_through(
     apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet, fault: str, idle: float = 90.0
-) -> tuple[list[Any], int, float]:
+) -> tuple[list[Any], int]:
     """A controller whose every watch meets ``fault``; a model added after its first tick.
-    Its log, watch requests made by then, and the CPU share of this process meanwhile."""
+    Its log and the watch requests made by then."""
     for ref, _ in REFS:
         apiserver.put_object(CRD, "externalproviders", provider(ref))
     apiserver.put_object(CRD, "externalmodels", model("llama", REFS))
@@ -156,15 +155,13 @@ async def _watched_through(
     with capture_logs() as logs:
         async with Controller(settings, serve=False, api=api) as controller:
             await controller.once()
-            began, cpu = time.monotonic(), time.process_time()
             apiserver.put_object(CRD, "externalmodels", model("granite", REFS))
             await seen(controller, lambda o: o["metadata"]["name"] == "granite")  # within 5 s
             await asyncio.sleep(2.0)  # a bounded window after: no storm of watches
-            share = (time.process_time() - cpu) / (time.monotonic() - began)
             report = await controller.once()
             watches = sum(i.watches for i in informers(controller))
     assert f"ExternalModel/{NS}/granite" in report.targets
-    return logs, watches, share
+    return logs, watches
 
 
 async def test_watches_answered_with_an_empty_body_back_off_and_list_again(
@@ -173,13 +170,12 @@ async def test_watches_answered_with_an_empty_body_back_off_and_list_again(
     """A proxy answering every watch 200 with an empty body at once: 23-32 watches a second
     at 98% of a core, never a LIST, a model added meanwhile never seen. Now each is an error,
     backed off (doubling from 1 s, jittered) and followed by a LIST."""
-    logs, watches, share = await _watched_through(apiserver, api, sims, "empty")
+    logs, watches = await _watched_through(apiserver, api, sims, "empty")
     failed = [e for e in logs if e["event"] == "watch failed"]
     assert failed and all("said nothing" in e["error"] for e in failed)
     # two informers (models, providers), each at most one watch per backoff step; a slow
-    # machine only makes fewer
+    # machine only makes fewer (the storm made 23-32 a second)
     assert watches <= 2 * 6, watches
-    assert share <= 0.25, share
 
 
 async def test_a_silent_watch_is_dropped_and_the_objects_listed_again(
@@ -187,7 +183,7 @@ async def test_a_silent_watch_is_dropped_and_the_objects_listed_again(
 ) -> None:
     """A watch accepted and then never spoken on: a new model was seen only after the
     client's own 300 s. Dropped after watch_idle (90 s by default; short here), then a LIST."""
-    logs, _, _ = await _watched_through(apiserver, api, sims, "silent", idle=0.3)
+    logs, _ = await _watched_through(apiserver, api, sims, "silent", idle=0.3)
     failed = [e for e in logs if e["event"] == "watch failed"]
     assert failed and "no event or bookmark for 0.3s" in failed[0]["error"]
 
@@ -197,7 +193,7 @@ async def test_a_line_that_is_no_watch_event_is_named_by_its_first_bytes(
 ) -> None:
     """It was recovered by a relist, but logged as "TypeError: string indices must be
     integers"."""
-    logs, _, _ = await _watched_through(apiserver, api, sims, "not-json")
+    logs, _ = await _watched_through(apiserver, api, sims, "not-json")
     failed = [e for e in logs if e["event"] == "watch failed"]
     assert failed and "not a watch event: '<html><body>502 Bad Gateway" in failed[0]["error"]
     assert not any("TypeError" in e.get("error", "") for e in failed)
