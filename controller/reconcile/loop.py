@@ -23,7 +23,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import structlog
 
@@ -341,20 +341,32 @@ async def fetch_all(
 ) -> list[ClusterMetrics]:
     """Every cluster's fetch at once, in ``sources``' order: one still out ``deadline`` after
     they began fails as ``timeout`` (its fetch cancelled, the others kept), one whose source
-    raised as ``internal`` (a bug in one source must not take the others down). One timer for
-    the stage, not one per cluster: in a replay of a week that was a tenth of each tick."""
+    raised as ``internal`` (a bug in one source must not take the others down); one that does
+    not stop when cancelled is left behind (``cut_off``) and named in the log until it ends.
+    One timer for the stage, not one per cluster: in a replay of a week that was a tenth of
+    each tick."""
     tasks = [
         asyncio.ensure_future(_fetch(source, clock, metrics, conditions)) for source in sources
     ]
     if not tasks:
         return []
+    late: set[asyncio.Future[ClusterMetrics]] = set()
     try:
         _, late = await asyncio.wait(tasks, timeout=deadline)
     finally:  # the deadline passed, or the tick itself was cancelled: nothing left running
-        for task in tasks:
-            task.cancel()
-    if late:
-        await asyncio.wait(late)  # each winds down as a cancelled fetch does
+        stuck = await cut_off(tasks)
+    for source, task in zip(sources, tasks, strict=True):
+        key = ("stuck fetch", source.cluster)
+        if task in stuck:
+            metrics.reconcile_errors.labels("fetch").inc()
+            conditions.observe(
+                "fetch did not stop when cancelled",
+                key,
+                "error",
+                cluster=source.cluster,
+                wind_down_seconds=WIND_DOWN,
+            )
+            task.add_done_callback(_clearing(conditions, key))
     detail = f"tick deadline {deadline:g}s passed"
     return [
         ClusterMetrics.failed(source.cluster, clock(), Reason.TIMEOUT, detail)
@@ -362,6 +374,39 @@ async def fetch_all(
         else task.result()
         for source, task in zip(sources, tasks, strict=True)
     ]
+
+
+# A cancelled fetch or write is given this long to wind down. One that ignores its
+# cancellation (a library under it swallowing CancelledError) is left to end on its own, held
+# here until it does, and the tick goes on: no task can stop the loop.
+WIND_DOWN = 1.0
+_STUCK: set[asyncio.Future[Any]] = set()
+
+
+def _clearing(conditions: Conditions, key: tuple[str, str]) -> Callable[[object], None]:
+    return lambda _: conditions.clear(key)
+
+
+async def cut_off(tasks: Sequence[asyncio.Future[T]]) -> set[asyncio.Future[T]]:
+    """Cancel every task still running and wait for them to wind down, at most ``WIND_DOWN``;
+    those still running then are returned (and held until they end)."""
+    pending = [task for task in tasks if not task.done()]
+    for task in pending:
+        task.cancel()
+    if not pending:
+        return set()
+    _, stuck = await asyncio.wait(pending, timeout=WIND_DOWN)
+    for task in stuck:
+        _STUCK.add(task)
+        task.add_done_callback(_ended)
+    return stuck
+
+
+def _ended(task: asyncio.Future[Any]) -> None:
+    """A task left behind has ended: let it go, its exception read (nobody awaits it)."""
+    _STUCK.discard(task)
+    if not task.cancelled():
+        task.exception()
 
 
 async def _fetch(
@@ -421,10 +466,13 @@ async def bounded(
         if tasks:
             await asyncio.wait(tasks, timeout=deadline)
     finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    return [None if task.cancelled() else (task.exception() or task.result()) for task in tasks]
+        stuck = await cut_off(tasks)
+    if stuck:
+        log.error("write did not stop when cancelled", writes=len(stuck), wind_down=WIND_DOWN)
+    return [
+        None if not task.done() or task.cancelled() else (task.exception() or task.result())
+        for task in tasks
+    ]
 
 
 async def on_the_grid(

@@ -14,7 +14,8 @@ from structlog.testing import capture_logs
 from controller.logs import redact
 from controller.model import ClusterMetrics, Reason, Ref, Target, Write, WriteResult
 from controller.publish import Discovery, Publisher
-from controller.reconcile.loop import Reconciler
+from controller.reconcile import loop as loop_module
+from controller.reconcile.loop import WIND_DOWN, Reconciler
 from controller.settings import Settings, build_settings
 from controller.state import Snapshot
 from controller.testing import ScriptedSource, build_loop
@@ -166,6 +167,72 @@ async def test_a_slow_cluster_is_cut_off_at_the_deadline_and_a_cancelled_tick_le
     for _ in range(10):
         await asyncio.sleep(0)
     assert a.active == b.active == 0
+
+
+class Stubborn(Timed):
+    """A source whose fetch swallows its cancellation ``ignores`` times (a library under it
+    that does), sleeping ``delay`` again each time."""
+
+    def __init__(self, name: str, delay: float, ignores: int) -> None:
+        super().__init__(name, delay=delay)
+        self.ignores = ignores
+
+    async def fetch(self) -> ClusterMetrics:
+        for _ in range(self.ignores):  # bounded: then it is cancelled like any other
+            try:
+                return await super().fetch()
+            except asyncio.CancelledError:
+                continue
+        return await super().fetch()
+
+
+class StubbornPublisher(SlowPublisher):
+    """Every write swallows its cancellation once and then sleeps ``delay`` again."""
+
+    async def write(self, target: Target, desired: Mapping[str, int], why: str) -> WriteResult:
+        try:
+            await asyncio.sleep(self.delay)
+        except asyncio.CancelledError:
+            await asyncio.sleep(self.delay)
+        return WriteResult(Write.DONE, target.holding(desired))
+
+
+@pytest.mark.looptime
+async def test_a_fetch_or_write_that_ignores_its_cancellation_does_not_stop_the_tick() -> None:
+    """The tick waited for every cancelled fetch and write to end: one whose library swallowed
+    the cancellation held the loop for as long as it liked (here another 60 s, and forever
+    in the worst case). Now it is given ``WIND_DOWN``, left behind and named in the log; the
+    other cluster's reading and the tick go on, and the next tick reads it again."""
+    a, b = Stubborn("a", delay=60, ignores=1), Timed("b", kv=0.9)
+    reconciler, _, registry = make(settings(0.1), a, b, publisher=StubbornPublisher(60))
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    with capture_logs() as logs:
+        report = await reconciler.tick()
+    took = loop.time() - began
+    # the read and publish stages' deadlines (0.08 s each) and one wind-down each, no more
+    assert took <= 2 * 0.08 + 2 * WIND_DOWN + 0.05, took
+    assert report.clusters["a"].metrics is not None
+    assert [e.reason for e in report.clusters["a"].metrics.errors] == [Reason.TIMEOUT]
+    assert report.clusters["b"].health is not None and report.clusters["b"].health.healthy
+    events = [e["event"] for e in logs]
+    assert "fetch did not stop when cancelled" in events
+    assert "write did not stop when cancelled" in events
+    assert (
+        registry.get_sample_value("weight_controller_reconcile_errors_total", {"stage": "fetch"})
+        == 1
+    )
+    assert report.targets["ExternalModel/ns/m"].outcome.write is Write.FAILED  # cut off
+    a.ignores = 0
+    again = await reconciler.tick()  # the left-behind fetch still sleeps; a new one is made
+    assert again.clusters["a"].metrics is not None
+    assert [e.reason for e in again.clusters["a"].metrics.errors] == [Reason.TIMEOUT]
+    left = list(loop_module._STUCK)
+    assert left  # held until they end, then let go
+    for task in left:
+        task.cancel()  # each swallowed one cancellation already: this one ends it
+    await asyncio.wait(left)
+    assert not loop_module._STUCK
 
 
 async def test_a_raising_source_is_counted_and_the_loop_goes_on() -> None:
