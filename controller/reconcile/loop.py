@@ -356,8 +356,8 @@ async def fetch_all(
     finally:  # the deadline passed, or the tick itself was cancelled: nothing left running
         stuck = await cut_off(tasks)
     for source, task in zip(sources, tasks, strict=True):
-        key = ("stuck fetch", source.cluster)
         if task in stuck:
+            key = ("stuck fetch", source.cluster)
             metrics.reconcile_errors.labels("fetch").inc()
             conditions.observe(
                 "fetch did not stop when cancelled",
@@ -468,7 +468,9 @@ async def bounded(
     finally:
         stuck = await cut_off(tasks)
     if stuck:
-        log.error("write did not stop when cancelled", writes=len(stuck), wind_down=WIND_DOWN)
+        log.error(
+            "write did not stop when cancelled", writes=len(stuck), wind_down_seconds=WIND_DOWN
+        )
     return [
         None if not task.done() or task.cancelled() else (task.exception() or task.result())
         for task in tasks
