@@ -106,8 +106,9 @@ async def replayed(settings: Settings, clusters: list[str], answers: list[Answer
 
 
 def pure(settings: Settings, clusters: list[str], answers: list[Answers]) -> float:
-    """Seconds for the pure stages alone on the same inputs: each cluster judged and
-    remembered, its signals derived, the one target weighed."""
+    """The floor until 2026-12-06, still printed: the pure stages alone on the answers as
+    recorded (not as the closed loop moved them), each cluster judged and remembered, its
+    signals derived, and a target whose weights never move weighed with no realised shares."""
     who = {c: asked(c) for c in clusters}
     refs = tuple(Ref("", "", c, 100 // len(clusters), c) for c in clusters)
     target = Target(IMPLICIT_TARGET, "", IMPLICIT_TARGET, "", "", refs)
