@@ -350,7 +350,6 @@ async def fetch_all(
     ]
     if not tasks:
         return []
-    late: set[asyncio.Future[ClusterMetrics]] = set()
     try:
         _, late = await asyncio.wait(tasks, timeout=deadline)
     finally:  # the deadline passed, or the tick itself was cancelled: nothing left running
