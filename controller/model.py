@@ -3,13 +3,60 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from enum import StrEnum
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
+
+
+Record = TypeVar("Record", bound="DataclassInstance")
+_INIT_FIELDS: dict[type, tuple[tuple[Callable[[Any, Any], None], ...], Callable[[Any], Any]]] = {}
+_SETTERS: dict[type, dict[str, Callable[[Any, Any], None]]] = {}
+_new = object.__new__
+
+
+def _setters(kind: type) -> dict[str, Callable[[Any, Any], None]]:
+    """Each field's slot setter, by name, for a frozen slots dataclass whose fields are all
+    init fields without a factory and that has no ``__post_init__``."""
+    found = _SETTERS.get(kind)
+    if found is None:
+        known = fields(kind)
+        if (
+            hasattr(kind, "__post_init__")
+            or "__slots__" not in kind.__dict__
+            or not all(f.init and f.default_factory is MISSING for f in known)
+        ):
+            raise TypeError(f"{kind.__name__}: not a frozen slots record of plain init fields")
+        found = _SETTERS[kind] = {f.name: kind.__dict__[f.name].__set__ for f in known}
+    return found
+
+
+def quick_init(kind: type[Record]) -> type[Record]:
+    """A frozen slots dataclass given an ``__init__`` that sets each slot through its own
+    descriptor, where the generated one calls ``object.__setattr__`` by name for each field
+    (looking the name up on the type first): the same signature, defaults and frozen
+    instances. For the records built per cluster per tick: 3.3 → 2.3 µs a ``ClusterMetrics``
+    (2026-12-07)."""
+    setters = _setters(kind)
+    if any(f.kw_only for f in fields(kind)):
+        raise TypeError(f"{kind.__name__}: quick_init takes no keyword-only fields")
+    generated = kind.__init__
+    names = ", ".join(setters)
+    body = "".join(f"        _{i}(self, {name})\n" for i, name in enumerate(setters))
+    slots = ", ".join(f"_{i}" for i in range(len(setters)))
+    source = f"def make({slots}):\n    def __init__(self, {names}):\n{body}    return __init__\n"
+    namespace: dict[str, Any] = {}
+    exec(source, namespace)  # the field names are the class's own identifiers
+    init = namespace["make"](*setters.values())
+    init.__defaults__ = generated.__defaults__
+    init.__kwdefaults__ = generated.__kwdefaults__
+    init.__qualname__ = generated.__qualname__
+    init.__doc__ = generated.__doc__
+    kind.__init__ = init  # type: ignore[method-assign]
+    return kind
 
 
 class Reason(StrEnum):
@@ -70,6 +117,7 @@ class PodError:
     detail: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Latency:
     """Request latency over the source's window (never since process start): between two
@@ -83,6 +131,7 @@ class Latency:
     family: str
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ClusterMetrics:
     """What one fetch learned about one cluster. ``None`` always means unknown, never zero."""
@@ -142,6 +191,7 @@ class ClusterMetrics:
         )
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Signals:
     """What the laws read of one healthy cluster (derived in ``controller.signals``)."""
@@ -167,6 +217,7 @@ class Signals:
     running: float | None = None
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class ClusterHealth:
     """Health of one cluster after a tick. ``metrics`` is the fetch weighting may use: this
@@ -346,34 +397,25 @@ class TargetDecision:
         return None if total <= 0 else 100.0 * self.applied.get(ref, 0) / total
 
 
-Record = TypeVar("Record", bound="DataclassInstance")
-_INIT_FIELDS: dict[type, tuple[tuple[str, ...], Callable[[Any], Any], frozenset[str]]] = {}
-_new, _set = object.__new__, object.__setattr__
-
-
 def replaced(record: Record, **changes: Any) -> Record:
     """``dataclasses.replace`` for the frozen records here, without its checks of each field
     and without ``__init__`` (all their fields are init fields, none has ``__post_init__``):
-    each field set as a frozen ``__init__`` sets it. It runs per cluster per tick, where
-    ``replace`` costs more than building the record (replay's moved load, the capacity
-    estimates): 5.9 → 3.6 µs a ``ClusterMetrics``."""
+    each slot set through its descriptor, as ``quick_init`` sets it. It runs per cluster per
+    tick, where ``replace`` costs more than building the record (replay's moved load, the
+    capacity estimates): 5.9 → 3.6 µs a ``ClusterMetrics`` (2026-12-05)."""
     kind = type(record)
     known = _INIT_FIELDS.get(kind)
     if known is None:
-        names = tuple(f.name for f in fields(kind))
-        if (
-            hasattr(kind, "__post_init__")
-            or len(names) < 2
-            or not all(f.init for f in fields(kind))
-        ):
-            raise TypeError(f"replaced() copies records of init fields only: {kind.__name__}")
-        known = _INIT_FIELDS[kind] = (names, attrgetter(*names), frozenset(names))
-    names, values, named = known
+        setters = _setters(kind)
+        known = _INIT_FIELDS[kind] = (tuple(setters.values()), attrgetter(*setters))
+    every, values = known
     copy = _new(kind)
-    for name, value in zip(names, values(record), strict=True):
-        _set(copy, name, value)
+    for setter, value in zip(every, values(record), strict=True):
+        setter(copy, value)
+    named = _SETTERS[kind]
     for name, value in changes.items():
-        if name not in named:
+        change = named.get(name)
+        if change is None:
             raise TypeError(f"{kind.__name__} has no field {name!r}")
-        _set(copy, name, value)
+        change(copy, value)
     return copy

@@ -26,13 +26,21 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from controller.model import CapacityFrom, ClusterHealth, ClusterMetrics, Signals, replaced
+from controller.model import (
+    CapacityFrom,
+    ClusterHealth,
+    ClusterMetrics,
+    Signals,
+    quick_init,
+    replaced,
+)
 from controller.settings import WeightSettings
 
 # Readings the KV forecast fits its slope to: enough to average out noise, few enough to turn.
 FORECAST_POINTS = 3
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class SignalMemory:
     """What one cluster's signals remember between ticks."""

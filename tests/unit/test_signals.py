@@ -4,6 +4,7 @@ the KV forecast and capacity (controller/signals.py), table by table."""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -121,6 +122,59 @@ def test_replaced_is_dataclasses_replace_for_the_hot_records() -> None:
         copy.kv_mean = 0.5  # type: ignore[misc]
     with pytest.raises(TypeError, match="no field 'kv'"):
         replaced(metrics, kv=0.2)
+
+
+def test_quick_init_builds_what_the_generated_init_builds() -> None:
+    """The same signature, defaults, errors and frozen records as ``dataclass`` generates."""
+    import dataclasses
+
+    from controller.model import quick_init
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Generated:
+        name: str
+        at: float
+        kv: float | None = None
+        notes: tuple[str, ...] = ()
+
+    @quick_init
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Quick:
+        name: str
+        at: float
+        kv: float | None = None
+        notes: tuple[str, ...] = ()
+
+    good: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
+        (("a", 1.0), {}),
+        (("a",), {"at": 2.0, "notes": ("n",)}),
+        (("a", 1.0, 0.5, ("x",)), {}),
+        ((), {"kv": 0.2, "at": 3.0, "name": "b"}),
+    ]
+    for args, kwargs in good:
+        quick, generated = Quick(*args, **kwargs), Generated(*args, **kwargs)
+        assert dataclasses.astuple(quick) == dataclasses.astuple(generated)
+        assert quick == Quick(*args, **kwargs) and hash(quick) == hash(Quick(*args, **kwargs))
+    bad: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
+        ((), {"at": 1.0}),
+        (("a", 1.0), {"kw": 1}),
+        (("a", 1.0, 0, (), 5), {}),
+    ]
+    for args, kwargs in bad:
+        with pytest.raises(TypeError):
+            Generated(*args, **kwargs)
+        with pytest.raises(TypeError):
+            Quick(*args, **kwargs)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Quick("a", 1.0).kv = 0.5  # type: ignore[misc]
+    assert "kv=None" in repr(Quick("a", 1.0))
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Factory:
+        notes: list[str] = dataclasses.field(default_factory=list)
+
+    with pytest.raises(TypeError, match="plain init fields"):
+        quick_init(Factory)
 
 
 def test_a_target_holding_new_weights_states_them_and_keeps_the_refs_that_already_hold() -> None:
