@@ -30,7 +30,7 @@ import aiohttp
 
 from controller.churn import largest_step, reversals
 from controller.errors import ConfigError, FetchError
-from controller.model import IMPLICIT_TARGET, ClusterMetrics, Write, replaced
+from controller.model import IMPLICIT_TARGET, Write
 from controller.render import report_json
 from controller.settings import Settings, build_settings
 from controller.sources.answers import Answers, Asked, cluster_metrics
@@ -80,30 +80,43 @@ class Response:
         return ", ".join(f"{n} {100 * s:.0f}%" for n, s in self.recorded.items())
 
 
-def responded(metrics: ClusterMetrics, factor: float) -> ClusterMetrics:
-    """``metrics`` with the cluster's routed load scaled by ``factor`` (``Response``): requests
-    arrive ``factor`` times as often; as many more run as its KV cache holds (at most full),
-    the rest wait in its queue, and what completes follows what runs."""
-    if factor == 1.0:
-        return metrics
-    kv = metrics.kv_mean
-    admitted = min(factor, 1.0 / kv) if kv is not None and kv > 0 else factor
-    running = metrics.running
-    queue = metrics.queue_depth
-    if queue is not None or running is not None:
-        queue = (queue or 0.0) * factor + (running or 0.0) * (factor - admitted)
-    pods = metrics.pods_answering
-    kv_max, arrived, completed = metrics.kv_max, metrics.arrived, metrics.completed
-    return replaced(
-        metrics,
-        kv_mean=None if kv is None else min(1.0, kv * factor),
-        kv_max=None if kv_max is None else min(1.0, kv_max * factor),
-        queue_depth=queue,
-        queue_per_pod=queue / pods if queue is not None and pods else metrics.queue_per_pod,
-        running=None if running is None else running * admitted,
-        arrived=None if arrived is None else arrived * factor,
-        completed=None if completed is None else completed * admitted,
-    )
+# The answers a cluster's routed load moves (``moved``); the rest (pods, pools, the oldest
+# sample, latency quantiles) read as recorded.
+MOVED = ("kv_mean", "kv_max", "queue", "running", "latency_requests")
+
+
+def moved(answers: Answers, factors: Mapping[str, float]) -> Answers:
+    """One querier's ``answers`` at one time as they would have read with each cluster's
+    routed load scaled by its factor (``factors``, by its value of the querier's cluster
+    label; ``Response``): requests arrive ``factor`` times as often; as many more run as its
+    KV cache holds (at most full), the rest wait in its queue, and what completes follows what
+    runs. One pass over the querier's answers a tick, not a record rebuilt per cluster: in a
+    replay of a week that was a tenth of each tick. A query that failed stays failed; a
+    cluster it answered nothing for stays unknown."""
+    if all(factor == 1.0 for factor in factors.values()):
+        return answers
+    recorded = {q: a for q in MOVED if isinstance(a := answers.get(q), dict)}
+    found = {q: dict(a) for q, a in recorded.items()}
+    kv, kv_max = recorded.get("kv_mean", {}), recorded.get("kv_max", {})
+    queue, running = recorded.get("queue", {}), recorded.get("running", {})
+    done = recorded.get("latency_requests", {})
+    for who, factor in factors.items():
+        if factor == 1.0:
+            continue
+        load = kv.get(who)
+        admitted = min(factor, 1.0 / load) if load is not None and load > 0 else factor
+        if load is not None:
+            found["kv_mean"][who] = min(1.0, load * factor)
+        if (peak := kv_max.get(who)) is not None:
+            found["kv_max"][who] = min(1.0, peak * factor)
+        waiting, runs = queue.get(who), running.get(who)
+        if (waiting is not None or runs is not None) and "queue" in found:
+            found["queue"][who] = (waiting or 0.0) * factor + (runs or 0.0) * (factor - admitted)
+        if runs is not None:
+            found["running"][who] = runs * admitted
+        if (requests := done.get(who)) is not None:
+            found["latency_requests"][who] = requests * admitted
+    return {**answers, **found}
 
 
 class ReplayError(Exception):
@@ -256,12 +269,18 @@ async def run(
     seen_kv = False
     last: dict[str, int] | None = None
     factors: dict[str, float] = {}  # before the first decision, the recorded split holds
+    # clusters read through one querier share its answers, moved once a tick for all of
+    # them: each by its value of the querier's cluster label
+    shared: dict[int, tuple[Mapping[float, Answers], list[tuple[str, str]]]] = {}
+    for name, answers in history.answers.items():
+        shared.setdefault(id(answers), (answers, []))[1].append((name, history.asked[name].value))
     for at in history.times:
+        read = {
+            key: moved(answers[at], {label: factors.get(name, 1.0) for name, label in members})
+            for key, (answers, members) in shared.items()
+        }
         metrics = {
-            name: responded(
-                cluster_metrics(name, answers[at], history.asked[name], at, 0.0, previous),
-                factors.get(name, 1.0),
-            )
+            name: cluster_metrics(name, read[id(answers)], history.asked[name], at, 0.0, previous)
             for name, answers in history.answers.items()
         }
         summary.unknown += sum(1 for m in metrics.values() if m.kv_mean is None)

@@ -4,60 +4,75 @@ from __future__ import annotations
 
 import pytest
 
-from controller.errors import ConfigError
+from controller.errors import ConfigError, FetchTimeoutError
 from controller.model import IMPLICIT_TARGET, ClusterMetrics
-from controller.replay import History, Response, recorded_split, responded, run
+from controller.replay import History, Response, moved, recorded_split, run
 from controller.settings import build_settings
-from controller.sources.answers import Answers, Asked
+from controller.sources.answers import Answers, Asked, cluster_metrics
 from controller.state import TickReport
 
+ASKED = Asked("http://hub", "cluster", "east", {"kv_mean": "q"}, 60.0, 5.0)
 
-def reading(kv: float | None = 0.6) -> ClusterMetrics:
-    return ClusterMetrics(
-        "east",
-        100.0,
-        0.01,
-        2,
-        2,
-        kv_mean=kv,
-        kv_max=None if kv is None else kv + 0.1,
-        queue_depth=12.0,
-        queue_per_pod=6.0,
-        running=16.0,
-        arrived=40.0,
-        completed=38.0,
-    )
+
+def recorded(kv: float | None = 0.6) -> Answers:
+    """One querier's answers at one time: east's as the tests move them, west's beside."""
+    east = {} if kv is None else {"east": kv}
+    return {
+        "kv_mean": {**east, "west": 0.3},
+        "kv_max": {**({} if kv is None else {"east": kv + 0.1}), "west": 0.35},
+        "queue": {"east": 12.0, "west": 1.0},
+        "running": {"east": 16.0, "west": 4.0},
+        "latency_requests": {"east": 38.0, "west": 9.0},
+        "pods": {"east": 2.0, "west": 2.0},
+    }
+
+
+def east(answers: Answers) -> ClusterMetrics:
+    """East as the loop reads it: the answers through the live source's conversion."""
+    return cluster_metrics("east", answers, ASKED, 160.0, 0.0, 100.0)
 
 
 def test_a_share_cut_to_a_seventh_moves_the_routed_load_with_it() -> None:
     factors = Response.of({"east": 1, "west": 1}).factors({"east": 7, "west": 93})
     assert factors == pytest.approx({"east": 0.14, "west": 1.86})
-    moved = responded(reading(), factors["east"])
-    assert (moved.kv_mean, moved.kv_max) == pytest.approx((0.084, 0.098))
-    assert (moved.queue_depth, moved.queue_per_pod, moved.running) == pytest.approx(
+    found = east(moved(recorded(), {"east": factors["east"]}))
+    assert (found.kv_mean, found.kv_max) == pytest.approx((0.084, 0.098))
+    assert (found.queue_depth, found.queue_per_pod, found.running) == pytest.approx(
         (1.68, 0.84, 2.24)
     )
-    assert (moved.arrived, moved.completed) == pytest.approx((5.6, 5.32))
-    assert moved.pods_answering == 2 and moved.scraped_at == 100.0  # the rest as recorded
+    # 38 requests over the 60 s window, 60 s since the last answers: 38 completed, moved
+    assert found.completed == pytest.approx(5.32)
+    assert found.pods_answering == 2 and found.scraped_at == 160.0  # the rest as recorded
+    # a cluster given no factor, and the answers given, are read as recorded
+    west_asked = Asked("http://hub", "cluster", "west", {"kv_mean": "q"}, 60.0, 5.0)
+    west = cluster_metrics("west", moved(recorded(), {"east": 0.14}), west_asked, 160.0, 0, 100)
+    assert (west.kv_mean, west.queue_depth, west.running) == (0.3, 1.0, 4.0)
+    given = recorded()  # moved leaves what it was given as it was
+    moved(given, {"east": 0.14, "west": 2.0})
+    assert given == recorded()
 
 
 def test_more_traffic_than_the_cache_holds_waits_in_the_queue() -> None:
-    doubled = responded(reading(0.6), 2.0)  # the cache holds 1/0.6 of today's running
+    doubled = east(moved(recorded(0.6), {"east": 2.0}))  # the cache holds 1/0.6 of running
     assert doubled.kv_mean == 1.0 and doubled.kv_max == 1.0
     assert doubled.running == pytest.approx(16 / 0.6)
     queue = 12 * 2 + 16 * (2 - 1 / 0.6)  # today's queue doubled, and what the cache cannot hold
     assert doubled.queue_depth == pytest.approx(queue)
     assert doubled.queue_per_pod == pytest.approx(queue / 2)
-    assert doubled.arrived == 80.0 and doubled.completed == pytest.approx(38 / 0.6)
-    tenfold = responded(reading(0.6), 10.0)
+    assert doubled.completed == pytest.approx(38 / 0.6)
+    tenfold = east(moved(recorded(0.6), {"east": 10.0}))
     assert tenfold.running == pytest.approx(16 / 0.6)  # no more runs than the cache holds
     assert tenfold.queue_depth == pytest.approx(12 * 10 + 16 * (10 - 1 / 0.6))
 
 
-def test_an_unknown_stays_unknown() -> None:
-    assert responded(reading(None), 0.5).kv_mean is None
-    same = reading()
-    assert responded(same, 1.0) is same
+def test_an_unknown_or_failed_answer_stays_so() -> None:
+    assert east(moved(recorded(None), {"east": 0.5})).kv_mean is None
+    failed = {**recorded(), "queue": FetchTimeoutError("http://hub (queue)", "slow")}
+    after = moved(failed, {"east": 0.5})
+    assert after["queue"] is failed["queue"]
+    assert east(after).queue_depth is None and east(after).running == 8.0
+    same = recorded()
+    assert moved(same, {"east": 1.0, "west": 1.0}) is same
 
 
 def test_a_cluster_without_recorded_traffic_is_read_as_recorded() -> None:
