@@ -3,6 +3,7 @@ the KV forecast and capacity (controller/signals.py), table by table."""
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import replace
 from typing import Any
 
@@ -123,6 +124,20 @@ def test_replaced_is_dataclasses_replace_for_the_hot_records() -> None:
     with pytest.raises(TypeError, match="no field 'kv'"):
         replaced(metrics, kv=0.2)
 
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Marked(ClusterMetrics):  # its inherited slots are set where they are declared
+        mark: str = ""
+
+    marked = Marked("a", 1.0, 0.1, 3, 2, kv_mean=0.4, mark="m")
+    assert replaced(marked, kv_mean=0.2) == dataclasses.replace(marked, kv_mean=0.2)
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class One:
+        notes: str
+
+    with pytest.raises(TypeError, match="two fields or more"):
+        replaced(One("x"), notes="y")
+
 
 def test_quick_init_builds_what_the_generated_init_builds() -> None:
     """The same signature, defaults, errors and frozen records as ``dataclass`` generates."""
@@ -168,6 +183,15 @@ def test_quick_init_builds_what_the_generated_init_builds() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         Quick("a", 1.0).kv = 0.5  # type: ignore[misc]
     assert "kv=None" in repr(Quick("a", 1.0))
+    assert str(inspect.signature(Quick.__init__)) == str(inspect.signature(Generated.__init__))
+
+    @quick_init
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Odd:  # fields named as the generated code's own names would be
+        self: int
+        _0: int = 3
+
+    assert (Odd(1), Odd(self=2, _0=5)) == (Odd(1, 3), Odd(2, 5))
 
     @dataclasses.dataclass(frozen=True, slots=True)
     class Factory:
