@@ -12,7 +12,8 @@ default the loop is closed to first order (``Response``): each cluster's routed 
 queue, running requests, request rates) is moved with its replayed share of the traffic over
 its recorded share, so a cluster the replay shed cools and is given back, as it would have
 been; what a full cache cannot hold waits in the queue. That is a model, and said so: load
-that no weight moves (local traffic) is moved too, and latency is not. ``--open-loop`` feeds the
+that no weight moves (local traffic) is moved too, and latency's quantiles are not (the
+requests they are computed over are, with what completes). ``--open-loop`` feeds the
 recorded signals as they were: exactly what the loop would have decided from what the
 clusters showed, tick by tick, but never what its own moves would have done.
 """
@@ -30,7 +31,7 @@ import aiohttp
 
 from controller.churn import largest_step, reversals
 from controller.errors import ConfigError, FetchError
-from controller.model import IMPLICIT_TARGET, Write
+from controller.model import IMPLICIT_TARGET, ClusterMetrics, Write
 from controller.render import report_json
 from controller.settings import Settings, build_settings
 from controller.sources.answers import Answers, Asked, cluster_metrics
@@ -49,7 +50,7 @@ OPEN_LOOP = (
 CLOSED_LOOP = (
     "closed loop, first order: each cluster's KV use, queue, running requests and request "
     "rates moved with its replayed share over its recorded share ({recorded}); local traffic "
-    "is moved with them, latency is not"
+    "is moved with them, latency's quantiles are not"
 )
 
 
@@ -91,8 +92,10 @@ def moved(answers: Answers, factors: Mapping[str, float]) -> Answers:
     label; ``Response``): requests arrive ``factor`` times as often; as many more run as its
     KV cache holds (at most full), the rest wait in its queue, and what completes follows what
     runs. One pass over the querier's answers a tick, not a record rebuilt per cluster: in a
-    replay of a week that was a tenth of each tick. A query that failed stays failed; a
-    cluster it answered nothing for stays unknown."""
+    replay of a week that was a tenth of each tick. Nothing is made up or made usable: a
+    query that failed stays failed (a queue it would have shown is not invented), a cluster it
+    answered nothing for stays unknown, and a KV reading no cache can have (outside 0..1) is
+    left as it was, for the conversion to refuse."""
     if all(factor == 1.0 for factor in factors.values()):
         return answers
     recorded = {q: a for q in MOVED if isinstance(a := answers.get(q), dict)}
@@ -101,9 +104,9 @@ def moved(answers: Answers, factors: Mapping[str, float]) -> Answers:
     queue, running = recorded.get("queue", {}), recorded.get("running", {})
     done = recorded.get("latency_requests", {})
     for who, factor in factors.items():
-        if factor == 1.0:
-            continue
         load = kv.get(who)
+        if factor == 1.0 or (load is not None and not 0.0 <= load <= 1.0):
+            continue
         admitted = min(factor, 1.0 / load) if load is not None and load > 0 else factor
         if load is not None:
             found["kv_mean"][who] = min(1.0, load * factor)
@@ -269,20 +272,13 @@ async def run(
     seen_kv = False
     last: dict[str, int] | None = None
     factors: dict[str, float] = {}  # before the first decision, the recorded split holds
-    # clusters read through one querier share its answers, moved once a tick for all of
-    # them: each by its value of the querier's cluster label
-    shared: dict[int, tuple[Mapping[float, Answers], list[tuple[str, str]]]] = {}
-    for name, answers in history.answers.items():
-        shared.setdefault(id(answers), (answers, []))[1].append((name, history.asked[name].value))
+    groups = _movable(history)
     for at in history.times:
-        read = {
-            key: moved(answers[at], {label: factors.get(name, 1.0) for name, label in members})
-            for key, (answers, members) in shared.items()
-        }
-        metrics = {
-            name: cluster_metrics(name, read[id(answers)], history.asked[name], at, 0.0, previous)
-            for name, answers in history.answers.items()
-        }
+        metrics: dict[str, ClusterMetrics] = {}
+        for answers, members in groups:
+            read = moved(answers[at], {label: factors.get(n, 1.0) for n, label in members})
+            for name, _ in members:
+                metrics[name] = cluster_metrics(name, read, history.asked[name], at, 0.0, previous)
         summary.unknown += sum(1 for m in metrics.values() if m.kv_mean is None)
         seen_kv = seen_kv or any(m.kv_mean is not None for m in metrics.values())
         report = await driver.tick(at, metrics)
@@ -300,6 +296,25 @@ async def run(
             "the queriers' matchers and retention)"
         )
     return summary
+
+
+def _movable(history: History) -> list[tuple[Mapping[float, Answers], list[tuple[str, str]]]]:
+    """The clusters in groups whose answers are moved together (``moved``), each with its
+    value of its querier's cluster label: the clusters read through one querier share its
+    answers, moved once a tick for all of them, unless two name the same series (one label
+    value read as two clusters of the config), which are moved apart, each by its own share."""
+    groups: list[tuple[Mapping[float, Answers], list[tuple[str, str]]]] = []
+    for name, answers in history.answers.items():
+        label = history.asked[name].value
+        group = next(
+            (g for g in groups if g[0] is answers and all(label != taken for _, taken in g[1])),
+            None,
+        )
+        if group is None:
+            group = (answers, [])
+            groups.append(group)
+        group[1].append((name, label))
+    return groups
 
 
 async def replay(

@@ -147,3 +147,46 @@ async def test_each_decision_moves_the_load_read_on_the_next_tick() -> None:
         assert seen[tick][1] == pytest.approx(min(1.0, recorded * factor)), tick
         moved += factor != 1.0
     assert moved >= 10  # the story moved east's load for a while: the check means something
+
+
+def test_a_kv_reading_no_cache_can_have_is_not_made_usable() -> None:
+    for bad in (1.5, 60.0, -0.2):
+        answers = {**recorded(), "kv_mean": {"east": bad, "west": 0.3}}
+        for factor in (0.0, 0.5, 2.0):
+            assert east(moved(answers, {"east": factor})).kv_mean is None, (bad, factor)
+
+
+async def test_two_clusters_of_one_series_are_each_moved_by_their_own_share() -> None:
+    """A config may read one label value as two clusters (the checks allow it): each is moved
+    by its own replayed share, not by whichever was listed last."""
+    names = ["a", "b"]
+    settings = build_settings(
+        {
+            "interval": "10s",
+            "queriers": [{"name": "hub", "url": "http://127.0.0.1:9", "push_interval": "10s"}],
+            "clusters": [
+                {"name": c, "prometheus": {"querier": "hub", "cluster": "prod"}} for c in names
+            ],
+        }
+    )
+    asked = {c: Asked("http://hub", "cluster", "prod", {"kv_mean": "q"}, 60.0, 5.0) for c in names}
+    times = [1000.0 + 10 * i for i in range(30)]
+    one: Answers = {"kv_mean": {"prod": 0.5}, "running": {"prod": 8.0}, "pods": {"prod": 2.0}}
+    series = dict.fromkeys(times, one)
+    history = History(times[0], times[-1], times, dict.fromkeys(names, series), asked)
+    response = recorded_split("a=1,b=3", names)
+    seen: list[tuple[dict[str, int], dict[str, float | None]]] = []
+
+    def keep(at: float, report: TickReport) -> None:
+        applied = dict(report.targets[IMPLICIT_TARGET].outcome.applied)
+        read = {n: v.metrics.kv_mean if v.metrics else None for n, v in report.clusters.items()}
+        seen.append((applied, read))
+
+    await run(settings, history, keep, response)
+    apart = 0
+    for tick in range(1, len(times)):
+        factors = response.factors(seen[tick - 1][0])
+        for name in names:
+            assert seen[tick][1][name] == pytest.approx(min(1.0, 0.5 * factors[name])), tick
+        apart += factors["a"] != factors["b"]
+    assert apart >= 10  # their factors differed: the check means something
