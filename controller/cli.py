@@ -463,6 +463,8 @@ async def _replay(settings: Settings, args: argparse.Namespace) -> int:
     names = [c.name for c in chosen.clusters]
     response = None if args.open_loop else replay.recorded_split(args.recorded, names)
     try:
+        if args.plot is not None:
+            replay.plotting()
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
             history = await replay.read_history(chosen, start, end, session)
         summary = await replay.run(chosen, history, keep, response)
@@ -478,6 +480,13 @@ async def _replay(settings: Settings, args: argparse.Namespace) -> int:
         label = ",".join(args.set) or "the config's"
         print()
         print(replay.compared({label: summary, **others}, names))
+    if args.plot is not None:  # before the JSON: a plot that fails leaves nothing written
+        try:
+            replay.plot(trace, args.plot, closed=response is not None)
+        except replay.ReplayError as exc:
+            print(f"replay: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
+        print(f"\nplot written to {args.plot}")
     if args.json is not None:
         document = {
             "summary": summary.row(names),
@@ -486,13 +495,6 @@ async def _replay(settings: Settings, args: argparse.Namespace) -> int:
             "ticks": records,
         }
         args.json.write_text(json.dumps(document, indent=2) + "\n")
-    if args.plot is not None:
-        try:
-            replay.plot(trace, args.plot, closed=response is not None)
-        except replay.ReplayError as exc:
-            print(f"replay: {exc}", file=sys.stderr)
-            return EXIT_CONFIG
-        print(f"\nplot written to {args.plot}")
     return 0
 
 

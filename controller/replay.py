@@ -24,6 +24,7 @@ import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +123,11 @@ def moved(answers: Answers, factors: Mapping[str, float]) -> Answers:
     return {**answers, **found}
 
 
+def utc(at: float) -> str:
+    """A time as ``--start`` and ``--end`` take it."""
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 class ReplayError(Exception):
     """A replay that cannot be run: one line, exit 2."""
 
@@ -138,6 +144,12 @@ class Summary:
     health_changes: Counter[str] = field(default_factory=Counter)
     shed: list[tuple[float, str]] = field(default_factory=list)  # (when, the cluster) set to 0
     unknown: int = 0  # cluster-ticks without a KV reading (missing or failed queries)
+    # each query a querier could not answer at some ticks: (ticks, the first, why)
+    failed: dict[str, tuple[int, float, str]] = field(default_factory=dict)
+
+    def fail(self, query: str, at: float, error: FetchError) -> None:
+        ticks, first, why = self.failed.get(query, (0, at, error.detail))
+        self.failed[query] = (ticks + 1, first, why)
 
     @property
     def hours(self) -> float:
@@ -158,6 +170,10 @@ class Summary:
             "health_changes": dict(self.health_changes),
             "shed": [{"time": t, "cluster": c} for t, c in self.shed],
             "unknown_cluster_ticks": self.unknown,
+            "failed_queries": {
+                q: {"ticks": n, "first": first, "why": why}
+                for q, (n, first, why) in sorted(self.failed.items())
+            },
         }
 
 
@@ -224,10 +240,13 @@ async def histories(
         if id(querier) not in by_querier:
             read = await querier.history(start, end, step)
             failed = [
-                a["kv_mean"] for a in read.values() if isinstance(a.get("kv_mean"), FetchError)
+                kv for kv in (a.get("kv_mean") for a in read.values()) if isinstance(kv, FetchError)
             ]
             if read and len(failed) == len(read):
-                raise ReplayError(f"{querier.base}_range: {failed[0]}")
+                raise ReplayError(
+                    f"{querier.base}_range answered no part of the window ({len(read)} steps "
+                    f"from {utc(start)} to {utc(end)}): {failed[0].detail}"
+                )
             by_querier[id(querier)] = read
     return {name: by_querier[id(s.querier)] for name, s in found.items()}
 
@@ -273,7 +292,12 @@ async def run(
     last: dict[str, int] | None = None
     factors: dict[str, float] = {}  # before the first decision, the recorded split holds
     groups = _movable(history)
+    queriers = list({id(answers): answers for answers, _ in groups}.values())
     for at in history.times:
+        for answers in queriers:
+            for query, answer in answers[at].items():
+                if isinstance(answer, FetchError):
+                    summary.fail(query, at, answer)
         metrics: dict[str, ClusterMetrics] = {}
         for answers, members in groups:
             read = moved(answers[at], {label: factors.get(n, 1.0) for n, label in members})
@@ -369,6 +393,16 @@ class Trace:
             kv = view.metrics.kv_mean if view.metrics is not None else None
             self.kv.setdefault(name, []).append(math.nan if kv is None else kv)
             self.weights.setdefault(name, []).append(float(applied.get(name, math.nan)))
+
+
+def plotting() -> None:
+    """Say now, before anything is read or written, if ``--plot`` cannot draw."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as exc:  # an optional extra: say how to get it
+        raise ReplayError(
+            "plotting needs matplotlib: pip install 'weight-controller[plot]'"
+        ) from exc
 
 
 def plot(trace: Trace, path: Path, closed: bool = False) -> None:
@@ -484,6 +518,11 @@ def table(summary: Summary, names: Sequence[str], loop: str = OPEN_LOOP) -> str:
         + (", ".join(f"{c} {n}" for c, n in sorted(row["health_changes"].items())) or "none"),
         f"  cluster-ticks without a KV reading: {row['unknown_cluster_ticks']}",
     ]
+    for query, failed in row["failed_queries"].items():
+        lines.append(
+            f"  {query} could not be read at {failed['ticks']} ticks, the first at "
+            f"{utc(failed['first'])}: {failed['why']}"
+        )
     if row["lowest"]:
         least = ", ".join(f"{c} {w}" for c, w in row["lowest"].items())
         lines.insert(2, f"  least weight each held: {least}")

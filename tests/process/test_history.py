@@ -265,7 +265,7 @@ async def test_a_replay_that_cannot_run_says_why_in_one_line_and_exits_2(
     }
     expected = {
         "no history in the window": "no KV-cache reading for any cluster",
-        "a querier down": "_range: ",
+        "a querier down": "_range answered no part of the window",
         "a scraped cluster": "clusters west are scraped, not read through a querier",
         "an empty window": "the window is empty",
     }
@@ -275,11 +275,12 @@ async def test_a_replay_that_cannot_run_says_why_in_one_line_and_exits_2(
         config.write_text(
             yaml.safe_dump({"interval": "10s", "queriers": [querier], "clusters": clusters})
         )
-        done = await asyncio.to_thread(replay_cli, config, begin, end)
+        written = tmp_path / f"{case}.json"
+        done = await asyncio.to_thread(replay_cli, config, begin, end, "--json", str(written))
         assert done.returncode == 2, (case, done.stdout, done.stderr)
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and expected[case] in lines[0], (case, done.stderr)
-        assert done.stdout == ""
+        assert done.stdout == "" and not written.exists()
     # a recorded split that cannot be used, refused before anything is read
     config = tmp_path / "two.yaml"
     both = [read, {"name": "west", "prometheus": {"querier": "hub", "cluster": "west"}}]
@@ -295,6 +296,35 @@ async def test_a_replay_that_cannot_run_says_why_in_one_line_and_exits_2(
         assert done.returncode == 2 and done.stdout == "", (given, done.stderr)
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and why in lines[0], (given, done.stderr)
+
+
+async def test_a_window_larger_than_the_server_allows_is_refused_in_one_line(
+    tmp_path: Path,
+) -> None:
+    """A Prometheus that loads at most 2,000 samples a query (``--query.max-samples``: the
+    operator's limit, as Thanos's query-frontend has one on a range's length) answers ten
+    minutes of the history and refuses two hours: replay says so in one line, with the
+    server's own reason, exit 2, nothing written."""
+    start = backfill(tmp_path)
+    config = tmp_path / "hub.yaml"
+    flags = ["--query.max-samples=2000"]
+    async with Prometheus(tmp_path, [], retention="30d", flags=flags) as prometheus:
+        querier = {"name": "hub", "url": prometheus.url, "push_interval": "10s"}
+        clusters = [
+            {"name": c, "prometheus": {"querier": "hub", "cluster": c}} for c in ("east", "west")
+        ]
+        config.write_text(
+            yaml.safe_dump({"interval": "10s", "queriers": [querier], "clusters": clusters})
+        )
+        short = await asyncio.to_thread(replay_cli, config, start, start + 600)
+        assert short.returncode == 0, short.stderr
+        written = tmp_path / "week.json"
+        whole = start + HOURS * 3600
+        done = await asyncio.to_thread(replay_cli, config, start, whole, "--json", str(written))
+    assert done.returncode == 2 and done.stdout == "" and not written.exists(), done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "answered no part of the window" in lines[0], done.stderr
+    assert "too many samples" in lines[0] and len(lines[0]) < 400, lines[0]
 
 
 async def test_replay_gives_the_weights_the_live_loop_gives_over_the_same_answers(

@@ -41,15 +41,20 @@ def job(
 
 class Prometheus:
     def __init__(
-        self, workdir: Path, jobs: Sequence[dict[str, Any]], retention: str = "1h"
+        self,
+        workdir: Path,
+        jobs: Sequence[dict[str, Any]],
+        retention: str = "1h",
+        flags: Sequence[str] = (),
     ) -> None:
         """``retention``: longer where the TSDB was backfilled (``workdir/data``) with older
-        samples."""
+        samples; ``flags``: more of Prometheus's own (its query limits)."""
         self.port = free_port()
         self._retention = retention
         self.url = f"http://127.0.0.1:{self.port}"
         self._workdir = workdir
         self._jobs = list(jobs)
+        self._flags = list(flags)
         self._process: asyncio.subprocess.Process | None = None
 
     async def __aenter__(self) -> Prometheus:
@@ -67,6 +72,7 @@ class Prometheus:
             f"--web.listen-address=127.0.0.1:{self.port}",
             f"--storage.tsdb.retention.time={self._retention}",
             "--log.level=warn",
+            *self._flags,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )

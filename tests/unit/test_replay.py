@@ -6,7 +6,7 @@ import pytest
 
 from controller.errors import ConfigError, FetchTimeoutError
 from controller.model import IMPLICIT_TARGET, ClusterMetrics
-from controller.replay import History, Response, moved, recorded_split, run
+from controller.replay import History, Response, moved, recorded_split, run, table
 from controller.settings import build_settings
 from controller.sources.answers import Answers, Asked, cluster_metrics
 from controller.state import TickReport
@@ -190,3 +190,36 @@ async def test_two_clusters_of_one_series_are_each_moved_by_their_own_share() ->
             assert seen[tick][1][name] == pytest.approx(min(1.0, 0.5 * factors[name])), tick
         apart += factors["a"] != factors["b"]
     assert apart >= 10  # their factors differed: the check means something
+
+
+async def test_a_range_refused_in_part_is_named_in_the_summary() -> None:
+    """A querier that refused some chunks (too many points, a timeout) leaves those ticks'
+    answers failed: the loop runs on, and the summary names the query, how many ticks, the
+    first and why, never a value made up for them."""
+    names = ["east", "west"]
+    settings = build_settings(
+        {
+            "interval": "10s",
+            "queriers": [{"name": "hub", "url": "http://127.0.0.1:9", "push_interval": "10s"}],
+            "clusters": [
+                {"name": c, "prometheus": {"querier": "hub", "cluster": c}} for c in names
+            ],
+        }
+    )
+    asked = {c: Asked("http://hub", "cluster", c, {"kv_mean": "q"}, 60.0, 5.0) for c in names}
+    times = [1000.0 + 10 * i for i in range(30)]
+    refused = FetchTimeoutError("http://hub/api/v1/query_range", "no complete answer within 5s")
+
+    def answers(at: float) -> Answers:
+        if 1100 <= at < 1150:  # one chunk of five ticks
+            return {"kv_mean": refused, "running": {"east": 8.0, "west": 8.0}}
+        return {"kv_mean": {"east": 0.4, "west": 0.4}, "running": {"east": 8.0, "west": 8.0}}
+
+    shared = {t: answers(t) for t in times}
+    history = History(times[0], times[-1], times, dict.fromkeys(names, shared), asked)
+    summary = await run(settings, history, None, recorded_split(None, names))
+    assert summary.failed == {"kv_mean": (5, 1100.0, "no complete answer within 5s")}
+    assert summary.unknown == 10 and summary.ticks == 30
+    shown = table(summary, names)
+    assert "kv_mean could not be read at 5 ticks, the first at 1970-01-01T00:18:20Z" in shown
+    assert summary.row(names)["failed_queries"]["kv_mean"]["ticks"] == 5
