@@ -68,6 +68,12 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument("--start", required=True, help="RFC 3339 time, or unix seconds")
     replay.add_argument("--end", required=True, help="RFC 3339 time, or unix seconds")
     replay.add_argument(
+        "--step",
+        help="a tick every STEP (e.g. 1m) instead of every interval, no shorter than it: "
+        "a long window replays faster, but the loop's counts, filters and waits are in "
+        "ticks, so it is not the live loop tick by tick",
+    )
+    replay.add_argument(
         "--set",
         action="append",
         default=[],
@@ -439,13 +445,24 @@ def _when(flag: str, text: str) -> float:
     return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
+def _step(text: str) -> float:
+    """``--step``: a duration (``30s``, ``1m``, seconds)."""
+    from controller.settings.durations import seconds
+
+    found = seconds(text)
+    if found is None:
+        raise ConfigError([f"--step {text!r}: not a duration (30s, 1m, or seconds)"])
+    return found
+
+
 async def _replay(settings: Settings, args: argparse.Namespace) -> int:
     import aiohttp
 
     from controller import replay
 
     start, end = _when("--start", args.start), _when("--end", args.end)
-    where = (args.querier, args.cluster_label)
+    step = None if args.step is None else _step(args.step)
+    where = (args.querier, args.cluster_label, step)
     chosen = replay.replay_settings(settings, replay.check_overrides(args.set), *where)
     records: list[dict[str, Any]] = []
     trace = replay.Trace()

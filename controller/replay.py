@@ -185,12 +185,23 @@ def replay_settings(
     overrides: Mapping[str, str],
     querier: str | None = None,
     label: str = "cluster",
+    step: float | None = None,
 ) -> Settings:
     """The config as replay runs it: writing nowhere (Kubernetes off: the implicit target
     over the config's clusters), with ``weights.*`` overrides. ``querier``: a Prometheus or
     Thanos that holds the series of the clusters the config scrapes (each cluster's by its
-    name as the value of ``label``); those clusters are read through it."""
+    name as the value of ``label``); those clusters are read through it. ``step``
+    (``--step``): a tick every so often instead of every interval, no shorter than it."""
+    if step is not None and not step >= settings.interval:
+        raise ConfigError(
+            [
+                f"--step {step:g}s: shorter than the config's interval ({settings.interval:g}s);"
+                " the loop never ticks faster than its interval"
+            ]
+        )
     data = settings.model_dump(mode="json", exclude_unset=True)  # as the file gave it
+    if step is not None:
+        data["interval"] = step
     data["kubernetes"] = {**data.get("kubernetes", {}), "enabled": False}
     data["leader_election"] = {**data.get("leader_election", {}), "enabled": False}
     data["weights"] = {**data.get("weights", {}), **overrides}

@@ -7,6 +7,7 @@ refuses is that query's named error at each of its times, never a value."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import subprocess
 import sys
@@ -296,6 +297,42 @@ async def test_a_replay_that_cannot_run_says_why_in_one_line_and_exits_2(
         assert done.returncode == 2 and done.stdout == "", (given, done.stderr)
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and why in lines[0], (given, done.stderr)
+    # a step the loop cannot take, refused before anything is read
+    for step, why in {"5s": "shorter than the config's interval", "soon": "not a duration"}.items():
+        done = await asyncio.to_thread(replay_cli, config, start, start + 600, "--step", step)
+        assert done.returncode == 2 and done.stdout == "", (step, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and why in lines[0], (step, done.stderr)
+
+
+async def test_a_coarser_step_ticks_every_step_over_the_window(
+    backfilled: tuple[Prometheus, float], tmp_path: Path
+) -> None:
+    """``--step 1m``: a tick a minute over the two hours, each reading the history at its
+    time; the hot episode is still seen, and shed."""
+    prometheus, start = backfilled
+    config = tmp_path / "config.yaml"
+    querier = {"name": "hub", "url": prometheus.url, "push_interval": "10s"}
+    clusters = [
+        {"name": c, "prometheus": {"querier": "hub", "cluster": c}} for c in ("east", "west")
+    ]
+    config.write_text(
+        yaml.safe_dump({"interval": "10s", "queriers": [querier], "clusters": clusters})
+    )
+    out = tmp_path / "coarse.json"
+    end = start + HOURS * 3600
+    done = await asyncio.to_thread(
+        replay_cli, config, start, end, "--step", "1m", "--json", str(out)
+    )
+    assert done.returncode == 0, done.stderr
+    times = [t["time"] for t in json.loads(out.read_text())["ticks"]]
+    assert len(times) == HOURS * 60 + 1 and {b - a for a, b in itertools.pairwise(times)} == {60.0}
+    east = {
+        t["time"] - start: t["targets"]["configured"]["applied"]["east"]
+        for t in json.loads(out.read_text())["ticks"]
+    }
+    assert {w for offset, w in east.items() if offset < HOT[0]} == {50}
+    assert min(w for offset, w in east.items() if HOT[0] <= offset < HOT[1]) <= 25
 
 
 async def test_a_window_larger_than_the_server_allows_is_refused_in_one_line(
