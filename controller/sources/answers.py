@@ -53,26 +53,44 @@ def vectors(series: Series, label: str, finite: bool = True) -> dict[str, float]
 _POOL_LABELS = frozenset(("num_gpu_blocks", "block_size"))
 
 
+Pool = tuple[str, float | None, tuple[tuple[str, str], ...]]  # ``pool_of``
+
+
+def pool_of(metric: Mapping[str, str], label: str) -> Pool:
+    """What a ``kv_pools`` series says whatever its value: its cluster (the value of
+    ``label``), the tokens one engine of its pool holds (``None`` where its pool labels are
+    not whole numbers > 0) and its pod (or a Ray node's replica): every label but the pool's."""
+    key = str(metric.get(label, "")) if label else ""
+    try:
+        blocks, size = int(metric["num_gpu_blocks"]), int(metric["block_size"])
+    except (KeyError, ValueError):
+        return key, None, ()
+    if blocks <= 0 or size <= 0:
+        return key, None, ()
+    pod = tuple(sorted((k, str(v)) for k, v in metric.items() if k not in _POOL_LABELS))
+    return key, float(blocks * size), pod
+
+
 def pools(series: Series, label: str) -> tuple[dict[str, float], dict[str, float]]:
     """The ``kv_pools`` answer (engines by pod and KV pool) as KV tokens and pods with a
     pool, by the value of ``label``; a series whose pool labels are not whole numbers > 0
     leaves its cluster out (unknown, never a guess)."""
+    return pooled([(pool_of(metric, label), engines) for metric, engines in series])
+
+
+def pooled(
+    series: Sequence[tuple[Pool, float]],
+) -> tuple[dict[str, float], dict[str, float]]:
+    """``pools`` from each series' ``pool_of`` (worked out once a series, where a range
+    answer gives it at many times) and its value, the engines on that pool."""
     tokens: dict[str, float] = {}
     pods: dict[str, set[tuple[tuple[str, str], ...]]] = {}
     broken: set[str] = set()
-    for metric, engines in series:
-        key = str(metric.get(label, "")) if label else ""
-        try:
-            blocks, size = int(metric["num_gpu_blocks"]), int(metric["block_size"])
-        except (KeyError, ValueError):
+    for (key, each, pod), engines in series:
+        if each is None or not math.isfinite(engines) or engines <= 0:
             broken.add(key)
             continue
-        if blocks <= 0 or size <= 0 or not math.isfinite(engines) or engines <= 0:
-            broken.add(key)
-            continue
-        tokens[key] = tokens.get(key, 0.0) + engines * blocks * size
-        # a pod (or a replica of a Ray node's): every label but the pool's
-        pod = tuple(sorted((k, str(v)) for k, v in metric.items() if k not in _POOL_LABELS))
+        tokens[key] = tokens.get(key, 0.0) + engines * each
         pods.setdefault(key, set()).add(pod)
     return (
         {k: v for k, v in tokens.items() if k not in broken},

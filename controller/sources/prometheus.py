@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -30,7 +31,18 @@ from controller.settings import ClusterSettings, PrometheusQueries, ScrapeSettin
 from controller.settings import Querier as QuerierSettings
 from controller.settings.durations import seconds
 from controller.settings.queries import render
-from controller.sources.answers import NAMES, Answers, Asked, cluster_metrics, split, vectors
+from controller.sources.answers import (
+    NAMES,
+    POOL_PODS,
+    Answers,
+    Asked,
+    Pool,
+    cluster_metrics,
+    pool_of,
+    pooled,
+    split,
+    vectors,
+)
 from controller.sources.http import Endpoint, TokenFile, get_text, ssl_context
 
 ACCEPT_JSON = "application/json"
@@ -127,17 +139,77 @@ def _data(body: str, url: str) -> dict[str, Any]:
 def matrix_series(body: str, url: str) -> dict[float, list[tuple[dict[str, str], float]]]:
     """A range query's answer as each step's series, by the step's time (to the ms, as
     Prometheus writes it)."""
-    data = _data(body, url)
-    if data.get("resultType") != "matrix":
-        raise FetchParseError(url, f"unexpected result type {data.get('resultType')!r}")
     found: dict[float, list[tuple[dict[str, str], float]]] = {}
     try:
-        for item in data.get("result") or []:
+        for item in _matrix(body, url):
             labels = {str(k): str(v) for k, v in (item.get("metric") or {}).items()}
             for when, value in item["values"]:
                 found.setdefault(round(float(when), 3), []).append((labels, float(value)))
     except (TypeError, KeyError, ValueError, AttributeError) as exc:
         raise FetchParseError(url, f"malformed result: {exc}") from exc
+    return found
+
+
+def _matrix(body: str, url: str) -> list[Any]:
+    data = _data(body, url)
+    if data.get("resultType") != "matrix":
+        raise FetchParseError(url, f"unexpected result type {data.get('resultType')!r}")
+    result = data.get("result") or []
+    if not isinstance(result, list):
+        raise FetchParseError(url, "malformed result: not a list")
+    return result
+
+
+def range_answers(
+    name: str, body: str, times: Sequence[float], label: str, url: str
+) -> dict[float, Answers]:
+    """Query ``name``'s range answer at each of ``times``, as ``split`` reads its instant
+    answer at that time (a time without a series: an empty answer). Most queries are one
+    number a cluster: read straight into each time's numbers by the value of ``label``, the
+    first finite one of each kept (``vectors``), without a list of series per time between;
+    the pool queries, which read labels, go through ``split``. A week of 20 clusters is
+    ~13 million numbers: this is most of replay's reading."""
+    if name == "kv_pools":
+        return _range_pools(body, times, label, url)
+    if name == "kv_tokens":
+        series = matrix_series(body, url)
+        return {t: split(name, series.get(round(t, 3), []), label) for t in times}
+    finite = name != "pods"  # a pod count NaN or infinite is refused by name (``_checked``)
+    found: dict[float, dict[str, float]] = {}  # by the step's time, to the ms
+    stamps: dict[Any, dict[str, float]] = {}  # the same, by the time as written
+    try:
+        for item in _matrix(body, url):
+            metric = item.get("metric") or {}
+            key = str(metric.get(label, "")) if label else ""
+            for when, text in item["values"]:
+                value = float(text)
+                if finite and not math.isfinite(value):
+                    continue
+                at = stamps.get(when)
+                if at is None:
+                    at = stamps[when] = found.setdefault(round(float(when), 3), {})
+                if key not in at:
+                    at[key] = value
+    except (TypeError, KeyError, ValueError, AttributeError) as exc:
+        raise FetchParseError(url, f"malformed result: {exc}") from exc
+    return {t: {name: found.get(round(t, 3), {})} for t in times}
+
+
+def _range_pools(body: str, times: Sequence[float], label: str, url: str) -> dict[float, Answers]:
+    """``range_answers`` for ``kv_pools``: each series' pool read off its labels once
+    (``pool_of``), then each time's series pooled as ``split`` pools them."""
+    at: dict[float, list[tuple[Pool, float]]] = {}
+    try:
+        for item in _matrix(body, url):
+            pool = pool_of({str(k): str(v) for k, v in (item.get("metric") or {}).items()}, label)
+            for when, value in item["values"]:
+                at.setdefault(round(float(when), 3), []).append((pool, float(value)))
+    except (TypeError, KeyError, ValueError, AttributeError) as exc:
+        raise FetchParseError(url, f"malformed result: {exc}") from exc
+    found: dict[float, Answers] = {}
+    for t in times:
+        tokens, pods = pooled(at.get(round(t, 3), []))
+        found[t] = {"kv_pools": tokens, POOL_PODS: pods}
     return found
 
 
@@ -231,13 +303,13 @@ class Querier:
                 try:
                     if isinstance(body, BaseException):
                         raise body
-                    by_time = matrix_series(body, self.base + "_range")
+                    read = range_answers(name, body, chunk, self.label or "", self.base + "_range")
                 except FetchError as exc:
                     for t in chunk:
                         found[t][name] = exc
                     continue
                 for t in chunk:
-                    found[t].update(split(name, by_time.get(round(t, 3), []), self.label or ""))
+                    found[t].update(read[t])
         return found
 
     async def _ask_range(self, promql: str, start: float, end: float, step: float) -> str:

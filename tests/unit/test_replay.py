@@ -223,3 +223,36 @@ async def test_a_range_refused_in_part_is_named_in_the_summary() -> None:
     shown = table(summary, names)
     assert "kv_mean could not be read at 5 ticks, the first at 1970-01-01T00:18:20Z" in shown
     assert summary.row(names)["failed_queries"]["kv_mean"]["ticks"] == 5
+
+
+def test_a_range_answer_reads_each_time_as_its_instant_answer_would() -> None:
+    """``range_answers`` reads most queries straight into numbers; it must give what
+    ``split`` gives each time's series: the first finite value per label value, NaN and
+    infinities left out (kept for the pod count, which is refused by name), a series without
+    the label under "", a time with nothing an empty answer, the pool queries by labels."""
+    import json
+    import math
+
+    from controller.sources.answers import split
+    from controller.sources.prometheus import matrix_series, range_answers
+
+    def series(metric: dict[str, str], *values: tuple[float, str]) -> dict[str, object]:
+        return {"metric": metric, "values": [list(v) for v in values]}
+
+    result = [
+        series({"cluster": "east"}, (10.0, "0.5"), (20.0, "NaN"), (30.0, "+Inf")),
+        series({"cluster": "east", "pod": "b"}, (10.0, "0.7"), (20.0, "0.6"), (30.0, "0.4")),
+        series({"cluster": "west"}, (10.0, "1e-3"), (30.0, "-Inf")),
+        series({}, (20.0, "3")),
+        series({"cluster": "north", "num_gpu_blocks": "8", "block_size": "16"}, (10.0, "2")),
+    ]
+    body = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": result}})
+    times = [10.0, 20.0, 30.0, 40.0]
+    for name in ("kv_mean", "pods", "kv_pools", "kv_tokens", "queue"):
+        fast = range_answers(name, body, times, "cluster", "u")
+        slow = {t: split(name, matrix_series(body, "u").get(t, []), "cluster") for t in times}
+        assert repr(fast) == repr(slow), name  # NaN == NaN only as text
+    kv = range_answers("kv_mean", body, times, "cluster", "u")
+    assert kv[20.0] == {"kv_mean": {"east": 0.6, "": 3.0}} and kv[40.0] == {"kv_mean": {}}
+    pods = range_answers("pods", body, times, "cluster", "u")[30.0]["pods"]
+    assert isinstance(pods, dict) and math.isinf(pods["east"])
