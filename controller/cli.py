@@ -459,6 +459,7 @@ async def _replay(settings: Settings, args: argparse.Namespace) -> int:
     import aiohttp
 
     from controller import replay
+    from controller.app import settle_collector
 
     start, end = _when("--start", args.start), _when("--end", args.end)
     step = None if args.step is None else _step(args.step)
@@ -484,6 +485,9 @@ async def _replay(settings: Settings, args: argparse.Namespace) -> int:
             replay.plotting()
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
             history = await replay.read_history(chosen, start, end, session)
+        # what was read is kept for good, as the daemon keeps what start-up made: the
+        # collector's passes over a week's history would cost more than the loop itself
+        settle_collector()
         summary = await replay.run(chosen, history, keep, response)
         others = {
             item: await replay.run(s, history, None, response) for item, s in candidates.items()
