@@ -35,6 +35,7 @@ from controller.errors import ConfigError, FetchError
 from controller.model import IMPLICIT_TARGET, ClusterMetrics, Write
 from controller.render import report_json
 from controller.settings import Settings, build_settings
+from controller.settings.schema import MAX_INTERVAL
 from controller.sources.answers import Answers, Asked, cluster_metrics
 from controller.sources.prometheus import (
     PrometheusQuerySource,
@@ -199,6 +200,10 @@ def replay_settings(
                 " the loop never ticks faster than its interval"
             ]
         )
+    if step is not None and step > MAX_INTERVAL:
+        raise ConfigError(
+            [f"--step {step:g}s: longer than {MAX_INTERVAL:g}s, the longest interval the loop runs"]
+        )
     data = settings.model_dump(mode="json", exclude_unset=True)  # as the file gave it
     if step is not None:
         data["interval"] = step
@@ -305,10 +310,13 @@ async def run(
     groups = _movable(history)
     queriers = list({id(answers): answers for answers, _ in groups}.values())
     for at in history.times:
+        failed: dict[str, FetchError] = {}  # once a tick per query, whichever queriers failed
         for answers in queriers:
             for query, answer in answers[at].items():
                 if isinstance(answer, FetchError):
-                    summary.fail(query, at, answer)
+                    failed.setdefault(query, answer)
+        for query, error in failed.items():
+            summary.fail(query, at, error)
         metrics: dict[str, ClusterMetrics] = {}
         for answers, members in groups:
             read = moved(answers[at], {label: factors.get(n, 1.0) for n, label in members})

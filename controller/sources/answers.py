@@ -63,12 +63,13 @@ def pool_of(metric: Mapping[str, str], label: str) -> Pool:
     key = str(metric.get(label, "")) if label else ""
     try:
         blocks, size = int(metric["num_gpu_blocks"]), int(metric["block_size"])
-    except (KeyError, ValueError):
+        each = float(blocks) * size  # past a float's range: infinite, refused as no pool is
+    except (KeyError, ValueError, OverflowError):
         return key, None, ()
     if blocks <= 0 or size <= 0:
         return key, None, ()
     pod = tuple(sorted((k, str(v)) for k, v in metric.items() if k not in _POOL_LABELS))
-    return key, float(blocks * size), pod
+    return key, each, pod
 
 
 def pools(series: Series, label: str) -> tuple[dict[str, float], dict[str, float]]:

@@ -180,14 +180,16 @@ def range_answers(
     try:
         for item in _matrix(body, url):
             metric = item.get("metric") or {}
+            if not isinstance(metric, dict):
+                raise FetchParseError(url, "malformed result: a series' metric is not an object")
             key = str(metric.get(label, "")) if label else ""
             for when, text in item["values"]:
-                value = float(text)
-                if finite and not math.isfinite(value):
-                    continue
                 at = stamps.get(when)
                 if at is None:
                     at = stamps[when] = found.setdefault(round(float(when), 3), {})
+                value = float(text)
+                if finite and not math.isfinite(value):
+                    continue
                 if key not in at:
                     at[key] = value
     except (TypeError, KeyError, ValueError, AttributeError) as exc:
@@ -292,6 +294,9 @@ class Querier:
         each step as one, lookback and rate windows included), read in chunks of at most
         ``max_steps`` steps. A chunk a query could not read leaves that query's error at each
         of the chunk's times; a time without a series is an empty answer: never a value."""
+        # Prometheus keeps time in whole milliseconds: a start or step finer than that would
+        # leave its answers' times and these apart, and every tick unread
+        start, step = round(start, 3), round(step, 3)
         times = [start + i * step for i in range(int((end - start) / step + 1e-9) + 1)]
         found: dict[float, Answers] = {t: {} for t in times}
         built = self.queries
@@ -314,7 +319,12 @@ class Querier:
 
     async def _ask_range(self, promql: str, start: float, end: float, step: float) -> str:
         self.sent += 1
-        query = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+        query = {
+            "query": promql,
+            "start": f"{start:.3f}",
+            "end": f"{end:.3f}",
+            "step": f"{step:.3f}",
+        }
         url = str(URL(self.base + "_range").with_query(query))
         return await get_text(self._session, replace(self._endpoint, url=url), ACCEPT_JSON)
 

@@ -298,7 +298,11 @@ async def test_a_replay_that_cannot_run_says_why_in_one_line_and_exits_2(
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and why in lines[0], (given, done.stderr)
     # a step the loop cannot take, refused before anything is read
-    for step, why in {"5s": "shorter than the config's interval", "soon": "not a duration"}.items():
+    for step, why in {
+        "5s": "shorter than the config's interval",
+        "2h": "longer than 3600s",
+        "soon": "not a duration",
+    }.items():
         done = await asyncio.to_thread(replay_cli, config, start, start + 600, "--step", step)
         assert done.returncode == 2 and done.stdout == "", (step, done.stderr)
         lines = done.stderr.strip().splitlines()
@@ -333,6 +337,11 @@ async def test_a_coarser_step_ticks_every_step_over_the_window(
     }
     assert {w for offset, w in east.items() if offset < HOT[0]} == {50}
     assert min(w for offset, w in east.items() if HOT[0] <= offset < HOT[1]) <= 25
+    # a step finer than Prometheus's milliseconds is read on its millisecond grid: every tick
+    # has its reading
+    odd = await asyncio.to_thread(replay_cli, config, start, end, "--step", "61.2345678s")
+    assert odd.returncode == 0, odd.stderr
+    assert "cluster-ticks without a KV reading: 0" in odd.stdout, odd.stdout
 
 
 async def test_a_window_larger_than_the_server_allows_is_refused_in_one_line(

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from controller.errors import ConfigError, FetchTimeoutError
+from controller.errors import ConfigError, FetchParseError, FetchTimeoutError
 from controller.model import IMPLICIT_TARGET, ClusterMetrics
 from controller.replay import History, Response, moved, recorded_split, run, table
 from controller.settings import build_settings
@@ -215,8 +217,10 @@ async def test_a_range_refused_in_part_is_named_in_the_summary() -> None:
             return {"kv_mean": refused, "running": {"east": 8.0, "west": 8.0}}
         return {"kv_mean": {"east": 0.4, "west": 0.4}, "running": {"east": 8.0, "west": 8.0}}
 
-    shared = {t: answers(t) for t in times}
-    history = History(times[0], times[-1], times, dict.fromkeys(names, shared), asked)
+    # each cluster through a querier of its own: a tick both failed at counts once
+    history = History(
+        times[0], times[-1], times, {n: {t: answers(t) for t in times} for n in names}, asked
+    )
     summary = await run(settings, history, None, recorded_split(None, names))
     assert summary.failed == {"kv_mean": (5, 1100.0, "no complete answer within 5s")}
     assert summary.unknown == 10 and summary.ticks == 30
@@ -256,3 +260,24 @@ def test_a_range_answer_reads_each_time_as_its_instant_answer_would() -> None:
     assert kv[20.0] == {"kv_mean": {"east": 0.6, "": 3.0}} and kv[40.0] == {"kv_mean": {}}
     pods = range_answers("pods", body, times, "cluster", "u")[30.0]["pods"]
     assert isinstance(pods, dict) and math.isinf(pods["east"])
+    # what split refuses, range_answers refuses: a time that is not one (even beside a value
+    # it would leave out), a series whose metric is not an object
+    for bad in (
+        [series({"cluster": "east"}, ("abc", "NaN"))],  # type: ignore[arg-type]
+        [{"metric": [1], "values": [[10.0, "1"]]}],
+    ):
+        page = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": bad}})
+        with pytest.raises(FetchParseError):
+            range_answers("kv_mean", page, times, "", "u")
+        with pytest.raises(FetchParseError):
+            matrix_series(page, "u")
+
+
+def test_a_pool_past_a_float_s_range_is_no_pool_and_no_crash() -> None:
+    from controller.sources.answers import pools
+
+    huge = {"cluster": "a", "pod": "p", "num_gpu_blocks": str(10**200), "block_size": str(10**200)}
+    tokens, pods = pools([(huge, 1.0)], "cluster")
+    assert tokens == {"a": math.inf} and pods == {"a": 1.0}  # refused later as no cache holds
+    beyond = {**huge, "num_gpu_blocks": str(10**400)}
+    assert pools([(beyond, 1.0)], "cluster") == ({}, {})  # left out: unknown
