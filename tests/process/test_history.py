@@ -287,26 +287,20 @@ async def test_a_replay_that_cannot_run_says_why_in_one_line_and_exits_2(
     both = [read, {"name": "west", "prometheus": {"querier": "hub", "cluster": "west"}}]
     querier = {"name": "hub", "url": prometheus.url, "push_interval": "10s"}
     config.write_text(yaml.safe_dump({"interval": "10s", "queriers": [querier], "clusters": both}))
+    # and a step the loop cannot take, refused too
     for given, why in {
-        "east=70": "names no weight for west",
-        "east=70,west=x": "expected NAME=WEIGHT",
-        "east=70,north=30": "expected NAME=WEIGHT, each cluster of the config once",
-        "east=0,west=0": "gives no traffic",
+        ("--recorded", "east=70"): "names no weight for west",
+        ("--recorded", "east=70,west=x"): "expected NAME=WEIGHT",
+        ("--recorded", "east=70,north=30"): "expected NAME=WEIGHT, each cluster of the config once",
+        ("--recorded", "east=0,west=0"): "gives no traffic",
+        ("--step", "5s"): "shorter than the config's interval",
+        ("--step", "2h"): "longer than 3600s",
+        ("--step", "soon"): "not a duration",
     }.items():
-        done = await asyncio.to_thread(replay_cli, config, start, start + 600, "--recorded", given)
+        done = await asyncio.to_thread(replay_cli, config, start, start + 600, *given)
         assert done.returncode == 2 and done.stdout == "", (given, done.stderr)
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and why in lines[0], (given, done.stderr)
-    # a step the loop cannot take, refused before anything is read
-    for step, why in {
-        "5s": "shorter than the config's interval",
-        "2h": "longer than 3600s",
-        "soon": "not a duration",
-    }.items():
-        done = await asyncio.to_thread(replay_cli, config, start, start + 600, "--step", step)
-        assert done.returncode == 2 and done.stdout == "", (step, done.stderr)
-        lines = done.stderr.strip().splitlines()
-        assert len(lines) == 1 and why in lines[0], (step, done.stderr)
 
 
 async def test_a_coarser_step_ticks_every_step_over_the_window(

@@ -9,11 +9,29 @@ import pytest
 from controller.errors import ConfigError, FetchParseError, FetchTimeoutError
 from controller.model import IMPLICIT_TARGET, ClusterMetrics
 from controller.replay import History, Response, moved, recorded_split, run, table
-from controller.settings import build_settings
+from controller.settings import Settings, build_settings
 from controller.sources.answers import Answers, Asked, cluster_metrics
 from controller.state import TickReport
 
 ASKED = Asked("http://hub", "cluster", "east", {"kv_mean": "q"}, 60.0, 5.0)
+
+
+def hub(names: list[str], value: str | None = None) -> tuple[Settings, dict[str, Asked]]:
+    """A config reading ``names`` through one querier, each by its name as the value of its
+    cluster label (or all by ``value``), and whom each cluster's answers came from."""
+    settings = build_settings(
+        {
+            "interval": "10s",
+            "queriers": [{"name": "hub", "url": "http://127.0.0.1:9", "push_interval": "10s"}],
+            "clusters": [
+                {"name": c, "prometheus": {"querier": "hub", "cluster": value or c}} for c in names
+            ],
+        }
+    )
+    asked = {
+        c: Asked("http://hub", "cluster", value or c, {"kv_mean": "q"}, 60.0, 5.0) for c in names
+    }
+    return settings, asked
 
 
 def recorded(kv: float | None = 0.6) -> Answers:
@@ -107,16 +125,7 @@ def test_the_recorded_split_is_even_unless_given_and_every_cluster_named() -> No
 async def test_each_decision_moves_the_load_read_on_the_next_tick() -> None:
     """Tick k's weights in force scale the readings of tick k+1, not k, nor k+2."""
     names = ["east", "west"]
-    settings = build_settings(
-        {
-            "interval": "10s",
-            "queriers": [{"name": "hub", "url": "http://127.0.0.1:9", "push_interval": "10s"}],
-            "clusters": [
-                {"name": c, "prometheus": {"querier": "hub", "cluster": c}} for c in names
-            ],
-        }
-    )
-    asked = {c: Asked("http://hub", "cluster", c, {"kv_mean": "q"}, 60.0, 5.0) for c in names}
+    settings, asked = hub(names)
     times = [1000.0 + 10 * i for i in range(40)]
 
     def answers(at: float) -> Answers:
@@ -162,16 +171,7 @@ async def test_two_clusters_of_one_series_are_each_moved_by_their_own_share() ->
     """A config may read one label value as two clusters (the checks allow it): each is moved
     by its own replayed share, not by whichever was listed last."""
     names = ["a", "b"]
-    settings = build_settings(
-        {
-            "interval": "10s",
-            "queriers": [{"name": "hub", "url": "http://127.0.0.1:9", "push_interval": "10s"}],
-            "clusters": [
-                {"name": c, "prometheus": {"querier": "hub", "cluster": "prod"}} for c in names
-            ],
-        }
-    )
-    asked = {c: Asked("http://hub", "cluster", "prod", {"kv_mean": "q"}, 60.0, 5.0) for c in names}
+    settings, asked = hub(names, "prod")
     times = [1000.0 + 10 * i for i in range(30)]
     one: Answers = {"kv_mean": {"prod": 0.5}, "running": {"prod": 8.0}, "pods": {"prod": 2.0}}
     series = dict.fromkeys(times, one)
@@ -199,16 +199,7 @@ async def test_a_range_refused_in_part_is_named_in_the_summary() -> None:
     answers failed: the loop runs on, and the summary names the query, how many ticks, the
     first and why, never a value made up for them."""
     names = ["east", "west"]
-    settings = build_settings(
-        {
-            "interval": "10s",
-            "queriers": [{"name": "hub", "url": "http://127.0.0.1:9", "push_interval": "10s"}],
-            "clusters": [
-                {"name": c, "prometheus": {"querier": "hub", "cluster": c}} for c in names
-            ],
-        }
-    )
-    asked = {c: Asked("http://hub", "cluster", c, {"kv_mean": "q"}, 60.0, 5.0) for c in names}
+    settings, asked = hub(names)
     times = [1000.0 + 10 * i for i in range(30)]
     refused = FetchTimeoutError("http://hub/api/v1/query_range", "no complete answer within 5s")
 
