@@ -428,15 +428,12 @@ def plot(trace: Trace, path: Path, closed: bool = False) -> None:
     """Weights as replayed and KV as fed to the loop per cluster over the window (``closed``:
     the recorded load moved with the replayed weights; else as recorded) with matplotlib (the
     ``plot`` extra); a tick without a reading is a gap, never 0."""
-    try:
-        import matplotlib
+    plotting()
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as exc:  # an optional extra: say how to get it
-        raise ReplayError(
-            "plotting needs matplotlib: pip install 'weight-controller[plot]'"
-        ) from exc
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     start = trace.times[0] if trace.times else 0.0
     minutes = [(t - start) / 60 for t in trace.times]
     fig, (weights, kv) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
