@@ -343,36 +343,59 @@ async def fetch_all(
     they began fails as ``timeout`` (its fetch cancelled, the others kept), one whose source
     raised as ``internal`` (a bug in one source must not take the others down); one that does
     not stop when cancelled is left behind (``cut_off``) and named in the log until it ends.
-    One timer for the stage, not one per cluster: in a replay of a week that was a tenth of
-    each tick."""
-    tasks = [
-        asyncio.ensure_future(_fetch(source, clock, metrics, conditions)) for source in sources
-    ]
+    One timer for the stage, not one per cluster, and the fetches' own tasks, nothing around
+    them: in a replay of a week each was a tenth of a tick."""
+    loop = asyncio.get_running_loop()
+    tasks = [loop.create_task(source.fetch()) for source in sources]
     if not tasks:
         return []
     try:
         _, late = await asyncio.wait(tasks, timeout=deadline)
     finally:  # the deadline passed, or the tick itself was cancelled: nothing left running
-        stuck = await cut_off(tasks)
-    for source, task in zip(sources, tasks, strict=True):
-        if task in stuck:
-            key = ("stuck fetch", source.cluster)
-            metrics.reconcile_errors.labels("fetch").inc()
-            conditions.observe(
-                "fetch did not stop when cancelled",
-                key,
-                "error",
-                cluster=source.cluster,
-                wind_down_seconds=WIND_DOWN,
-            )
-            task.add_done_callback(_clearing(conditions, key))
-    detail = f"tick deadline {deadline:g}s passed"
+        stuck = await cut_off(tasks) if not all(task.done() for task in tasks) else set()
     return [
-        ClusterMetrics.failed(source.cluster, clock(), Reason.TIMEOUT, detail)
-        if task in late
-        else task.result()
+        _fetched(source, task, task in late, task in stuck, deadline, clock, metrics, conditions)
         for source, task in zip(sources, tasks, strict=True)
     ]
+
+
+def _fetched(
+    source: ClusterMetricsSource,
+    task: asyncio.Task[ClusterMetrics],
+    late: bool,
+    stuck: bool,
+    deadline: float,
+    clock: Callable[[], float],
+    metrics: ControllerMetrics,
+    conditions: Conditions,
+) -> ClusterMetrics:
+    """One fetch's end as the tick reads it: its metrics, or why there are none. A source
+    that cancelled itself (a library raising ``CancelledError`` of its own) is a bug in that
+    source, as one that raised."""
+    if stuck:
+        key = ("stuck fetch", source.cluster)
+        metrics.reconcile_errors.labels("fetch").inc()
+        conditions.observe(
+            "fetch did not stop when cancelled",
+            key,
+            "error",
+            cluster=source.cluster,
+            wind_down_seconds=WIND_DOWN,
+        )
+        task.add_done_callback(_clearing(conditions, key))
+    if late:  # cancelled by us (the tick's own cancel never gets here)
+        detail = f"tick deadline {deadline:g}s passed"
+        return ClusterMetrics.failed(source.cluster, clock(), Reason.TIMEOUT, detail)
+    error = asyncio.CancelledError() if task.cancelled() else task.exception()
+    if error is None:
+        return task.result()
+    if not isinstance(error, Exception | asyncio.CancelledError):  # not ours to keep
+        raise error
+    metrics.reconcile_errors.labels("fetch").inc()
+    key = ("fetch", source.cluster)
+    conditions.observe("fetch raised", key, "error", cluster=source.cluster, exc_info=error)
+    detail = f"{type(error).__name__} (the log has the traceback)"
+    return ClusterMetrics.failed(source.cluster, clock(), Reason.INTERNAL, detail)
 
 
 # A cancelled fetch or write is given this long to wind down. One that ignores its
@@ -406,24 +429,6 @@ def _ended(task: asyncio.Future[Any]) -> None:
     _STUCK.discard(task)
     if not task.cancelled():
         task.exception()
-
-
-async def _fetch(
-    source: ClusterMetricsSource,
-    clock: Callable[[], float],
-    metrics: ControllerMetrics,
-    conditions: Conditions,
-) -> ClusterMetrics:
-    try:
-        return await source.fetch()
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:
-        metrics.reconcile_errors.labels("fetch").inc()
-        key = ("fetch", source.cluster)
-        conditions.observe("fetch raised", key, "error", cluster=source.cluster, exc_info=True)
-        detail = f"{type(exc).__name__} (the log has the traceback)"
-        return ClusterMetrics.failed(source.cluster, clock(), Reason.INTERNAL, detail)
 
 
 def target_view(

@@ -250,6 +250,36 @@ async def test_a_raising_source_is_counted_and_the_loop_goes_on() -> None:
     assert again.clusters["a"].metrics is not None and again.clusters["a"].metrics.errors == ()
 
 
+async def test_a_source_that_cancels_itself_is_internal_and_the_tick_goes_on() -> None:
+    """A library under a source raising ``CancelledError`` of its own (not the deadline, not
+    the tick's cancel) is a bug in that source: before, its task's result raised out of the
+    read stage and took every cluster's tick with it. The raised one is logged with its
+    traceback."""
+
+    class Cancelling(Timed):
+        async def fetch(self) -> ClusterMetrics:
+            raise asyncio.CancelledError
+
+    a, b = Cancelling("a"), Timed("b")
+    reconciler, _, registry = make(settings(), a, b)
+    with capture_logs() as logs:
+        report = await reconciler.tick()
+        b.raise_next = True
+        later = await reconciler.tick()
+    assert report.clusters["a"].health is not None
+    assert report.clusters["a"].health.reason is Reason.INTERNAL
+    assert report.clusters["b"].metrics is not None and report.clusters["b"].metrics.errors == ()
+    assert later.clusters["b"].health is not None
+    assert later.clusters["b"].health.reason is Reason.INTERNAL
+    raised = [e for e in logs if e["event"] == "fetch raised"]
+    assert {e["cluster"] for e in raised} == {"a", "b"}
+    assert all(isinstance(e["exc_info"], BaseException) for e in raised)
+    errors = registry.get_sample_value(
+        "weight_controller_reconcile_errors_total", {"stage": "fetch"}
+    )
+    assert errors == 3  # a twice, b once
+
+
 async def test_a_failed_publish_keeps_the_old_weights_in_force() -> None:
     a, b = Timed("a", kv=0.9), Timed("b", kv=0.1)
     publisher = FailingPublisher()
