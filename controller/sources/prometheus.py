@@ -199,19 +199,38 @@ def range_answers(
 
 def _range_pools(body: str, times: Sequence[float], label: str, url: str) -> dict[float, Answers]:
     """``range_answers`` for ``kv_pools``: each series' pool read off its labels once
-    (``pool_of``), then each time's series pooled as ``split`` pools them."""
-    at: dict[float, list[tuple[Pool, float]]] = {}
+    (``pool_of``), then each time's series pooled as ``split`` pools them, once for each set of
+    series and values: a pool's engines change when it scales, not each step (a week of 20
+    clusters of four pods pooled at every step was most of its reading)."""
+    pools: list[Pool] = []
+    at: dict[float, tuple[list[int], list[float]]] = {}  # by the step's time, to the ms
+    stamps: dict[Any, tuple[list[int], list[float]]] = {}  # the same, by the time as written
     try:
         for item in _matrix(body, url):
-            pool = pool_of({str(k): str(v) for k, v in (item.get("metric") or {}).items()}, label)
+            index = len(pools)
+            pools.append(
+                pool_of({str(k): str(v) for k, v in (item.get("metric") or {}).items()}, label)
+            )
             for when, value in item["values"]:
-                at.setdefault(round(float(when), 3), []).append((pool, float(value)))
+                series = stamps.get(when)
+                if series is None:
+                    series = stamps[when] = at.setdefault(round(float(when), 3), ([], []))
+                series[0].append(index)
+                series[1].append(float(value))
     except (TypeError, KeyError, ValueError, AttributeError) as exc:
         raise FetchParseError(url, f"malformed result: {exc}") from exc
+    done: dict[tuple[tuple[int, ...], tuple[float, ...]], tuple[dict[str, float], ...]] = {}
     found: dict[float, Answers] = {}
     for t in times:
-        tokens, pods = pooled(at.get(round(t, 3), []))
-        found[t] = {"kv_pools": tokens, POOL_PODS: pods}
+        indices, values = at.get(round(t, 3), ((), ()))
+        key = (tuple(indices), tuple(values))  # a NaN never equals itself: pooled afresh
+        known = done.get(key)
+        if known is None:
+            known = done[key] = pooled(
+                [(pools[i], v) for i, v in zip(indices, values, strict=True)]
+            )
+        tokens, pods = known
+        found[t] = {"kv_pools": dict(tokens), POOL_PODS: dict(pods)}  # each time its own
     return found
 
 

@@ -234,21 +234,32 @@ def test_a_range_answer_reads_each_time_as_its_instant_answer_would() -> None:
     def series(metric: dict[str, str], *values: tuple[float, str]) -> dict[str, object]:
         return {"metric": metric, "values": [list(v) for v in values]}
 
+    pool = {"num_gpu_blocks": "4", "block_size": "16"}
+
     result = [
         series({"cluster": "east"}, (10.0, "0.5"), (20.0, "NaN"), (30.0, "+Inf")),
         series({"cluster": "east", "pod": "b"}, (10.0, "0.7"), (20.0, "0.6"), (30.0, "0.4")),
         series({"cluster": "west"}, (10.0, "1e-3"), (30.0, "-Inf")),
         series({}, (20.0, "3")),
         series({"cluster": "north", "num_gpu_blocks": "8", "block_size": "16"}, (10.0, "2")),
+        # a pool that scales and comes back to what it was, a NaN in it: pooled once per
+        # set of series and values, each time its own answer
+        series({"cluster": "south", "pod": "a", **pool}, (20.0, "2"), (40.0, "1"), (50.0, "1")),
+        series({"cluster": "south", "pod": "b", **pool}, (20.0, "NaN"), (30.0, "1")),
     ]
     body = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": result}})
-    times = [10.0, 20.0, 30.0, 40.0]
+    times = [10.0, 20.0, 30.0, 40.0, 50.0, 60.0]
     for name in ("kv_mean", "pods", "kv_pools", "kv_tokens", "queue"):
         fast = range_answers(name, body, times, "cluster", "u")
         slow = {t: split(name, matrix_series(body, "u").get(t, []), "cluster") for t in times}
         assert repr(fast) == repr(slow), name  # NaN == NaN only as text
+    pools = range_answers("kv_pools", body, times, "cluster", "u")
+    assert pools[40.0]["kv_pools"] == pools[50.0]["kv_pools"] == {"south": 64.0}
+    assert pools[40.0]["kv_pools"] is not pools[50.0]["kv_pools"]
+    assert "south" not in pools[20.0]["kv_pools"]  # its NaN engines: unknown, not a guess
     kv = range_answers("kv_mean", body, times, "cluster", "u")
-    assert kv[20.0] == {"kv_mean": {"east": 0.6, "": 3.0}} and kv[40.0] == {"kv_mean": {}}
+    assert kv[20.0] == {"kv_mean": {"east": 0.6, "": 3.0, "south": 2.0}}
+    assert kv[40.0] == {"kv_mean": {"south": 1.0}} and kv[60.0] == {"kv_mean": {}}
     pods = range_answers("pods", body, times, "cluster", "u")[30.0]["pods"]
     assert isinstance(pods, dict) and math.isinf(pods["east"])
     # what split refuses, range_answers refuses: a time that is not one (even beside a value
