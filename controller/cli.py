@@ -11,7 +11,7 @@ import hashlib
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -110,6 +110,13 @@ def _parser() -> argparse.ArgumentParser:
         "--open-loop",
         action="store_true",
         help="feed the recorded signals as they were, not moved with the replayed weights",
+    )
+    replay.add_argument(
+        "--target",
+        metavar="KEY",
+        help="the target whose recorded weights (the controller's own "
+        "weight_controller_target_share) the replay is set beside, as its /metrics names it "
+        "(KIND/NAMESPACE/NAME); needed where the record holds several",
     )
     replay.add_argument("--json", type=Path, help="also write every tick and the summary here")
     replay.add_argument(
@@ -467,24 +474,31 @@ async def _replay(settings: Settings, args: argparse.Namespace) -> int:
     chosen = replay.replay_settings(settings, replay.check_overrides(args.set), *where)
     records: list[dict[str, Any]] = []
     trace = replay.Trace()
+    shares: Mapping[float, Mapping[str, float]] = {}  # the controller's own record, by step
 
     def keep(at: float, report: Any) -> None:
         if args.json is not None:
-            records.append(replay.tick_record(at, report))
+            records.append(replay.tick_record(at, report, shares.get(at)))
         if args.plot is not None:
-            trace.add(at, report)
+            trace.add(at, report, shares.get(at))
 
     candidates = {
         item: replay.replay_settings(settings, replay.check_overrides(item.split(",")), *where)
         for item in args.compare
     }
     names = [c.name for c in chosen.clusters]
-    response = None if args.open_loop else replay.recorded_split(args.recorded, names)
+    replay.recorded_split(args.recorded, names)  # a bad one refused before anything is read
     try:
         if args.plot is not None:
             replay.plotting()
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
             history = await replay.read_history(chosen, start, end, session)
+            found = await replay.record_of(chosen, start, end, session, args.target)
+        if found.record is not None:
+            shares = found.record.shares
+        response = (
+            None if args.open_loop else replay.recorded_split(args.recorded, names, found.record)
+        )
         # what was read is kept for good, as the daemon keeps what start-up made: the
         # collector's passes over a week's history would cost more than the loop itself
         settle_collector()
@@ -495,8 +509,10 @@ async def _replay(settings: Settings, args: argparse.Namespace) -> int:
     except replay.ReplayError as exc:
         print(f"replay: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    record = replay.record_row(found, names, summary.hours)
     loop = replay.loop_line(response)
     print(replay.table(summary, names, loop))
+    print(replay.record_line(record))
     if others:
         label = ",".join(args.set) or "the config's"
         print()
@@ -513,6 +529,7 @@ async def _replay(settings: Settings, args: argparse.Namespace) -> int:
             "summary": summary.row(names),
             "compared": {item: other.row(names) for item, other in others.items()},
             "loop": loop,
+            "recorded": record,
             "ticks": records,
         }
         args.json.write_text(json.dumps(document, indent=2) + "\n")

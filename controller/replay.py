@@ -16,10 +16,15 @@ that no weight moves (local traffic) is moved too, and latency's quantiles are n
 requests they are computed over are, with what completes). ``--open-loop`` feeds the
 recorded signals as they were: exactly what the loop would have decided from what the
 clusters showed, tick by tick, but never what its own moves would have done.
+
+Where the controller ran over the window, its own series hold what the objects held
+(``controller.recorded``): that record is the recorded split the load is moved from, and it is
+set beside the replay in the summary, the plot and each ``--json`` tick.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -33,6 +38,7 @@ import aiohttp
 from controller.churn import largest_step, reversals
 from controller.errors import ConfigError, FetchError
 from controller.model import IMPLICIT_TARGET, ClusterMetrics, Write
+from controller.recorded import Found, Record, read_record
 from controller.render import report_json
 from controller.settings import Settings, build_settings
 from controller.settings.schema import MAX_INTERVAL
@@ -59,28 +65,48 @@ CLOSED_LOOP = (
 @dataclass(frozen=True, slots=True)
 class Response:
     """How the recorded load follows the replayed weights: a cluster's routed load scales with
-    its share of the traffic, so a reading taken while it held ``recorded`` (its share then,
-    0..1) is moved to the share the replay gives it. A cluster that held none then is read as
-    recorded (what it would have carried is not in the history)."""
+    its share of the traffic, so a reading taken while it held its share then (0..1) is moved
+    to the share the replay gives it. Its share then is the controller's own record at that
+    step (``record``, ``controller.recorded``), the last one it had between its steps (weights
+    stay on the objects until written), and ``given`` (even, or ``--recorded``) before the
+    first or without one. A cluster that held none then is read as recorded (what it would
+    have carried is not in the history)."""
 
-    recorded: Mapping[str, float]
+    given: Mapping[str, float]
+    record: Mapping[float, Mapping[str, float]] = field(default_factory=dict)
+    source: str = ""  # where the record came from, said in the output
 
     @classmethod
-    def of(cls, weights: Mapping[str, float]) -> Response:
+    def of(cls, weights: Mapping[str, float], record: Record | None = None) -> Response:
         total = sum(weights.values())
-        return cls({name: w / total for name, w in weights.items()})
+        given = {name: w / total for name, w in weights.items()}
+        if record is None:
+            return cls(given)
+        return cls(given, record.shares, f"weights for {record.target} (below)")
 
-    def factors(self, applied: Mapping[str, int]) -> dict[str, float]:
-        """Each cluster's load factor under ``applied`` (the replay's weights in force)."""
+    def split(self, at: float, before: Mapping[str, float]) -> Mapping[str, float]:
+        """The split in force at ``at``, ``before`` being the one in force the step before."""
+        return self.record.get(at, before)
+
+    @staticmethod
+    def factors(applied: Mapping[str, int], then: Mapping[str, float]) -> dict[str, float]:
+        """Each cluster's load factor under ``applied`` (the replay's weights in force) over
+        ``then`` (its share when the history was recorded)."""
         total = sum(applied.values())
         found: dict[str, float] = {}
-        for name, then in self.recorded.items():
-            now = applied.get(name, 0) / total if total > 0 else then
-            found[name] = now / then if then > 0 else 1.0
+        for name, share in then.items():
+            now = applied.get(name, 0) / total if total > 0 else share
+            found[name] = now / share if share > 0 else 1.0
         return found
 
     def describe(self) -> str:
-        return ", ".join(f"{n} {100 * s:.0f}%" for n, s in self.recorded.items())
+        given = ", ".join(f"{n} {100 * s:.0f}%" for n, s in self.given.items())
+        if not self.source:
+            return "recorded split " + given
+        return (
+            f"recorded split from the controller's own {self.source}, the last one holding "
+            f"between its steps; before its first, {given}"
+        )
 
 
 # The answers a cluster's routed load moves (``moved``); the rest (pods, pools, the oldest
@@ -306,7 +332,8 @@ async def run(
     previous: float | None = None
     seen_kv = False
     last: dict[str, int] | None = None
-    factors: dict[str, float] = {}  # before the first decision, the recorded split holds
+    applied: Mapping[str, int] | None = None  # the replay's weights in force, once decided
+    then: Mapping[str, float] = response.given if response is not None else {}
     groups = _movable(history)
     queriers = list({id(answers): answers for answers, _ in groups}.values())
     for at in history.times:
@@ -317,6 +344,11 @@ async def run(
                     failed.setdefault(query, answer)
         for query, error in failed.items():
             summary.fail(query, at, error)
+        factors: dict[str, float] = {}  # before the first decision, the recorded split holds
+        if response is not None:
+            then = response.split(at, then)
+            if applied is not None:
+                factors = response.factors(applied, then)
         metrics: dict[str, ClusterMetrics] = {}
         for answers, members in groups:
             read = moved(answers[at], {label: factors.get(n, 1.0) for n, label in members})
@@ -328,8 +360,8 @@ async def run(
         previous = at
         last = _account(summary, at, report, last)
         target = report.targets.get(IMPLICIT_TARGET)
-        if response is not None and target is not None:
-            factors = response.factors(target.outcome.applied)
+        if target is not None:
+            applied = target.outcome.applied
         if on_tick is not None:
             on_tick(at, report)
     if not seen_kv:
@@ -397,21 +429,27 @@ def _account(
 
 @dataclass(slots=True)
 class Trace:
-    """Each tick's weights as replayed and KV as the loop read it, per cluster: what ``plot``
-    draws."""
+    """Each tick's share of the traffic as replayed and as the controller's own record had it
+    (``recorded``, where it has that step), and KV as the loop read it, per cluster: what
+    ``plot`` draws. A tick without a value is NaN: a gap, never 0."""
 
     times: list[float] = field(default_factory=list)
-    weights: dict[str, list[float]] = field(default_factory=dict)
+    shares: dict[str, list[float]] = field(default_factory=dict)
+    recorded: dict[str, list[float]] = field(default_factory=dict)
     kv: dict[str, list[float]] = field(default_factory=dict)
 
-    def add(self, at: float, report: TickReport) -> None:
+    def add(self, at: float, report: TickReport, recorded: Mapping[str, float] | None) -> None:
         target = report.targets.get(IMPLICIT_TARGET)
         applied = target.outcome.applied if target is not None else {}
+        total = sum(applied.values())
         self.times.append(at)
         for name, view in report.clusters.items():
             kv = view.metrics.kv_mean if view.metrics is not None else None
             self.kv.setdefault(name, []).append(math.nan if kv is None else kv)
-            self.weights.setdefault(name, []).append(float(applied.get(name, math.nan)))
+            share = 100 * applied[name] / total if name in applied and total > 0 else math.nan
+            self.shares.setdefault(name, []).append(share)
+            then = recorded.get(name, 0.0) if recorded is not None else math.nan
+            self.recorded.setdefault(name, []).append(100 * then)
 
 
 def plotting() -> None:
@@ -437,10 +475,15 @@ def plot(trace: Trace, path: Path, closed: bool = False) -> None:
     start = trace.times[0] if trace.times else 0.0
     minutes = [(t - start) / 60 for t in trace.times]
     fig, (weights, kv) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
-    for name in trace.weights:
-        weights.plot(minutes, trace.weights[name], label=name)
+    for name in trace.shares:
+        (line,) = weights.plot(minutes, trace.shares[name], label=f"{name}, replayed")
+        if not all(math.isnan(v) for v in trace.recorded[name]):
+            colour = line.get_color()
+            weights.plot(
+                minutes, trace.recorded[name], "--", color=colour, label=f"{name}, recorded"
+            )
         kv.plot(minutes, trace.kv[name], label=name)
-    weights.set_ylabel("weight, replayed")
+    weights.set_ylabel("share of the traffic, %")
     kv.set_ylabel("KV use, moved with the weights" if closed else "KV use, recorded")
     kv.set_xlabel("minutes from --start")
     weights.legend(loc="upper right")
@@ -454,9 +497,65 @@ def plot(trace: Trace, path: Path, closed: bool = False) -> None:
     plt.close(fig)
 
 
-def tick_record(at: float, report: TickReport) -> dict[str, Any]:
-    """One tick as ``--json`` writes it: its time and what ``once`` prints."""
-    return {"time": at, **report_json(report)}
+def tick_record(
+    at: float, report: TickReport, recorded: Mapping[str, float] | None = None
+) -> dict[str, Any]:
+    """One tick as ``--json`` writes it: its time, what ``once`` prints, and each cluster's
+    share of the traffic (%) in the controller's own record at that step, where it has it."""
+    found = {"time": at, **report_json(report)}
+    if recorded is not None:
+        found["recorded"] = {name: round(100 * share, 3) for name, share in recorded.items()}
+    return found
+
+
+async def record_of(
+    settings: Settings,
+    start: float,
+    end: float,
+    session: aiohttp.ClientSession,
+    target: str | None,
+) -> Found:
+    """The controller's own record over the window (``controller.recorded``), asked of the
+    queriers the replay reads, at its steps."""
+    queriers = shared_queriers(
+        settings.queriers, settings.prometheus_queries, settings.scrape, session
+    )
+    names = [c.name for c in settings.clusters]
+    return await read_record(list(queriers.values()), names, start, end, settings.interval, target)
+
+
+def record_row(found: Found, names: Sequence[str], hours: float) -> dict[str, Any]:
+    """How the recorded split moved over the window, as the summary counts the replay's: a
+    change of any cluster's share by a whole percent is a write."""
+    record = found.record
+    if record is None:
+        return {"note": found.note}
+    split = [
+        (t, {n: round(100 * record.shares[t].get(n, 0.0)) for n in names})
+        for t in sorted(record.shares)
+    ]
+    changes = [b for a, b in itertools.pairwise(split) if b[1] != a[1]]
+    steps = [max(abs(b[1][n] - a[1][n]) for n in names) for a, b in itertools.pairwise(split)]
+    return {
+        "note": found.note,
+        "target": record.target,
+        "steps_read": len(record.shares),
+        "changes": len(changes),
+        "changes_per_hour": round(len(changes) / hours, 1),
+        "reversals_per_hour": round(reversals(split, names) / hours, 1),
+        "largest_step": max(steps, default=0),
+    }
+
+
+def record_line(row: Mapping[str, Any]) -> str:
+    """The record's churn beside the replay's, or why there is none."""
+    if "changes" not in row:
+        return f"  ({row['note']})"
+    return (
+        f"  the controller's own record ({row['note'].removeprefix('recorded: ')}): "
+        f"{row['changes']} changes ({row['changes_per_hour']}/h), reversals "
+        f"{row['reversals_per_hour']}/h, largest step {row['largest_step']}"
+    )
 
 
 def compared(rows: Mapping[str, Summary], names: Sequence[str]) -> str:
@@ -478,11 +577,14 @@ MAX_RECORDED = 1_000_000  # a weight, in whatever unit the split was written in
 MIN_RECORDED_SHARE = 0.001
 
 
-def recorded_split(given: str | None, names: Sequence[str]) -> Response:
+def recorded_split(
+    given: str | None, names: Sequence[str], record: Record | None = None
+) -> Response:
     """``--recorded NAME=WEIGHT,...``: the split in force while the history was recorded, every
-    cluster named; the even split when not given. A bad one is a ConfigError."""
+    cluster named; when not given, the controller's own ``record`` where there is one, and the
+    even split before it or without one. A bad one is a ConfigError."""
     if given is None:
-        return Response.of(dict.fromkeys(names, 1.0))
+        return Response.of(dict.fromkeys(names, 1.0), record)
     weights: dict[str, float] = {}
     for item in given.split(","):
         name, sep, value = item.strip().partition("=")
@@ -519,7 +621,7 @@ def loop_line(response: Response | None) -> str:
     """What the replay fed the loop, said with its result."""
     if response is None:
         return OPEN_LOOP
-    return CLOSED_LOOP.format(recorded="recorded split " + response.describe())
+    return CLOSED_LOOP.format(recorded=response.describe())
 
 
 def table(summary: Summary, names: Sequence[str], loop: str = OPEN_LOOP) -> str:

@@ -37,6 +37,7 @@ from controller.sources.answers import (
     Answers,
     Asked,
     Pool,
+    Series,
     cluster_metrics,
     pool_of,
     pooled,
@@ -134,6 +135,14 @@ def _data(body: str, url: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise FetchParseError(url, "malformed answer: data is not an object")
     return data
+
+
+def steps(start: float, end: float, step: float) -> list[float]:
+    """A range query's step times from ``start`` to ``end``. Prometheus keeps time in whole
+    milliseconds: a start or step finer than that would leave its answers' times and these
+    apart, and every step unread."""
+    start, step = round(start, 3), round(step, 3)
+    return [start + i * step for i in range(int((end - start) / step + 1e-9) + 1)]
 
 
 def matrix_series(body: str, url: str) -> dict[float, list[tuple[dict[str, str], float]]]:
@@ -313,10 +322,8 @@ class Querier:
         each step as one, lookback and rate windows included), read in chunks of at most
         ``max_steps`` steps. A chunk a query could not read leaves that query's error at each
         of the chunk's times; a time without a series is an empty answer: never a value."""
-        # Prometheus keeps time in whole milliseconds: a start or step finer than that would
-        # leave its answers' times and these apart, and every tick unread
-        start, step = round(start, 3), round(step, 3)
-        times = [start + i * step for i in range(int((end - start) / step + 1e-9) + 1)]
+        step = round(step, 3)
+        times = steps(start, end, step)
         found: dict[float, Answers] = {t: {} for t in times}
         built = self.queries
         for first in range(0, len(times), max_steps):
@@ -334,6 +341,26 @@ class Querier:
                     continue
                 for t in chunk:
                     found[t].update(read[t])
+        return found
+
+    async def series_over(
+        self, promql: str, start: float, end: float, step: float, max_steps: int = MAX_STEPS
+    ) -> dict[float, Series | FetchError]:
+        """Any ``promql``'s series at each step of the window, read in ``history``'s chunks: a
+        chunk that could not be read is its error at each of its times."""
+        step = round(step, 3)
+        times = steps(start, end, step)
+        found: dict[float, Series | FetchError] = {}
+        for first in range(0, len(times), max_steps):
+            chunk = times[first : first + max_steps]
+            try:
+                body = await self._ask_range(promql, chunk[0], chunk[-1], step)
+                read = matrix_series(body, self.base + "_range")
+            except FetchError as exc:
+                found.update(dict.fromkeys(chunk, exc))
+                continue
+            for t in chunk:
+                found[t] = read.get(round(t, 3), [])
         return found
 
     async def _ask_range(self, promql: str, start: float, end: float, step: float) -> str:

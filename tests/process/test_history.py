@@ -70,13 +70,65 @@ def openmetrics(start: float) -> str:
     return "\n".join(lines) + "\n# EOF\n"
 
 
-def backfill(tmp_path: Path) -> float:
+LLAMA, OTHER = "ExternalModel/llm/llama", "HTTPRoute/llm/other"
+
+
+def east_share(offset: float) -> float:
+    """East's share of llama's traffic as the live controller held it: shed to 10 from just
+    after the episode began until five minutes after it ended."""
+    return 10.0 if HOT[0] + 30 <= offset < HOT[1] + 300 else 50.0
+
+
+def own_series(start: float) -> str:
+    """The controller's own series as its /metrics writes them (``render.REF``,
+    ``exporter``), scraped from three replicas: the leader (``cluster`` ours); a follower
+    whose scrape gave the target a ``cluster`` label of its own, so ours is kept as
+    ``exported_cluster``; a replica in dry run, whose shares are what it would have held (all
+    of llama on west). The first twenty minutes only the follower was scraped (the leader not
+    yet up). The leader holds a second target too."""
+
+    def share(instance: str, target: str, cluster: str, offset: float) -> float:
+        if target == OTHER:
+            return 80.0 if cluster == "east" else 20.0
+        if instance == "wc-dry":
+            return 100.0 if cluster == "west" else 0.0
+        return east_share(offset) if cluster == "east" else 100.0 - east_share(offset)
+
+    steps = int(HOURS * 3600 / STEP) + 1
+    lines = ["# TYPE weight_controller_target_share gauge"]
+    for instance, target in (("wc-0", LLAMA), ("wc-0", OTHER), ("wc-1", LLAMA), ("wc-dry", LLAMA)):
+        for ref, cluster in enumerate(("east", "west")):
+            named = f'cluster="hub",exported_cluster="{cluster}"'
+            labels = (
+                f'job="weight-controller",instance="{instance}:8080",target="{target}",'
+                f'ref="/spec/refs/{ref}",'
+                + (named if instance == "wc-1" else f'cluster="{cluster}"')
+            )
+            for i in range(steps):
+                if instance == "wc-0" and i * STEP < 1200:
+                    continue
+                value = share(instance, target, cluster, i * STEP)
+                at = start + i * STEP
+                lines.append(f"weight_controller_target_share{{{labels}}} {value} {at:.3f}")
+    lines.append("# TYPE weight_controller_dry_run gauge")
+    for instance, dry in (("wc-0", 0), ("wc-1", 0), ("wc-dry", 1)):
+        labels = f'job="weight-controller",instance="{instance}:8080"'
+        for i in range(steps):
+            lines.append(f"weight_controller_dry_run{{{labels}}} {dry} {start + i * STEP:.3f}")
+    return "\n".join(lines) + "\n"
+
+
+def backfill(tmp_path: Path, own: bool = False) -> float:
     """Two hours of history ending half an hour ago (Prometheus keeps the head's range for
-    samples it scrapes), as blocks in ``tmp_path/data``; the history's start."""
+    samples it scrapes), as blocks in ``tmp_path/data``; the history's start. ``own``: with
+    the controller's own series."""
     start = time.time() - (HOURS * 3600 + 1800)
     start -= start % STEP
     source = tmp_path / "history.om"
-    source.write_text(openmetrics(start))
+    page = openmetrics(start)
+    if own:
+        page = page.removesuffix("# EOF\n") + own_series(start) + "# EOF\n"
+    source.write_text(page)
     data = tmp_path / "data"
     done = subprocess.run(
         [binary("promtool"), "tsdb", "create-blocks-from", "openmetrics", str(source), str(data)],
@@ -442,3 +494,61 @@ async def test_clusters_the_config_scrapes_are_replayed_through_a_querier_named_
     east = [t["targets"]["configured"]["applied"]["east"] for t in ticks]
     assert east[0] == 50 and min(east) <= 10  # read, and shed in its episode
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # weights and KV drawn
+
+
+async def test_replay_is_set_beside_the_controller_s_own_record_and_moves_load_by_it(
+    tmp_path: Path,
+) -> None:
+    """The history holds the live controller's own weights (``own_series``): replay reads them
+    as the record, past the dry-run replica's and through the follower's renamed label; names
+    the targets it holds when not told which; counts its changes beside the replay's; writes
+    it at each tick; and moves the recorded load by the share the record says was in force,
+    not by an even split."""
+    start = backfill(tmp_path, own=True)
+    config = tmp_path / "config.yaml"
+    end = start + HOURS * 3600
+    async with Prometheus(tmp_path, [], retention="30d") as prometheus:
+        querier = {"name": "hub", "url": prometheus.url, "push_interval": "10s"}
+        clusters = [
+            {"name": c, "prometheus": {"querier": "hub", "cluster": c}} for c in ("east", "west")
+        ]
+        config.write_text(
+            yaml.safe_dump({"interval": "10s", "queriers": [querier], "clusters": clusters})
+        )
+        unnamed = await asyncio.to_thread(replay_cli, config, start, end)
+        out = tmp_path / "record.json"
+        named = await asyncio.to_thread(
+            replay_cli, config, start, end, "--target", LLAMA, "--json", str(out)
+        )
+        wrong = await asyncio.to_thread(replay_cli, config, start, end, "--target", "x/y/z")
+    assert unnamed.returncode == 0, unnamed.stderr
+    assert f"holds targets {LLAMA}, {OTHER}: name one with --target" in unnamed.stdout
+    assert "recorded split east 50%, west 50%" in unnamed.stdout  # no record: the even split
+    assert wrong.returncode == 0 and f"holds no target x/y/z (it holds {LLAMA}, {OTHER})" in (
+        wrong.stdout
+    )
+    assert named.returncode == 0, named.stderr
+    document = json.loads(out.read_text())
+    record = document["recorded"]
+    assert record["target"] == LLAMA and record["steps_read"] == HOURS * 360 + 1
+    # shed and given back: two changes, each cluster turning once, a step of 40
+    assert (record["changes"], record["reversals_per_hour"], record["largest_step"]) == (2, 1.0, 40)
+    assert f"the controller's own record (weight_controller_target_share of {LLAMA}" in named.stdout
+    assert "2 changes (1.0/h)" in named.stdout
+    assert f"from the controller's own weights for {LLAMA}" in document["loop"]
+    ticks = {t["time"] - start: t for t in document["ticks"]}
+    # the follower's shares alone, then the leader's and the follower's, one each; the dry-run
+    # replica's left out
+    assert ticks[600.0]["recorded"] == ticks[1800.0]["recorded"] == {"east": 50.0, "west": 50.0}
+    assert ticks[HOT[0] + 600]["recorded"] == {"east": 10.0, "west": 90.0}
+    # east's reading at each tick of its episode is its recorded 0.95 moved by its replayed
+    # share over the 10% the record says it held then (not the even 50%)
+    moved = 0
+    for offset in range(int(HOT[0]) + 120, int(HOT[1]), 10):
+        before, now = ticks[float(offset) - STEP], ticks[float(offset)]
+        applied = before["targets"]["configured"]["applied"]
+        share = applied["east"] / sum(applied.values())
+        expected = min(1.0, 0.95 * share / 0.10)
+        assert now["clusters"]["east"]["vram_utilization"] == pytest.approx(expected), offset
+        moved += expected != pytest.approx(0.95)
+    assert moved >= 10  # the replay held east away from its recorded 10%: the check bites

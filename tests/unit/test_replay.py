@@ -53,7 +53,7 @@ def east(answers: Answers) -> ClusterMetrics:
 
 
 def test_a_share_cut_to_a_seventh_moves_the_routed_load_with_it() -> None:
-    factors = Response.of({"east": 1, "west": 1}).factors({"east": 7, "west": 93})
+    factors = Response.factors({"east": 7, "west": 93}, Response.of({"east": 1, "west": 1}).given)
     assert factors == pytest.approx({"east": 0.14, "west": 1.86})
     found = east(moved(recorded(), {"east": factors["east"]}))
     assert (found.kv_mean, found.kv_max) == pytest.approx((0.084, 0.098))
@@ -96,16 +96,19 @@ def test_an_unknown_or_failed_answer_stays_so() -> None:
 
 
 def test_a_cluster_without_recorded_traffic_is_read_as_recorded() -> None:
-    response = Response.of({"east": 0, "west": 1})
-    assert response.factors({"east": 30, "west": 70}) == pytest.approx({"east": 1.0, "west": 0.7})
+    then = Response.of({"east": 0, "west": 1}).given
+    assert Response.factors({"east": 30, "west": 70}, then) == pytest.approx(
+        {"east": 1.0, "west": 0.7}
+    )
     # no weights in force at all: nothing is moved
-    assert Response.of({"east": 1, "west": 1}).factors({}) == {"east": 1.0, "west": 1.0}
+    even = Response.of({"east": 1, "west": 1}).given
+    assert Response.factors({}, even) == {"east": 1.0, "west": 1.0}
 
 
 def test_the_recorded_split_is_even_unless_given_and_every_cluster_named() -> None:
-    assert recorded_split(None, ["a", "b"]).recorded == {"a": 0.5, "b": 0.5}
-    assert recorded_split("a=3, b=1", ["a", "b"]).recorded == {"a": 0.75, "b": 0.25}
-    assert recorded_split("a=0,b=1", ["a", "b"]).recorded == {"a": 0.0, "b": 1.0}
+    assert recorded_split(None, ["a", "b"]).given == {"a": 0.5, "b": 0.5}
+    assert recorded_split("a=3, b=1", ["a", "b"]).given == {"a": 0.75, "b": 0.25}
+    assert recorded_split("a=0,b=1", ["a", "b"]).given == {"a": 0.0, "b": 1.0}
     for bad in (
         "a=3",
         "a=3,b=-1",
@@ -154,7 +157,7 @@ async def test_each_decision_moves_the_load_read_on_the_next_tick() -> None:
     moved = 0
     for tick in range(1, len(times)):
         recorded = answers(times[tick])["kv_mean"]["east"]  # type: ignore[index]
-        factor = response.factors(seen[tick - 1][0])["east"]
+        factor = response.factors(seen[tick - 1][0], response.given)["east"]
         assert seen[tick][1] == pytest.approx(min(1.0, recorded * factor)), tick
         moved += factor != 1.0
     assert moved >= 10  # the story moved east's load for a while: the check means something
@@ -187,7 +190,7 @@ async def test_two_clusters_of_one_series_are_each_moved_by_their_own_share() ->
     await run(settings, history, keep, response)
     apart = 0
     for tick in range(1, len(times)):
-        factors = response.factors(seen[tick - 1][0])
+        factors = response.factors(seen[tick - 1][0], response.given)
         for name in names:
             assert seen[tick][1][name] == pytest.approx(min(1.0, 0.5 * factors[name])), tick
         apart += factors["a"] != factors["b"]
@@ -256,7 +259,7 @@ def test_a_range_answer_reads_each_time_as_its_instant_answer_would() -> None:
     pools = range_answers("kv_pools", body, times, "cluster", "u")
     assert pools[40.0]["kv_pools"] == pools[50.0]["kv_pools"] == {"south": 64.0}
     assert pools[40.0]["kv_pools"] is not pools[50.0]["kv_pools"]
-    assert "south" not in pools[20.0]["kv_pools"]  # its NaN engines: unknown, not a guess
+    assert "south" not in pools[20.0]["kv_pools"]  # type: ignore[operator]  # NaN: unknown
     kv = range_answers("kv_mean", body, times, "cluster", "u")
     assert kv[20.0] == {"kv_mean": {"east": 0.6, "": 3.0, "south": 2.0}}
     assert kv[40.0] == {"kv_mean": {"south": 1.0}} and kv[60.0] == {"kv_mean": {}}
@@ -283,3 +286,53 @@ def test_a_pool_past_a_float_s_range_is_no_pool_and_no_crash() -> None:
     assert tokens == {"a": math.inf} and pods == {"a": 1.0}  # refused later as no cache holds
     beyond = {**huge, "num_gpu_blocks": str(10**400)}
     assert pools([(beyond, 1.0)], "cluster") == ({}, {})  # left out: unknown
+
+
+def test_the_record_is_one_share_a_ref_and_refs_of_a_cluster_add_up() -> None:
+    """``recorded._by_target``: replicas saying one ref's share count once (the largest), a
+    cluster's refs add up, shares no target holds (NaN, past 100) and clusters the config does
+    not name are read past, and a step where the config's clusters hold nothing is absent."""
+    import math
+
+    from controller.errors import FetchError, FetchTimeoutError
+    from controller.recorded import _by_target
+    from controller.sources.answers import Series
+
+    def share(target: str, ref: str, cluster: str, value: float) -> tuple[dict[str, str], float]:
+        return {"target": target, "ref": ref, "cluster": cluster}, value
+
+    read: dict[float, Series | FetchError] = {
+        10.0: [
+            share("t", "0", "east", 30.0),
+            share("t", "0", "east", 30.0),  # a second replica
+            share("t", "1", "east", 10.0),  # a second ref to east
+            share("t", "2", "west", 60.0),
+            share("t", "3", "north", 99.0),  # not the config's
+            share("u", "0", "east", math.nan),
+            share("u", "1", "west", 150.0),
+        ],
+        20.0: [share("t", "0", "east", 0.0), share("t", "2", "west", 0.0)],
+        30.0: FetchTimeoutError("u", "slow"),
+    }
+    found = _by_target(read, {"east", "west"})
+    assert found == {"t": {10.0: {"east": 0.4, "west": 0.6}}}
+
+
+async def test_the_trace_holds_replayed_and_recorded_shares_with_gaps_as_nan() -> None:
+    import math
+
+    from controller.replay import Trace
+    from controller.testing import Driver
+
+    names = ["east", "west"]
+    settings, _ = hub(names, None)
+    driver = Driver(settings, journal=False)
+    read = {n: cluster_metrics(n, recorded(), ASKED, 10.0, 0.0, None) for n in names}
+    report = await driver.tick(10.0, read)
+    trace = Trace()
+    trace.add(10.0, report, {"east": 0.25})  # west held nothing in the recorded target
+    trace.add(20.0, report, None)  # a step the record does not have
+    applied = report.targets[IMPLICIT_TARGET].outcome.applied
+    assert trace.shares["east"][0] == pytest.approx(100 * applied["east"] / sum(applied.values()))
+    assert trace.recorded["east"][0] == 25.0 and trace.recorded["west"][0] == 0.0
+    assert math.isnan(trace.recorded["east"][1]) and math.isnan(trace.recorded["west"][1])
