@@ -11,7 +11,7 @@ import hashlib
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -21,6 +21,7 @@ from controller.errors import ConfigError
 # Everything else is imported where a command needs it: --version, check-config and status
 # start fast, without loading the Kubernetes client, aiohttp's server or pydantic-settings.
 if TYPE_CHECKING:
+    from controller.recorded import Record
     from controller.settings import Settings
 
 EXIT_CONFIG = 2
@@ -474,13 +475,13 @@ async def _replay(settings: Settings, args: argparse.Namespace) -> int:
     chosen = replay.replay_settings(settings, replay.check_overrides(args.set), *where)
     records: list[dict[str, Any]] = []
     trace = replay.Trace()
-    shares: Mapping[float, Mapping[str, float]] = {}  # the controller's own record, by step
+    record: Record | None = None  # the controller's own, once read
 
     def keep(at: float, report: Any) -> None:
         if args.json is not None:
-            records.append(replay.tick_record(at, report, shares.get(at)))
+            records.append(replay.tick_record(at, report, record))
         if args.plot is not None:
-            trace.add(at, report, shares.get(at))
+            trace.add(at, report, record)
 
     candidates = {
         item: replay.replay_settings(settings, replay.check_overrides(item.split(",")), *where)
@@ -494,8 +495,7 @@ async def _replay(settings: Settings, args: argparse.Namespace) -> int:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
             history = await replay.read_history(chosen, start, end, session)
             found = await replay.record_of(chosen, start, end, session, args.target)
-        if found.record is not None:
-            shares = found.record.shares
+        record = found.record
         response = (
             None if args.open_loop else replay.recorded_split(args.recorded, names, found.record)
         )
@@ -509,10 +509,10 @@ async def _replay(settings: Settings, args: argparse.Namespace) -> int:
     except replay.ReplayError as exc:
         print(f"replay: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    record = replay.record_row(found, names, summary.hours)
+    recorded = replay.record_row(found, names, summary.hours)
     loop = replay.loop_line(response)
     print(replay.table(summary, names, loop))
-    print(replay.record_line(record))
+    print(replay.record_line(recorded))
     if others:
         label = ",".join(args.set) or "the config's"
         print()
@@ -529,7 +529,7 @@ async def _replay(settings: Settings, args: argparse.Namespace) -> int:
             "summary": summary.row(names),
             "compared": {item: other.row(names) for item, other in others.items()},
             "loop": loop,
-            "recorded": record,
+            "recorded": recorded,
             "ticks": records,
         }
         args.json.write_text(json.dumps(document, indent=2) + "\n")

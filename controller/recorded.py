@@ -16,29 +16,44 @@ Nothing is filled in: a step the record has no share at is absent, and said so.
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from controller.errors import FetchError
 from controller.sources.answers import Series
 from controller.sources.prometheus import Querier
 
 METRIC = "weight_controller_target_share"
-QUERY = (
-    f"max by (target, ref, cluster, exported_cluster) ({METRIC} "
-    "unless on (instance, job) (weight_controller_dry_run == 1))"
+# A replica in dry run held nothing: what it would have held, and the delay of changes that
+# never were, are left out. Its realised share is counted requests, real either way.
+_WROTE = "unless on (instance, job) (weight_controller_dry_run == 1)"
+QUERY = f"max by (target, ref, cluster, exported_cluster) ({METRIC} {_WROTE})"
+REALISED = (
+    "max by (target, ref, cluster, exported_cluster) "
+    "(weight_controller_target_realised_share{{target={target}}})"
+)
+DELAY = (  # ``{target}`` filled in when it is known
+    "max by (target) (weight_controller_target_actuation_delay_seconds{{target={target}}} "
+    + _WROTE
+    + ")"
 )
 
 
 @dataclass(frozen=True, slots=True)
 class Record:
-    """One target's recorded split: at each step it was read at, each of the config's
-    clusters' share of the traffic over the config's clusters it held (0..1)."""
+    """One target's record: at each step it was read at, each of the config's clusters'
+    share of the traffic over the config's clusters as the objects held it (``shares``) and
+    as it was served (``realised``, over the controller's realised window), 0..1; and how
+    long its changes took to act, as it measured (``delays``, seconds)."""
 
     target: str
     source: str  # the querier it was read from
     shares: Mapping[float, Mapping[str, float]]
     steps: int  # the steps of the window, read or not
+    realised: Mapping[float, Mapping[str, float]] = field(default_factory=dict)
+    delays: Mapping[float, float] = field(default_factory=dict)
 
     def describe(self) -> str:
         return (
@@ -86,7 +101,17 @@ async def read_record(
         if chosen not in by_target:
             held = ", ".join(sorted(by_target))
             return Found(None, f"the record at {source} holds no target {chosen} (it holds {held})")
-        record = Record(chosen, source, by_target[chosen], len(read))
+        quoted = json.dumps(chosen)  # a PromQL string: Go's escapes are JSON's
+        realised = await querier.series_over(REALISED.format(target=quoted), start, end, step)
+        delays = await querier.series_over(DELAY.format(target=quoted), start, end, step)
+        record = Record(
+            chosen,
+            source,
+            by_target[chosen],
+            len(read),
+            _by_target(realised, set(names)).get(chosen, {}),
+            _delays(delays),
+        )
         return Found(record, f"recorded: {record.describe()}")
     tried = "; ".join(failures) if failures else "none of the queriers holds it in the window"
     return Found(None, f"no record of the controller's own weights ({METRIC}): {tried}")
@@ -115,4 +140,17 @@ def _by_target(
             total = sum(held.values())
             if total > 0:
                 found.setdefault(key, {})[at] = {c: v / total for c, v in held.items()}
+    return found
+
+
+def _delays(read: Mapping[float, Series | FetchError]) -> dict[float, float]:
+    """The target's actuation delay at each step that has one (a delay no change can take,
+    negative or not finite, is none)."""
+    found: dict[float, float] = {}
+    for at, series in read.items():
+        if isinstance(series, FetchError):
+            continue
+        values = [v for _, v in series if math.isfinite(v) and v >= 0]
+        if values:
+            found[at] = max(values)
     return found

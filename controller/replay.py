@@ -24,6 +24,7 @@ set beside the replay in the summary, the plot and each ``--json`` tick.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from collections import Counter
@@ -66,15 +67,24 @@ CLOSED_LOOP = (
 class Response:
     """How the recorded load follows the replayed weights: a cluster's routed load scales with
     its share of the traffic, so a reading taken while it held its share then (0..1) is moved
-    to the share the replay gives it. Its share then is the controller's own record at that
-    step (``record``, ``controller.recorded``), the last one it had between its steps (weights
-    stay on the objects until written), and ``given`` (even, or ``--recorded``) before the
-    first or without one. A cluster that held none then is read as recorded (what it would
-    have carried is not in the history)."""
+    to the share the replay gives it. Its share then is the controller's own record
+    (``record``, ``controller.recorded``): the split at the record's latest step up to then
+    (weights stay on the objects until written), and ``given`` (even, or ``--recorded``)
+    before its first or without one. Weights act on load ``lag`` seconds after they are in
+    force, as the record measured its own changes take (``delays``; none before its first
+    measure: from the next tick). A cluster that held none then is read as recorded (what it
+    would have carried is not in the history)."""
 
     given: Mapping[str, float]
     record: Mapping[float, Mapping[str, float]] = field(default_factory=dict)
     source: str = ""  # where the record came from, said in the output
+    delays: Mapping[float, float] = field(default_factory=dict)
+    _times: list[float] = field(default_factory=list, init=False, repr=False, compare=False)
+    _delay_times: list[float] = field(default_factory=list, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self._times.extend(sorted(self.record))
+        self._delay_times.extend(sorted(self.delays))
 
     @classmethod
     def of(cls, weights: Mapping[str, float], record: Record | None = None) -> Response:
@@ -82,11 +92,18 @@ class Response:
         given = {name: w / total for name, w in weights.items()}
         if record is None:
             return cls(given)
-        return cls(given, record.shares, f"weights for {record.target} (below)")
+        source = f"weights for {record.target} (below)"
+        return cls(given, record.shares, source, record.delays)
 
-    def split(self, at: float, before: Mapping[str, float]) -> Mapping[str, float]:
-        """The split in force at ``at``, ``before`` being the one in force the step before."""
-        return self.record.get(at, before)
+    def split(self, at: float) -> Mapping[str, float]:
+        """The recorded split in force at ``at``."""
+        index = bisect.bisect_right(self._times, at)
+        return self.record[self._times[index - 1]] if index else self.given
+
+    def lag(self, at: float) -> float:
+        """How long weights took to act at ``at``, as last measured (0: unknown)."""
+        index = bisect.bisect_right(self._delay_times, at)
+        return self.delays[self._delay_times[index - 1]] if index else 0.0
 
     @staticmethod
     def factors(applied: Mapping[str, int], then: Mapping[str, float]) -> dict[str, float]:
@@ -103,9 +120,12 @@ class Response:
         given = ", ".join(f"{n} {100 * s:.0f}%" for n, s in self.given.items())
         if not self.source:
             return "recorded split " + given
+        lagged = (
+            ", acting after the delay it measured" if self.delays else ", acting at the next tick"
+        )
         return (
             f"recorded split from the controller's own {self.source}, the last one holding "
-            f"between its steps; before its first, {given}"
+            f"between its steps{lagged}; before its first, {given}"
         )
 
 
@@ -332,8 +352,10 @@ async def run(
     previous: float | None = None
     seen_kv = False
     last: dict[str, int] | None = None
-    applied: Mapping[str, int] | None = None  # the replay's weights in force, once decided
-    then: Mapping[str, float] = response.given if response is not None else {}
+    # the replay's weights after each tick, all kept: the record's delay may grow (a week
+    # is 60,480 references)
+    decided_at: list[float] = []
+    decided: list[Mapping[str, int]] = []
     groups = _movable(history)
     queriers = list({id(answers): answers for answers, _ in groups}.values())
     for at in history.times:
@@ -346,9 +368,10 @@ async def run(
             summary.fail(query, at, error)
         factors: dict[str, float] = {}  # before the first decision, the recorded split holds
         if response is not None:
-            then = response.split(at, then)
-            if applied is not None:
-                factors = response.factors(applied, then)
+            acting = at - response.lag(at)  # the load now follows the weights in force then
+            index = bisect.bisect_right(decided_at, acting)
+            if index:
+                factors = response.factors(decided[index - 1], response.split(acting))
         metrics: dict[str, ClusterMetrics] = {}
         for answers, members in groups:
             read = moved(answers[at], {label: factors.get(n, 1.0) for n, label in members})
@@ -360,8 +383,9 @@ async def run(
         previous = at
         last = _account(summary, at, report, last)
         target = report.targets.get(IMPLICIT_TARGET)
-        if target is not None:
-            applied = target.outcome.applied
+        if target is not None and response is not None:
+            decided_at.append(at)
+            decided.append(target.outcome.applied)
         if on_tick is not None:
             on_tick(at, report)
     if not seen_kv:
@@ -438,7 +462,8 @@ class Trace:
     recorded: dict[str, list[float]] = field(default_factory=dict)
     kv: dict[str, list[float]] = field(default_factory=dict)
 
-    def add(self, at: float, report: TickReport, recorded: Mapping[str, float] | None) -> None:
+    def add(self, at: float, report: TickReport, record: Record | None = None) -> None:
+        recorded = record.shares.get(at) if record is not None else None
         target = report.targets.get(IMPLICIT_TARGET)
         applied = target.outcome.applied if target is not None else {}
         total = sum(applied.values())
@@ -497,14 +522,25 @@ def plot(trace: Trace, path: Path, closed: bool = False) -> None:
     plt.close(fig)
 
 
-def tick_record(
-    at: float, report: TickReport, recorded: Mapping[str, float] | None = None
-) -> dict[str, Any]:
-    """One tick as ``--json`` writes it: its time, what ``once`` prints, and each cluster's
-    share of the traffic (%) in the controller's own record at that step, where it has it."""
+def tick_record(at: float, report: TickReport, record: Record | None = None) -> dict[str, Any]:
+    """One tick as ``--json`` writes it: its time, what ``once`` prints, and what the
+    controller's own record holds at that step (each cluster's share of the traffic as the
+    objects held it and as it was served, %, and the actuation delay it measured), where it
+    has it. The tick's own realised shares and delay are the closed loop's model; these were
+    measured."""
     found = {"time": at, **report_json(report)}
-    if recorded is not None:
-        found["recorded"] = {name: round(100 * share, 3) for name, share in recorded.items()}
+    if record is None:
+        return found
+    held, served, delay = record.shares.get(at), record.realised.get(at), record.delays.get(at)
+    recorded: dict[str, Any] = {}
+    if held is not None:
+        recorded["share"] = {name: round(100 * share, 3) for name, share in held.items()}
+    if served is not None:
+        recorded["realised"] = {name: round(100 * share, 3) for name, share in served.items()}
+    if delay is not None:
+        recorded["actuation_delay_seconds"] = delay
+    if recorded:
+        found["recorded"] = recorded
     return found
 
 
@@ -536,10 +572,13 @@ def record_row(found: Found, names: Sequence[str], hours: float) -> dict[str, An
     ]
     changes = [b for a, b in itertools.pairwise(split) if b[1] != a[1]]
     steps = [max(abs(b[1][n] - a[1][n]) for n in names) for a, b in itertools.pairwise(split)]
+    delays = sorted(record.delays.values())
     return {
         "note": found.note,
         "target": record.target,
         "steps_read": len(record.shares),
+        # as the controller measured its changes take to act, at the middle step that has one
+        "actuation_delay_seconds": delays[len(delays) // 2] if delays else None,
         "changes": len(changes),
         "changes_per_hour": round(len(changes) / hours, 1),
         "reversals_per_hour": round(reversals(split, names) / hours, 1),
@@ -551,10 +590,12 @@ def record_line(row: Mapping[str, Any]) -> str:
     """The record's churn beside the replay's, or why there is none."""
     if "changes" not in row:
         return f"  ({row['note']})"
+    delay = row["actuation_delay_seconds"]
+    acted = "" if delay is None else f", its changes acting after {delay:g}s"
     return (
         f"  the controller's own record ({row['note'].removeprefix('recorded: ')}): "
         f"{row['changes']} changes ({row['changes_per_hour']}/h), reversals "
-        f"{row['reversals_per_hour']}/h, largest step {row['largest_step']}"
+        f"{row['reversals_per_hour']}/h, largest step {row['largest_step']}{acted}"
     )
 
 

@@ -110,6 +110,28 @@ def own_series(start: float) -> str:
                 value = share(instance, target, cluster, i * STEP)
                 at = start + i * STEP
                 lines.append(f"weight_controller_target_share{{{labels}}} {value} {at:.3f}")
+    # what the leader measured: requests served a little off the split (realised share, over
+    # its window), and its changes acting after 40 s, once it had seen one act
+    lines.append("# TYPE weight_controller_target_realised_share gauge")
+    for ref, cluster in enumerate(("east", "west")):
+        labels = (
+            f'job="weight-controller",instance="wc-0:8080",target="{LLAMA}",'
+            f'ref="/spec/refs/{ref}",cluster="{cluster}"'
+        )
+        for i in range(120, steps):
+            east = east_share(i * STEP) + 2.0
+            value = east if cluster == "east" else 100.0 - east
+            lines.append(
+                f"weight_controller_target_realised_share{{{labels}}} {value} {start + i * STEP:.3f}"
+            )
+    lines.append("# TYPE weight_controller_target_actuation_delay_seconds gauge")
+    for instance, delay in (("wc-0", 40.0), ("wc-dry", 5.0)):
+        labels = f'job="weight-controller",instance="{instance}:8080",target="{LLAMA}"'
+        for i in range(int((HOT[0] + 300) / STEP), steps):
+            lines.append(
+                "weight_controller_target_actuation_delay_seconds"
+                f"{{{labels}}} {delay} {start + i * STEP:.3f}"
+            )
     lines.append("# TYPE weight_controller_dry_run gauge")
     for instance, dry in (("wc-0", 0), ("wc-1", 0), ("wc-dry", 1)):
         labels = f'job="weight-controller",instance="{instance}:8080"'
@@ -538,17 +560,26 @@ async def test_replay_is_set_beside_the_controller_s_own_record_and_moves_load_b
     assert f"from the controller's own weights for {LLAMA}" in document["loop"]
     ticks = {t["time"] - start: t for t in document["ticks"]}
     # the follower's shares alone, then the leader's and the follower's, one each; the dry-run
-    # replica's left out
-    assert ticks[600.0]["recorded"] == ticks[1800.0]["recorded"] == {"east": 50.0, "west": 50.0}
-    assert ticks[HOT[0] + 600]["recorded"] == {"east": 10.0, "west": 90.0}
+    # replica's left out (its delay too); what the leader measured, where it had
+    assert ticks[600.0]["recorded"] == {"share": {"east": 50.0, "west": 50.0}}
+    assert ticks[1800.0]["recorded"]["share"] == {"east": 50.0, "west": 50.0}
+    episode = ticks[HOT[0] + 600]["recorded"]
+    assert episode == {
+        "share": {"east": 10.0, "west": 90.0},
+        "realised": {"east": 12.0, "west": 88.0},
+        "actuation_delay_seconds": 40.0,
+    }
+    assert record["actuation_delay_seconds"] == 40.0 and "acting after 40s" in named.stdout
     # east's reading at each tick of its episode is its recorded 0.95 moved by its replayed
-    # share over the 10% the record says it held then (not the even 50%)
+    # share over the 10% the record says it held, both as they were when the load was made:
+    # a tick before, and 40 s before once the record measured its changes take that long
     moved = 0
     for offset in range(int(HOT[0]) + 120, int(HOT[1]), 10):
-        before, now = ticks[float(offset) - STEP], ticks[float(offset)]
-        applied = before["targets"]["configured"]["applied"]
+        lag = 40.0 if offset >= HOT[0] + 300 else STEP
+        applied = ticks[offset - lag]["targets"]["configured"]["applied"]
         share = applied["east"] / sum(applied.values())
         expected = min(1.0, 0.95 * share / 0.10)
-        assert now["clusters"]["east"]["vram_utilization"] == pytest.approx(expected), offset
+        read = ticks[float(offset)]["clusters"]["east"]["vram_utilization"]
+        assert read == pytest.approx(expected), offset
         moved += expected != pytest.approx(0.95)
     assert moved >= 10  # the replay held east away from its recorded 10%: the check bites

@@ -321,6 +321,7 @@ def test_the_record_is_one_share_a_ref_and_refs_of_a_cluster_add_up() -> None:
 async def test_the_trace_holds_replayed_and_recorded_shares_with_gaps_as_nan() -> None:
     import math
 
+    from controller.recorded import Record
     from controller.replay import Trace
     from controller.testing import Driver
 
@@ -329,10 +330,59 @@ async def test_the_trace_holds_replayed_and_recorded_shares_with_gaps_as_nan() -
     driver = Driver(settings, journal=False)
     read = {n: cluster_metrics(n, recorded(), ASKED, 10.0, 0.0, None) for n in names}
     report = await driver.tick(10.0, read)
+    record = Record("t", "q", {10.0: {"east": 0.25}}, 2)  # west held nothing in it
     trace = Trace()
-    trace.add(10.0, report, {"east": 0.25})  # west held nothing in the recorded target
-    trace.add(20.0, report, None)  # a step the record does not have
+    trace.add(10.0, report, record)
+    trace.add(20.0, report, record)  # a step the record does not have
     applied = report.targets[IMPLICIT_TARGET].outcome.applied
     assert trace.shares["east"][0] == pytest.approx(100 * applied["east"] / sum(applied.values()))
     assert trace.recorded["east"][0] == 25.0 and trace.recorded["west"][0] == 0.0
     assert math.isnan(trace.recorded["east"][1]) and math.isnan(trace.recorded["west"][1])
+
+
+def test_the_recorded_split_and_delay_hold_from_their_step_until_the_next() -> None:
+    """``Response.split`` and ``lag`` at any time: the record's latest step up to it (the
+    weights stayed on the objects), the given split and no delay before its first."""
+    response = Response(
+        {"east": 0.5, "west": 0.5},
+        {100.0: {"east": 0.1, "west": 0.9}, 200.0: {"east": 0.3, "west": 0.7}},
+        "record",
+        {150.0: 40.0},
+    )
+    assert response.split(99.0) == {"east": 0.5, "west": 0.5}
+    assert response.split(100.0) == response.split(199.9) == {"east": 0.1, "west": 0.9}
+    assert response.split(1e9) == {"east": 0.3, "west": 0.7}
+    assert response.lag(149.0) == 0.0 and response.lag(150.0) == response.lag(1e9) == 40.0
+    assert "acting after the delay it measured" in response.describe()
+
+
+async def test_load_follows_the_weights_in_force_as_long_ago_as_the_record_says() -> None:
+    """With a delay in the record, each tick's load is moved by the replayed weights decided
+    that long before (not the last tick's), also when the delay first appears mid-window and
+    reaches back past ticks already moved by the previous tick's."""
+    names = ["east", "west"]
+    settings, asked = hub(names)
+    times = [1000.0 + 10 * i for i in range(40)]
+    hot: Answers = {"kv_mean": {"east": 0.95, "west": 0.2}, "pods": {"east": 2.0, "west": 2.0}}
+    history = History(
+        times[0], times[-1], times, dict.fromkeys(names, dict.fromkeys(times, hot)), asked
+    )
+    response = Response({"east": 0.5, "west": 0.5}, {}, "record", {1200.0: 30.0})
+    seen: dict[float, tuple[dict[str, int], float]] = {}
+
+    def keep(at: float, report: TickReport) -> None:
+        east = report.clusters["east"].metrics
+        assert east is not None and east.kv_mean is not None
+        seen[at] = (dict(report.targets[IMPLICIT_TARGET].outcome.applied), east.kv_mean)
+
+    await run(settings, history, keep, response)
+    checked = 0
+    for at in times[1:]:
+        acting = at - (30.0 if at >= 1200.0 else 10.0)
+        if acting < times[0]:
+            continue
+        applied = seen[acting][0]
+        factor = applied["east"] / sum(applied.values()) / 0.5
+        assert seen[at][1] == pytest.approx(min(1.0, 0.95 * factor)), at
+        checked += factor != 1.0
+    assert checked >= 10
