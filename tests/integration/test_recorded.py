@@ -58,6 +58,10 @@ async def test_a_refusing_querier_is_passed_over_and_named_and_the_next_one_read
 
     async def hub(request: web.Request) -> web.Response:
         asked.append(request.query["query"])
+        if "realised" in request.query["query"]:
+            return holding({"east": 25.0, "west": 75.0})
+        if "delay" in request.query["query"]:
+            return holding({"": 30.0})
         return holding({"east": 20.0, "west": 80.0})
 
     refusing = await Server().start(
@@ -84,10 +88,12 @@ async def test_a_refusing_querier_is_passed_over_and_named_and_the_next_one_read
     finally:
         for server in (refusing, empty, holder):
             await server.stop()
-    assert asked == [QUERY]
+    assert asked[0] == QUERY and len(asked) == 3  # the split, then its realised share and delay
     assert found.record is not None
     assert found.record.shares == {t: {"east": 0.2, "west": 0.8} for t in (100.0, 110.0, 120.0)}
     assert found.record.source == holder.url("/api/v1/query_range")
+    assert found.record.realised[110.0] == {"east": 0.25, "west": 0.75}
+    assert found.record.delays == dict.fromkeys((100.0, 110.0, 120.0), 30.0)
     assert none.record is None
     assert none.note.startswith("no record of the controller's own weights")
     assert refusing.url("/api/v1/query_range") in none.note and "too many samples" in none.note
