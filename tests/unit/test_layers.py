@@ -30,7 +30,7 @@ LAYERS = [
     {"publish"},
     {"reconcile", "exporter"},
     {"server", "app", "testing"},
-    {"demo", "simulation", "replay", "status", "cli", "__main__"},
+    {"demo", "simulation", "replay", "recorded", "status", "cli", "__main__"},
 ]
 # The daemon's own path (everything up to the wiring) never imports the fakes.
 DAEMON = 6
