@@ -16,7 +16,12 @@ from dataclasses import dataclass
 
 from controller.errors import FetchError
 from controller.model import CapacityFrom, ClusterMetrics, Latency, PodError, Reason
-from controller.sources import kv_tokens_problem, pod_count_problem
+from controller.sources import (
+    MAX_KV_TOKENS_PER_POD,
+    MAX_PODS,
+    kv_tokens_problem,
+    pod_count_problem,
+)
 
 REQUIRED = ("kv_mean",)  # without it a cluster cannot be weighed
 _REQUIRED = frozenset(REQUIRED)
@@ -207,15 +212,19 @@ def _checked(
     values: dict[str, float | None], asked: Asked
 ) -> tuple[dict[str, float | None], list[PodError]]:
     """Pod counts and KV-pool sizes no cluster can have (NaN, negative, 1e12) are refused by
-    name and read as unknown, never as capacity."""
+    name and read as unknown, never as capacity. (A number plainly in range is not asked
+    about: this runs for every cluster every tick.)"""
     refused = []
     pods = values.get("pods")
-    if pods is not None and (why := pod_count_problem(pods, "pods")):
+    if pods is not None and not 0 <= pods <= MAX_PODS and (why := pod_count_problem(pods, "pods")):
         refused.append(PodError(f"{asked.base} (pods)", Reason.OUT_OF_RANGE, why))
         values = {**values, "pods": None}
     for query, counted in (("kv_pools", POOL_PODS), ("kv_tokens", TOKEN_PODS)):
-        tokens, pool_pods = values.get(query), values.get(counted) or 0.0
-        if tokens is not None and (why := kv_tokens_problem(tokens, pool_pods, query)):
+        tokens = values.get(query)
+        if tokens is None or 0 < tokens <= MAX_KV_TOKENS_PER_POD:  # within any pod's cache
+            continue
+        pool_pods = values.get(counted) or 0.0
+        if why := kv_tokens_problem(tokens, pool_pods, query):
             refused.append(PodError(f"{asked.base} ({query})", Reason.OUT_OF_RANGE, why))
             values = {**values, query: None, counted: None}
     return values, refused

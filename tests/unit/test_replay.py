@@ -386,3 +386,30 @@ async def test_load_follows_the_weights_in_force_as_long_ago_as_the_record_says(
         assert seen[at][1] == pytest.approx(min(1.0, 0.95 * factor)), at
         checked += factor != 1.0
     assert checked >= 10
+
+
+def test_the_range_check_refuses_exactly_what_the_named_problems_refuse() -> None:
+    """``answers._checked`` asks the named problems only about numbers outside the plainly
+    possible: it must refuse exactly where they find a problem, at the bounds too."""
+    import itertools
+    import math
+
+    from controller.sources import (
+        MAX_KV_TOKENS_PER_POD,
+        MAX_PODS,
+        kv_tokens_problem,
+        pod_count_problem,
+    )
+    from controller.sources.answers import _checked
+
+    odd = [math.nan, math.inf, -math.inf]
+    for pods in [-1.0, 0.0, 1.0, float(MAX_PODS), MAX_PODS + 1.0, *odd]:
+        _, refused = _checked({"kv_mean": 0.5, "pods": pods}, ASKED)
+        assert bool(refused) == (pod_count_problem(pods, "pods") is not None), pods
+    top = MAX_KV_TOKENS_PER_POD
+    tokens = [-5.0, 0.0, 1.0, top, top + 1, 3 * top, 3 * top + 1, *odd]
+    for value, pool_pods in itertools.product(tokens, [0.0, 1.0, 3.0, math.nan]):
+        for query, counted in (("kv_pools", "kv_pool_pods"), ("kv_tokens", "kv_token_pods")):
+            _, refused = _checked({"kv_mean": 0.5, query: value, counted: pool_pods}, ASKED)
+            problem = kv_tokens_problem(value, pool_pods or 0.0, query)
+            assert bool(refused) == (problem is not None), (query, value, pool_pods)
