@@ -48,11 +48,14 @@ class Conditions:
         now = self._clock()
         found = self._open.get(key)
         if found is None:
-            self._open[key] = _Open(event, now, now, 1, dict(fields))
+            # an exception is logged once, never held: its frames would live as long as the
+            # condition
+            kept = {k: v for k, v in fields.items() if k != "exc_info"}
+            self._open[key] = _Open(event, now, now, 1, kept)
             getattr(self._log, level)(event, **fields)
             return
         found.occurrences += 1
-        found.fields = dict(fields)
+        found.fields = {k: v for k, v in fields.items() if k != "exc_info"}
         if not once and now - found.logged >= self._repeat:
             found.logged = now
             fields.pop("exc_info", None)  # one traceback per condition is enough
@@ -69,11 +72,10 @@ class Conditions:
         found = self._open.pop(key, None)
         if found is None:
             return
-        fields = {k: v for k, v in found.fields.items() if k != "exc_info"}
         self._log.info(
             "condition ended",
             condition=found.event,
-            **{k: v for k, v in fields.items() if k in _IDENTIFYING},
+            **{k: v for k, v in found.fields.items() if k in _IDENTIFYING},
             duration_seconds=round(self._clock() - found.since, 3),
             occurrences=found.occurrences,
         )

@@ -353,6 +353,9 @@ async def fetch_all(
         _, late = await asyncio.wait(tasks, timeout=deadline)
     finally:  # the deadline passed, or the tick itself was cancelled: nothing left running
         stuck = await cut_off(tasks) if not all(task.done() for task in tasks) else set()
+        for task in tasks:  # read now, whatever ends the stage: none is "never retrieved"
+            if task.done() and not task.cancelled():
+                task.exception()
     return [
         _fetched(source, task, task in late, task in stuck, deadline, clock, metrics, conditions)
         for source, task in zip(sources, tasks, strict=True)
@@ -386,11 +389,10 @@ def _fetched(
     if late:  # cancelled by us (the tick's own cancel never gets here)
         detail = f"tick deadline {deadline:g}s passed"
         return ClusterMetrics.failed(source.cluster, clock(), Reason.TIMEOUT, detail)
-    error = asyncio.CancelledError() if task.cancelled() else task.exception()
-    if error is None:
+    try:
         return task.result()
-    if not isinstance(error, Exception | asyncio.CancelledError):  # not ours to keep
-        raise error
+    except (Exception, asyncio.CancelledError) as raised:  # the source's own, traceback and all
+        error: BaseException = raised
     metrics.reconcile_errors.labels("fetch").inc()
     key = ("fetch", source.cluster)
     conditions.observe("fetch raised", key, "error", cluster=source.cluster, exc_info=error)

@@ -107,6 +107,35 @@ def test_retain_ends_only_the_conditions_of_that_scope_not_seen_again() -> None:
     assert conditions.active(("pod", "b", "u1")) and conditions.active(("pod", "a", "u2"))
 
 
+def test_a_condition_logs_its_exception_once_and_holds_none_of_its_frames() -> None:
+    """A condition lasts as long as its cause: the exception it was raised with (and every
+    frame under it) must not live that long."""
+    import gc
+    import weakref
+
+    class Big:
+        pass
+
+    conditions = Conditions(structlog.get_logger("test"), clock=VirtualClock(1000.0))
+    held = Big()
+    witness = weakref.ref(held)
+
+    def failing(local: Big) -> None:
+        raise RuntimeError("bug")
+
+    with capture_logs() as lines:
+        try:
+            failing(held)
+        except RuntimeError as exc:
+            conditions.observe("fetch raised", ("fetch", "a"), "error", exc_info=exc)
+        del held
+    assert isinstance(lines[0]["exc_info"], RuntimeError)  # logged with it, once
+    lines.clear()  # what the log had written is gone; the condition stays
+    gc.collect()
+    assert witness() is None  # the frame that held it is gone with the exception
+    assert conditions.active(("fetch", "a"))
+
+
 # ---- rendering -------------------------------------------------------------------------------
 
 

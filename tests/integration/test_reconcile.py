@@ -8,6 +8,7 @@ import time
 from collections.abc import Mapping
 
 import pytest
+import structlog
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
@@ -278,6 +279,48 @@ async def test_a_source_that_cancels_itself_is_internal_and_the_tick_goes_on() -
         "weight_controller_reconcile_errors_total", {"stage": "fetch"}
     )
     assert errors == 3  # a twice, b once
+
+
+async def test_no_fetch_s_exception_is_left_unread_whatever_ends_the_stage(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A source that raised before the tick was cancelled, and one that turns its cancel at
+    the deadline into another error (a library tearing its connection down): asyncio would
+    log "Task exception was never retrieved" for each if the stage did not read them."""
+    import gc
+
+    from controller.reconcile.loop import fetch_all
+
+    class Raising(Timed):
+        async def fetch(self) -> ClusterMetrics:
+            raise RuntimeError("bug in a source")
+
+    class TornDown(Timed):
+        async def fetch(self) -> ClusterMetrics:
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                raise OSError("connection torn down while cancelled") from None
+            return await super().fetch()
+
+    from controller.conditions import Conditions
+    from controller.metrics import ControllerMetrics
+
+    metrics = ControllerMetrics(CollectorRegistry())
+    conditions = Conditions(structlog.get_logger())
+    stage = asyncio.ensure_future(
+        fetch_all([Raising("a"), Timed("b", delay=10)], 5.0, time.time, metrics, conditions)
+    )
+    for _ in range(100):  # bounded: the raising fetch ends within a few loop turns
+        await asyncio.sleep(0)
+    stage.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await stage
+    late = await fetch_all([TornDown("c")], 0.05, time.time, metrics, conditions)
+    assert [e.reason for e in late[0].errors] == [Reason.TIMEOUT]
+    gc.collect()
+    unread = [r for r in caplog.records if "never retrieved" in r.getMessage()]
+    assert unread == []
 
 
 async def test_a_failed_publish_keeps_the_old_weights_in_force() -> None:
