@@ -44,9 +44,10 @@ DELAY = (  # ``{target}`` filled in when it is known
 @dataclass(frozen=True, slots=True)
 class Record:
     """One target's record: at each step it was read at, each of the config's clusters'
-    share of the traffic over the config's clusters as the objects held it (``shares``) and
-    as it was served (``realised``, over the controller's realised window), 0..1; and how
-    long its changes took to act, as it measured (``delays``, seconds)."""
+    share of the traffic over the config's clusters as the objects held it (``shares``; a
+    cluster the target had no ref for then is absent) and as it was served (``realised``,
+    over the controller's realised window), 0..1; how long its changes took to act, as it
+    measured (``delays``, seconds); and what could not be read (``missing``, one phrase)."""
 
     target: str
     source: str  # the querier it was read from
@@ -54,11 +55,13 @@ class Record:
     steps: int  # the steps of the window, read or not
     realised: Mapping[float, Mapping[str, float]] = field(default_factory=dict)
     delays: Mapping[float, float] = field(default_factory=dict)
+    missing: str = ""
 
     def describe(self) -> str:
+        missing = f"; {self.missing}" if self.missing else ""
         return (
             f"{METRIC} of {self.target} from {self.source} "
-            f"({len(self.shares)} of {self.steps} steps)"
+            f"({len(self.shares)} of {self.steps} steps{missing})"
         )
 
 
@@ -70,6 +73,17 @@ class Found:
     note: str
 
 
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """What one querier holds of the record: each target's shares by step, and why steps
+    could not be read there."""
+
+    querier: Querier
+    targets: Mapping[str, Mapping[float, Mapping[str, float]]]
+    steps: int
+    unread: str
+
+
 async def read_record(
     queriers: Sequence[Querier],
     names: Sequence[str],
@@ -79,67 +93,99 @@ async def read_record(
     target: str | None,
 ) -> Found:
     """The record of ``target`` (``None``: the only target the record holds) over the window,
-    from the first of ``queriers`` that holds any; a querier that fails is passed over and
-    named, never fatal: the record is what replay compares with, not what it runs on."""
+    from the querier that holds most of its steps (a Prometheus of short retention beside a
+    Thanos of the whole window); a querier that fails is passed over and named, never fatal:
+    the record is what replay is set beside, not what it runs on."""
     failures: list[str] = []
+    held: list[_Held] = []
     for querier in queriers:
         read = await querier.series_over(QUERY, start, end, step)
         errors = [a for a in read.values() if isinstance(a, FetchError)]
         if errors and len(errors) == len(read):
             failures.append(f"{querier.base}_range: {errors[0].detail}")
             continue
+        unread = f"{len(errors)} not read: {errors[0].detail}" if errors else ""
         by_target = _by_target(read, set(names))
-        if not by_target:
-            continue
-        source = querier.base + "_range"
-        if target is None and len(by_target) > 1:
-            held = ", ".join(sorted(by_target))
-            return Found(
-                None, f"the record at {source} holds targets {held}: name one with --target"
-            )
-        chosen = target if target is not None else next(iter(by_target))
-        if chosen not in by_target:
-            held = ", ".join(sorted(by_target))
-            return Found(None, f"the record at {source} holds no target {chosen} (it holds {held})")
-        quoted = json.dumps(chosen)  # a PromQL string: Go's escapes are JSON's
-        realised = await querier.series_over(REALISED.format(target=quoted), start, end, step)
-        delays = await querier.series_over(DELAY.format(target=quoted), start, end, step)
-        record = Record(
-            chosen,
-            source,
-            by_target[chosen],
-            len(read),
-            _by_target(realised, set(names)).get(chosen, {}),
-            _delays(delays),
+        if by_target:
+            held.append(_Held(querier, by_target, len(read), unread))
+    targets = sorted({t for h in held for t in h.targets})
+    if not targets:
+        tried = "; ".join(failures) if failures else "none of the queriers holds it in the window"
+        return Found(None, f"no record of the controller's own weights ({METRIC}): {tried}")
+    if target is None and len(targets) > 1:
+        where = ", ".join(h.querier.base + "_range" for h in held)
+        return Found(
+            None,
+            f"the record at {where} holds targets {', '.join(targets)}: name one with --target",
         )
-        return Found(record, f"recorded: {record.describe()}")
-    tried = "; ".join(failures) if failures else "none of the queriers holds it in the window"
-    return Found(None, f"no record of the controller's own weights ({METRIC}): {tried}")
+    chosen = target if target is not None else targets[0]
+    holders = [h for h in held if chosen in h.targets]
+    if not holders:
+        return Found(None, f"the record holds no target {chosen} (it holds {', '.join(targets)})")
+    best = max(holders, key=lambda h: len(h.targets[chosen]))
+    record = await _measured(best, chosen, names, start, end, step)
+    return Found(record, f"recorded: {record.describe()}")
+
+
+async def _measured(
+    held: _Held, target: str, names: Sequence[str], start: float, end: float, step: float
+) -> Record:
+    """``target``'s record from the querier that holds it, with what the controller measured
+    of it there: its realised share and its actuation delay."""
+    querier = held.querier
+    quoted = json.dumps(target)  # a PromQL string: Go's escapes are JSON's
+    realised = await querier.series_over(REALISED.format(target=quoted), start, end, step)
+    delays = await querier.series_over(DELAY.format(target=quoted), start, end, step)
+    missing = [held.unread] if held.unread else []
+    for what, read in (("its realised share", realised), ("its delay", delays)):
+        errors = [a for a in read.values() if isinstance(a, FetchError)]
+        if errors:
+            missing.append(f"{what} not read at {len(errors)}: {errors[0].detail}")
+    return Record(
+        target,
+        querier.base + "_range",
+        held.targets[target],
+        held.steps,
+        _by_target(realised, set(names)).get(target, {}),
+        _delays(delays),
+        "; ".join(missing),
+    )
 
 
 def _by_target(
     read: Mapping[float, Series | FetchError], names: set[str]
 ) -> dict[str, dict[float, dict[str, float]]]:
-    """Each target's shares at each step, over the config's clusters it maps a ref to."""
+    """Each target's shares at each step, over the config's clusters it maps a ref to. A
+    target's series come from one scrape: a cluster absent at a step had no ref then, and the
+    others' shares are its whole traffic; a share no ref can hold (NaN, past 100) leaves the
+    step out for that target, never read around."""
     summed: dict[str, dict[float, dict[str, float]]] = {}
     for at, series in read.items():
         if isinstance(series, FetchError):
             continue
         refs: dict[tuple[str, str, str], float] = {}  # one share a ref, whichever replica said it
+        broken: set[str] = set()
         for labels, value in series:
             cluster = labels.get("exported_cluster") or labels.get("cluster", "")
-            if cluster in names and 0.0 <= value <= 100.0:  # NaN neither
-                ref = (labels.get("target", ""), labels.get("ref", ""), cluster)
-                refs[ref] = max(refs.get(ref, value), value)
+            if cluster not in names:
+                continue
+            target = labels.get("target", "")
+            if not 0.0 <= value <= 100.0:  # NaN neither
+                broken.add(target)
+                continue
+            ref = (target, labels.get("ref", ""), cluster)
+            refs[ref] = max(refs.get(ref, value), value)
         for (target, _, cluster), value in refs.items():
-            held = summed.setdefault(target, {}).setdefault(at, {})
-            held[cluster] = held.get(cluster, 0.0) + value  # refs of one cluster: one share
+            if target in broken:
+                continue
+            shares = summed.setdefault(target, {}).setdefault(at, {})
+            shares[cluster] = shares.get(cluster, 0.0) + value  # refs of one cluster: one share
     found: dict[str, dict[float, dict[str, float]]] = {}
     for key, by_step in summed.items():
-        for at, held in by_step.items():
-            total = sum(held.values())
+        for at, shares in by_step.items():
+            total = sum(shares.values())
             if total > 0:
-                found.setdefault(key, {})[at] = {c: v / total for c, v in held.items()}
+                found.setdefault(key, {})[at] = {c: v / total for c, v in shares.items()}
     return found
 
 

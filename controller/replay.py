@@ -63,6 +63,10 @@ CLOSED_LOOP = (
 )
 
 
+MAX_RECORDED = 1_000_000  # a weight, in whatever unit the split was written in
+MIN_RECORDED_SHARE = 0.001
+
+
 @dataclass(frozen=True, slots=True)
 class Response:
     """How the recorded load follows the replayed weights: a cluster's routed load scales with
@@ -72,8 +76,9 @@ class Response:
     (weights stay on the objects until written), and ``given`` (even, or ``--recorded``)
     before its first or without one. Weights act on load ``lag`` seconds after they are in
     force, as the record measured its own changes take (``delays``; none before its first
-    measure: from the next tick). A cluster that held none then is read as recorded (what it
-    would have carried is not in the history)."""
+    measure: from the next tick). A cluster that held none then (or less than
+    ``MIN_RECORDED_SHARE``) is read as recorded (what it would have carried is not in the
+    history)."""
 
     given: Mapping[str, float]
     record: Mapping[float, Mapping[str, float]] = field(default_factory=dict)
@@ -113,13 +118,16 @@ class Response:
         found: dict[str, float] = {}
         for name, share in then.items():
             now = applied.get(name, 0) / total if total > 0 else share
-            found[name] = now / share if share > 0 else 1.0
+            # a share too small to scale from (a cluster held at a point or two of a large
+            # weight) is read as none: its load would be moved a thousandfold
+            found[name] = now / share if share >= MIN_RECORDED_SHARE else 1.0
         return found
 
     def describe(self) -> str:
         given = ", ".join(f"{n} {100 * s:.0f}%" for n, s in self.given.items())
         if not self.source:
-            return "recorded split " + given
+            lagged = ", acting after the delay the controller measured" if self.delays else ""
+            return f"recorded split {given}{lagged}"
         lagged = (
             ", acting after the delay it measured" if self.delays else ", acting at the next tick"
         )
@@ -454,8 +462,9 @@ def _account(
 @dataclass(slots=True)
 class Trace:
     """Each tick's share of the traffic as replayed and as the controller's own record had it
-    (``recorded``, where it has that step), and KV as the loop read it, per cluster: what
-    ``plot`` draws. A tick without a value is NaN: a gap, never 0."""
+    (``recorded``, where it has that step: a cluster its target had no ref for then held 0),
+    and KV as the loop read it, per cluster: what ``plot`` draws. A tick without a value is
+    NaN: a gap, never 0."""
 
     times: list[float] = field(default_factory=list)
     shares: dict[str, list[float]] = field(default_factory=dict)
@@ -571,6 +580,7 @@ def record_row(found: Found, names: Sequence[str], hours: float) -> dict[str, An
         for t in sorted(record.shares)
     ]
     changes = [b for a, b in itertools.pairwise(split) if b[1] != a[1]]
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(split)]
     steps = [max(abs(b[1][n] - a[1][n]) for n in names) for a, b in itertools.pairwise(split)]
     delays = sorted(record.delays.values())
     return {
@@ -583,6 +593,8 @@ def record_row(found: Found, names: Sequence[str], hours: float) -> dict[str, An
         "changes_per_hour": round(len(changes) / hours, 1),
         "reversals_per_hour": round(reversals(split, names) / hours, 1),
         "largest_step": max(steps, default=0),
+        # across a gap the split before it is taken to hold (weights stay until written)
+        "longest_gap_seconds": max(gaps, default=0.0),
     }
 
 
@@ -614,18 +626,16 @@ def compared(rows: Mapping[str, Summary], names: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-MAX_RECORDED = 1_000_000  # a weight, in whatever unit the split was written in
-MIN_RECORDED_SHARE = 0.001
-
-
 def recorded_split(
     given: str | None, names: Sequence[str], record: Record | None = None
 ) -> Response:
     """``--recorded NAME=WEIGHT,...``: the split in force while the history was recorded, every
-    cluster named; when not given, the controller's own ``record`` where there is one, and the
-    even split before it or without one. A bad one is a ConfigError."""
+    cluster named, in place of the controller's own ``record`` (whose measured delay still
+    holds); when not given, the record where there is one, and the even split before it or
+    without one. A bad one is a ConfigError."""
     if given is None:
         return Response.of(dict.fromkeys(names, 1.0), record)
+    delays = record.delays if record is not None else {}
     weights: dict[str, float] = {}
     for item in given.split(","):
         name, sep, value = item.strip().partition("=")
@@ -655,7 +665,7 @@ def recorded_split(
             "too little to scale its load from (0, if it had none)"
         )
         raise ConfigError([f"--recorded {given!r}: {why}"])
-    return Response.of(weights)
+    return Response(Response.of(weights).given, delays=delays)
 
 
 def loop_line(response: Response | None) -> str:

@@ -1,6 +1,7 @@
 """The controller's own record, read for replay (``controller.recorded``) from queriers on
-loopback: one that refuses is passed over and named, the first that holds it is read, and
-none holding it is said, never fatal."""
+loopback: one that refuses is passed over and named, the one holding most of the chosen
+target's steps is read, what could not be read is said, and none holding it is said, never
+fatal."""
 
 from __future__ import annotations
 
@@ -23,11 +24,15 @@ REFUSED = json.dumps(
 )
 
 
-def holding(shares: dict[str, float]) -> web.Response:
+def holding(
+    shares: dict[str, float],
+    target: str = "ExternalModel/llm/llama",
+    times: tuple[float, ...] = (100.0, 110.0, 120.0),
+) -> web.Response:
     result = [
         {
-            "metric": {"target": "ExternalModel/llm/llama", "ref": f"/r/{i}", "cluster": c},
-            "values": [[t, str(v)] for t in (100.0, 110.0, 120.0)],
+            "metric": {"target": target, "ref": f"/r/{i}", "cluster": c},
+            "values": [[t, str(v)] for t in times],
         }
         for i, (c, v) in enumerate(shares.items())
     ]
@@ -97,3 +102,54 @@ async def test_a_refusing_querier_is_passed_over_and_named_and_the_next_one_read
     assert none.record is None
     assert none.note.startswith("no record of the controller's own weights")
     assert refusing.url("/api/v1/query_range") in none.note and "too many samples" in none.note
+
+
+async def test_the_querier_holding_most_of_the_target_is_read_and_what_failed_is_said() -> None:
+    """A Prometheus of short retention (one step of llama) before a Thanos of the whole
+    window (llama and a second target, its delay refused): without --target the record
+    names both targets; with it, the Thanos is read, however the queriers are listed; a
+    target only the second holds is found there; the refused delay is said."""
+
+    async def short(request: web.Request) -> web.Response:
+        return holding({"east": 90.0, "west": 10.0}, times=(120.0,))
+
+    async def whole(request: web.Request) -> web.Response:
+        query = request.query["query"]
+        if "delay" in query:
+            return web.Response(text=REFUSED, status=422, content_type="application/json")
+        if "realised" in query:
+            return holding({"east": 45.0, "west": 55.0})
+        body = json.loads(holding({"east": 40.0, "west": 60.0}).text or "")
+        other = json.loads(holding({"east": 70.0}, target="HTTPRoute/llm/other").text or "")
+        body["data"]["result"] += other["data"]["result"]
+        return web.json_response(body)
+
+    servers = [
+        await Server().start({"/api/v1/query_range": short}),
+        await Server().start({"/api/v1/query_range": whole}),
+    ]
+    try:
+        async with aiohttp.ClientSession() as session:
+            listed = queriers([s.url("") for s in servers], session)
+            names = ["east", "west"]
+            both = await read_record(listed, names, 100, 120, 10, None)
+            llama = await read_record(listed, names, 100, 120, 10, "ExternalModel/llm/llama")
+            backwards = await read_record(
+                listed[::-1], names, 100, 120, 10, "ExternalModel/llm/llama"
+            )
+            other = await read_record(listed, names, 100, 120, 10, "HTTPRoute/llm/other")
+            none = await read_record(listed, names, 100, 120, 10, "x/y/z")
+    finally:
+        for server in servers:
+            await server.stop()
+    assert both.record is None and "name one with --target" in both.note
+    assert "ExternalModel/llm/llama, HTTPRoute/llm/other" in both.note
+    for found in (llama, backwards):
+        assert found.record is not None and len(found.record.shares) == 3
+        assert found.record.source == servers[1].url("/api/v1/query_range")
+        assert found.record.shares[120.0] == {"east": 0.4, "west": 0.6}
+        assert found.record.realised[120.0] == {"east": 0.45, "west": 0.55}
+        assert found.record.delays == {}
+        assert "its delay not read at 3: " in found.note and "too many samples" in found.note
+    assert other.record is not None and other.record.shares[100.0] == {"east": 1.0}
+    assert none.record is None and "holds no target x/y/z" in none.note

@@ -290,8 +290,9 @@ def test_a_pool_past_a_float_s_range_is_no_pool_and_no_crash() -> None:
 
 def test_the_record_is_one_share_a_ref_and_refs_of_a_cluster_add_up() -> None:
     """``recorded._by_target``: replicas saying one ref's share count once (the largest), a
-    cluster's refs add up, shares no target holds (NaN, past 100) and clusters the config does
-    not name are read past, and a step where the config's clusters hold nothing is absent."""
+    cluster's refs add up, clusters the config does not name are read past, a share no ref
+    can hold (NaN, past 100) leaves that target's step out, and a step where the config's
+    clusters hold nothing is absent."""
     import math
 
     from controller.errors import FetchError, FetchTimeoutError
@@ -313,9 +314,13 @@ def test_the_record_is_one_share_a_ref_and_refs_of_a_cluster_add_up() -> None:
         ],
         20.0: [share("t", "0", "east", 0.0), share("t", "2", "west", 0.0)],
         30.0: FetchTimeoutError("u", "slow"),
+        # west's share unreadable: the step is left out, not read as all of it on east
+        40.0: [share("t", "0", "east", 30.0), share("t", "2", "west", math.nan)],
+        # west had no ref then: east's share is the target's whole traffic
+        50.0: [share("t", "0", "east", 30.0)],
     }
     found = _by_target(read, {"east", "west"})
-    assert found == {"t": {10.0: {"east": 0.4, "west": 0.6}}}
+    assert found == {"t": {10.0: {"east": 0.4, "west": 0.6}, 50.0: {"east": 1.0}}}
 
 
 async def test_the_trace_holds_replayed_and_recorded_shares_with_gaps_as_nan() -> None:
@@ -413,3 +418,22 @@ def test_the_range_check_refuses_exactly_what_the_named_problems_refuse() -> Non
             _, refused = _checked({"kv_mean": 0.5, query: value, counted: pool_pods}, ASKED)
             problem = kv_tokens_problem(value, pool_pods or 0.0, query)
             assert bool(refused) == (problem is not None), (query, value, pool_pods)
+
+
+def test_a_share_too_small_to_scale_from_is_read_as_recorded() -> None:
+    """The record may hold a cluster at a point or two of a large weight: --recorded refuses
+    such a split, and the record's is read as if that cluster held none."""
+    then = {"east": 0.0005, "west": 0.9995}
+    factors = Response.factors({"east": 50, "west": 50}, then)
+    assert factors["east"] == 1.0 and factors["west"] == pytest.approx(0.5 / 0.9995)
+
+
+def test_recorded_given_replaces_the_record_s_split_not_its_delay() -> None:
+    from controller.recorded import Record
+
+    record = Record("t", "q", {100.0: {"a": 0.9, "b": 0.1}}, 1, delays={100.0: 40.0})
+    given = recorded_split("a=1,b=1", ["a", "b"], record)
+    assert given.split(200.0) == {"a": 0.5, "b": 0.5} and given.lag(200.0) == 40.0
+    assert "acting after the delay the controller measured" in given.describe()
+    own = recorded_split(None, ["a", "b"], record)
+    assert own.split(200.0) == {"a": 0.9, "b": 0.1} and own.lag(200.0) == 40.0
