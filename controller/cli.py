@@ -96,8 +96,9 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="also replay a candidate weights setting on the same history, side by side "
-        "(repeat for more candidates; KEY=VALUE,KEY=VALUE for one of several settings)",
+        help="also replay a candidate weights setting on the same history, side by side, "
+        "over the replay's own settings (the config's, with --set); repeat for more "
+        "candidates, KEY=VALUE,KEY=VALUE for one of several settings",
     )
     loop = replay.add_mutually_exclusive_group()
     loop.add_argument(
@@ -484,7 +485,10 @@ async def _replay(settings: Settings, args: argparse.Namespace) -> int:
             trace.add(at, report, record)
 
     candidates = {
-        item: replay.replay_settings(settings, replay.check_overrides(item.split(",")), *where)
+        # a candidate is the replay's own settings (the config's, with --set) with its change
+        item: replay.replay_settings(
+            settings, replay.check_overrides([*args.set, *item.split(",")]), *where
+        )
         for item in args.compare
     }
     names = [c.name for c in chosen.clusters]
@@ -510,8 +514,9 @@ async def _replay(settings: Settings, args: argparse.Namespace) -> int:
         print(f"replay: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     recorded = replay.record_row(found, names, summary.hours)
+    gaps = replay.gaps(history)
     loop = replay.loop_line(response)
-    print(replay.table(summary, names, loop))
+    print(replay.table(summary, names, loop, replay.gap_lines(gaps)))
     print(replay.record_line(recorded))
     if others:
         label = ",".join(args.set) or "the config's"
@@ -530,6 +535,10 @@ async def _replay(settings: Settings, args: argparse.Namespace) -> int:
             "compared": {item: other.row(names) for item, other in others.items()},
             "loop": loop,
             "recorded": recorded,
+            "gaps": {
+                query: {n: {"ticks": m, "first": first} for n, (m, first) in by_name.items()}
+                for query, by_name in gaps.items()
+            },
             "ticks": records,
         }
         args.json.write_text(json.dumps(document, indent=2) + "\n")

@@ -43,7 +43,7 @@ from controller.recorded import Found, Record, read_record
 from controller.render import report_json
 from controller.settings import Settings, build_settings
 from controller.settings.schema import MAX_INTERVAL
-from controller.sources.answers import Answers, Asked, cluster_metrics
+from controller.sources.answers import POOL_PODS, TOKEN_PODS, Answers, Asked, cluster_metrics
 from controller.sources.prometheus import (
     PrometheusQuerySource,
     prometheus_source,
@@ -331,6 +331,39 @@ class History:
     times: Sequence[float]
     answers: Mapping[str, Mapping[float, Answers]]
     asked: Mapping[str, Asked]
+
+
+def gaps(history: History) -> dict[str, dict[str, tuple[int, float]]]:
+    """Gaps in the history: for each query, each cluster it answered for at some steps of the
+    window and not at others (a series that stopped, started late or was missing a while),
+    at how many steps and from when. Those ticks read it as unknown, never as a value; a query
+    that failed at a step is counted with the failures, not here."""
+    found: dict[str, dict[str, tuple[int, float]]] = {}
+    seen: set[tuple[str, str]] = set()
+    for name, by_time in history.answers.items():
+        label = history.asked[name].value
+        for at in history.times:
+            for query, answer in by_time[at].items():
+                if query in (POOL_PODS, TOKEN_PODS) or not isinstance(answer, dict):
+                    continue
+                if label in answer:
+                    seen.add((query, name))
+                    continue
+                missing, first = found.setdefault(query, {}).get(name, (0, at))
+                found[query][name] = (missing + 1, first)
+    return {
+        query: {name: gap for name, gap in by_name.items() if (query, name) in seen}
+        for query, by_name in sorted(found.items())
+        if any((query, name) in seen for name in by_name)
+    }
+
+
+def gap_lines(found: Mapping[str, Mapping[str, tuple[int, float]]]) -> list[str]:
+    return [
+        f"  {query} answered nothing for {name} at {missing} ticks, the first at {utc(first)}"
+        for query, by_name in found.items()
+        for name, (missing, first) in by_name.items()
+    ]
 
 
 async def read_history(
@@ -675,7 +708,10 @@ def loop_line(response: Response | None) -> str:
     return CLOSED_LOOP.format(recorded=response.describe())
 
 
-def table(summary: Summary, names: Sequence[str], loop: str = OPEN_LOOP) -> str:
+def table(
+    summary: Summary, names: Sequence[str], loop: str = OPEN_LOOP, more: Sequence[str] = ()
+) -> str:
+    """The summary as printed; ``more``: lines about the history itself (``gap_lines``)."""
     row = summary.row(names)
     lines = [
         f"replayed {row['ticks']} ticks ({summary.hours:.1f} h) of {', '.join(names)}",
@@ -696,7 +732,8 @@ def table(summary: Summary, names: Sequence[str], loop: str = OPEN_LOOP) -> str:
         least = ", ".join(f"{c} {w}" for c, w in row["lowest"].items())
         lines.insert(2, f"  least weight each held: {least}")
     for shed in row["shed"]:
-        lines.append(f"  shed {shed['cluster']} at {shed['time']:.0f}")
+        lines.append(f"  shed {shed['cluster']} at {utc(shed['time'])}")
+    lines.extend(more)
     lines.append(f"  ({loop})")
     return "\n".join(lines)
 

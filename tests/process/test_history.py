@@ -405,6 +405,15 @@ async def test_a_coarser_step_ticks_every_step_over_the_window(
     }
     assert {w for offset, w in east.items() if offset < HOT[0]} == {50}
     assert min(w for offset, w in east.items() if HOT[0] <= offset < HOT[1]) <= 25
+    # a candidate is the replay's own settings with its change: under --set floor=30 east
+    # keeps 30 when shed, in the candidate too (on the config's own floor it went to 7)
+    floored = tmp_path / "floored.json"
+    given = ("--set", "floor=30", "--compare", "settle=30s", "--json", str(floored))
+    done = await asyncio.to_thread(replay_cli, config, start, end, "--step", "1m", *given)
+    assert done.returncode == 0, done.stderr
+    document = json.loads(floored.read_text())
+    assert document["summary"]["lowest"]["east"] == 30
+    assert document["compared"]["settle=30s"]["lowest"]["east"] == 30
     # a step finer than Prometheus's milliseconds is read on its millisecond grid: every tick
     # has its reading
     odd = await asyncio.to_thread(replay_cli, config, start, end, "--step", "61.2345678s")

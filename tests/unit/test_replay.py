@@ -437,3 +437,36 @@ def test_recorded_given_replaces_the_record_s_split_not_its_delay() -> None:
     assert "acting after the delay the controller measured" in given.describe()
     own = recorded_split(None, ["a", "b"], record)
     assert own.split(200.0) == {"a": 0.9, "b": 0.1} and own.lag(200.0) == 40.0
+
+
+def test_gaps_name_each_series_missing_for_a_while_and_nothing_else() -> None:
+    """A query that answered for a cluster at some steps and not at others is a gap, named
+    with its steps and the first; one a cluster never answers (its engine does not publish
+    it), a failed query (counted with the failures) and the pool bookkeeping are not."""
+    from controller.errors import FetchTimeoutError
+    from controller.replay import gap_lines, gaps, table
+
+    names = ["east", "west"]
+    _, asked = hub(names)
+    times = [1000.0, 1010.0, 1020.0, 1030.0]
+
+    def at(t: float) -> Answers:
+        queue = {"east": 1.0} if t in (1000.0, 1030.0) else {}
+        found: Answers = {"kv_mean": {"east": 0.5, "west": 0.4}, "queue": queue, "kv_tokens": {}}
+        found["kv_pool_pods"] = {"west": 2.0} if t == 1000.0 else {}
+        if t == 1020.0:
+            found["kv_mean"] = FetchTimeoutError("u", "slow")
+        return found
+
+    series = {t: at(t) for t in times}
+    history = History(times[0], times[-1], times, dict.fromkeys(names, series), asked)
+    found = gaps(history)
+    assert found == {"queue": {"east": (2, 1010.0)}}
+    lines = gap_lines(found)
+    assert lines == [
+        "  queue answered nothing for east at 2 ticks, the first at 1970-01-01T00:16:50Z"
+    ]
+    from controller.replay import Summary
+
+    shown = table(Summary(times[0], times[-1]), names, more=lines)
+    assert shown.splitlines()[-2] == lines[0]  # before the loop's line
