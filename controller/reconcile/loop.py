@@ -346,11 +346,16 @@ async def fetch_all(
     One timer for the stage, not one per cluster, and the fetches' own tasks, nothing around
     them: in a replay of a week each was a tenth of a tick."""
     loop = asyncio.get_running_loop()
+    began = loop.time()
     tasks = [loop.create_task(source.fetch()) for source in sources]
     if not tasks:
         return []
+    late: set[asyncio.Task[ClusterMetrics]] = set()
     try:
-        _, late = await asyncio.wait(tasks, timeout=deadline)
+        await asyncio.sleep(0)  # one turn: a fetch with its answer at hand (replay's) is done
+        if not all(task.done() for task in tasks):
+            left = max(0.0, deadline - (loop.time() - began))
+            _, late = await asyncio.wait(tasks, timeout=left)
     finally:  # the deadline passed, or the tick itself was cancelled: nothing left running
         stuck = await cut_off(tasks) if not all(task.done() for task in tasks) else set()
         for task in tasks:  # read now, whatever ends the stage: none is "never retrieved"
