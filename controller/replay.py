@@ -337,25 +337,30 @@ def gaps(history: History) -> dict[str, dict[str, tuple[int, float]]]:
     """Gaps in the history: for each query, each cluster it answered for at some steps of the
     window and not at others (a series that stopped, started late or was missing a while),
     at how many steps and from when. Those ticks read it as unknown, never as a value; a query
-    that failed at a step is counted with the failures, not here."""
-    found: dict[str, dict[str, tuple[int, float]]] = {}
-    seen: set[tuple[str, str]] = set()
-    for name, by_time in history.answers.items():
-        label = history.asked[name].value
+    that failed at a step is counted with the failures, not here. One set difference per
+    querier, step and query (a week of 20 clusters: under a second)."""
+    missing: dict[tuple[str, str], tuple[int, float]] = {}
+    never: set[tuple[str, str]] = set()  # answered nothing at any step: not a gap
+    for by_time, members in _movable(history):
+        names = {label: name for name, label in members}
+        wanted = set(names)
+        unseen: dict[str, set[str]] = {}  # by query, the labels it has not answered for yet
         for at in history.times:
             for query, answer in by_time[at].items():
                 if query in (POOL_PODS, TOKEN_PODS) or not isinstance(answer, dict):
                     continue
-                if label in answer:
-                    seen.add((query, name))
-                    continue
-                missing, first = found.setdefault(query, {}).get(name, (0, at))
-                found[query][name] = (missing + 1, first)
-    return {
-        query: {name: gap for name, gap in by_name.items() if (query, name) in seen}
-        for query, by_name in sorted(found.items())
-        if any((query, name) in seen for name in by_name)
-    }
+                pending = unseen.setdefault(query, set(wanted))
+                if pending:
+                    pending.difference_update(answer.keys())
+                for label in wanted - answer.keys():
+                    count, first = missing.get((query, names[label]), (0, at))
+                    missing[(query, names[label])] = (count + 1, first)
+        never.update((query, names[label]) for query, left in unseen.items() for label in left)
+    found: dict[str, dict[str, tuple[int, float]]] = {}
+    for (query, name), gap in sorted(missing.items()):
+        if (query, name) not in never:
+            found.setdefault(query, {})[name] = gap
+    return found
 
 
 def gap_lines(found: Mapping[str, Mapping[str, tuple[int, float]]]) -> list[str]:
