@@ -116,8 +116,8 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument(
         "--target",
         metavar="KEY",
-        help="the target whose recorded weights (the controller's own "
-        "weight_controller_target_share) the replay is set beside, as its /metrics names it "
+        help="the target to weigh as the controller's own record had it (its "
+        "weight_controller_target_share), and set the replay beside, as its /metrics names it "
         "(KIND/NAMESPACE/NAME); needed where the record holds several",
     )
     replay.add_argument("--json", type=Path, help="also write every tick and the summary here")
@@ -500,28 +500,34 @@ async def _replay(settings: Settings, args: argparse.Namespace) -> int:
             history = await replay.read_history(chosen, start, end, session)
             found = await replay.record_of(chosen, start, end, session, args.target)
         record = found.record
+        # the record's target, weighed as the live loop weighed it (its refs, its clusters);
+        # without one, the implicit target over the config's clusters
+        target = replay.recorded_target(record) if record is not None else None
+        weighed = names if target is None else [c for c in names if c in target.clusters.values()]
         response = (
             None if args.open_loop else replay.recorded_split(args.recorded, names, found.record)
         )
         # what was read is kept for good, as the daemon keeps what start-up made: the
         # collector's passes over a week's history would cost more than the loop itself
         settle_collector()
-        summary = await replay.run(chosen, history, keep, response)
+        summary = await replay.run(chosen, history, keep, response, target)
         others = {
-            item: await replay.run(s, history, None, response) for item, s in candidates.items()
+            item: await replay.run(s, history, None, response, target)
+            for item, s in candidates.items()
         }
     except replay.ReplayError as exc:
         print(f"replay: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    recorded = replay.record_row(found, names, summary.hours)
+    recorded = replay.record_row(found, weighed, summary.hours)
     gaps = replay.gaps(history)
     loop = replay.loop_line(response)
-    print(replay.table(summary, names, loop, replay.gap_lines(gaps)))
+    more = [*replay.target_lines(target), *replay.gap_lines(gaps)]
+    print(replay.table(summary, weighed, loop, more))
     print(replay.record_line(recorded))
     if others:
         label = ",".join(args.set) or "the config's"
         print()
-        print(replay.compared({label: summary, **others}, names))
+        print(replay.compared({label: summary, **others}, weighed))
     if args.plot is not None:  # before the JSON: a plot that fails leaves nothing written
         try:
             replay.plot(trace, args.plot, closed=response is not None)
@@ -531,8 +537,9 @@ async def _replay(settings: Settings, args: argparse.Namespace) -> int:
         print(f"\nplot written to {args.plot}")
     if args.json is not None:
         document = {
-            "summary": summary.row(names),
-            "compared": {item: other.row(names) for item, other in others.items()},
+            "target": target.key if target is not None else None,
+            "summary": summary.row(weighed),
+            "compared": {item: other.row(weighed) for item, other in others.items()},
             "loop": loop,
             "recorded": recorded,
             "gaps": {

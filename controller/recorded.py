@@ -56,6 +56,9 @@ class Record:
     realised: Mapping[float, Mapping[str, float]] = field(default_factory=dict)
     delays: Mapping[float, float] = field(default_factory=dict)
     missing: str = ""
+    # each ref the target held over the window: the config's cluster it maps to (None: none
+    # of them) and its share (0..100) at the first step it was seen
+    refs: Mapping[str, tuple[str | None, float]] = field(default_factory=dict)
 
     def describe(self) -> str:
         missing = f"; {self.missing}" if self.missing else ""
@@ -82,6 +85,7 @@ class _Held:
     targets: Mapping[str, Mapping[float, Mapping[str, float]]]
     steps: int
     unread: str
+    refs: Mapping[str, Mapping[str, tuple[str | None, float]]]
 
 
 async def read_record(
@@ -107,7 +111,7 @@ async def read_record(
         unread = f"{len(errors)} not read: {errors[0].detail}" if errors else ""
         by_target = _by_target(read, set(names))
         if by_target:
-            held.append(_Held(querier, by_target, len(read), unread))
+            held.append(_Held(querier, by_target, len(read), unread, _refs(read, set(names))))
     targets = sorted({t for h in held for t in h.targets})
     if not targets:
         tried = "; ".join(failures) if failures else "none of the queriers holds it in the window"
@@ -149,6 +153,7 @@ async def _measured(
         _by_target(realised, set(names)).get(target, {}),
         _delays(delays),
         "; ".join(missing),
+        held.refs.get(target, {}),
     )
 
 
@@ -186,6 +191,28 @@ def _by_target(
             total = sum(shares.values())
             if total > 0:
                 found.setdefault(key, {})[at] = {c: v / total for c, v in shares.items()}
+    return found
+
+
+def _refs(
+    read: Mapping[float, Series | FetchError], names: set[str]
+) -> dict[str, dict[str, tuple[str | None, float]]]:
+    """Each target's refs over the window, each with the config's cluster it maps to (None:
+    an unmapped ref, or one to a cluster the config does not read) and its share at the
+    first step it held one."""
+    found: dict[str, dict[str, tuple[str | None, float]]] = {}
+    for at in sorted(read):
+        series = read[at]
+        if isinstance(series, FetchError):
+            continue
+        for labels, value in series:
+            if not 0.0 <= value <= 100.0:
+                continue
+            cluster = labels.get("exported_cluster") or labels.get("cluster", "")
+            refs = found.setdefault(labels.get("target", ""), {})
+            ref = labels.get("ref", "")
+            if ref not in refs:
+                refs[ref] = (cluster if cluster in names else None, value)
     return found
 
 

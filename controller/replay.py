@@ -5,7 +5,8 @@ Each cluster's history is read through its querier (``Querier.history``: the liv
 templates as range queries, at the config's interval), and the real loop (health, signals,
 weights, actuation) runs a tick at each step on a virtual clock (``testing.Driver``) over
 what the live source would have read then (``answers.cluster_metrics``). Nothing is written
-anywhere: the loop decides for the implicit target over the config's clusters.
+anywhere: the loop decides for the target the controller's own record holds, as it held it
+(``recorded_target``), or without one for the implicit target over the config's clusters.
 
 The recorded signals followed the weights that were in force then, not the replayed ones. By
 default the loop is closed to first order (``Response``): each cluster's routed load (KV use,
@@ -38,7 +39,9 @@ import aiohttp
 
 from controller.churn import largest_step, reversals
 from controller.errors import ConfigError, FetchError
-from controller.model import IMPLICIT_TARGET, ClusterMetrics, Write
+from controller.model import IMPLICIT_TARGET, ClusterMetrics, Ref, Target, TargetDecision, Write
+from controller.publish import Discovery
+from controller.publish.dryrun import DryRun
 from controller.recorded import Found, Record, read_record
 from controller.render import report_json
 from controller.settings import Settings, build_settings
@@ -363,6 +366,14 @@ def gaps(history: History) -> dict[str, dict[str, tuple[int, float]]]:
     return found
 
 
+def target_lines(target: Target | None) -> list[str]:
+    """Which target was weighed, where it is the record's."""
+    if target is None:
+        return []
+    refs = ", ".join(f"{r.name} → {r.cluster or 'no cluster of the config'}" for r in target.refs)
+    return [f"  weighed {target.key} as the record had it: {refs}"]
+
+
 def gap_lines(found: Mapping[str, Mapping[str, tuple[int, float]]]) -> list[str]:
     return [
         f"  {query} answered nothing for {name} at {missing} ticks, the first at {utc(first)}"
@@ -384,16 +395,67 @@ async def read_history(
     return History(start, end, times, read, {name: s.asked() for name, s in found.items()})
 
 
+def by_cluster(outcome: TargetDecision) -> dict[str, int]:
+    """A target's applied weights by the cluster each ref maps to (refs of one cluster added
+    up; an unmapped ref, which keeps its weight, left out): for the implicit target, whose
+    refs are its clusters, the weights themselves."""
+    found: dict[str, int] = {}
+    for ref, cluster in outcome.target.clusters.items():
+        if cluster is not None:
+            found[cluster] = found.get(cluster, 0) + outcome.applied.get(ref, 0)
+    return found
+
+
+def recorded_target(record: Record) -> Target | None:
+    """The target the record holds, as the loop weighs one: its kind, namespace and name (and
+    an HTTPRoute's rule) from its key, each ref with the config's cluster it maps to and the
+    weight it held at the first step it was seen. What the record cannot say is taken as a
+    target that says nothing of it: no pause or pin, the lowest weight 0, an ExternalModel's
+    weights out of 100 and an HTTPRoute's relative. ``None`` where the key is not a target's
+    or no ref maps to a cluster of the config (the implicit target is weighed instead)."""
+    parts = record.target.split("/")
+    rule: int | None = None
+    if len(parts) == 4 and parts[3].startswith("rule-") and parts[3][5:].isdigit():
+        rule = int(parts[3][5:])
+        parts = parts[:3]
+    if len(parts) != 3 or not all(parts) or parts[0] == IMPLICIT_TARGET:
+        return None
+    if not any(cluster is not None for cluster, _ in record.refs.values()):
+        return None
+    kind, namespace, name = parts
+    refs = tuple(
+        Ref("", "", ref, round(share), cluster)
+        for ref, (cluster, share) in sorted(record.refs.items())
+    )
+    total = 100 if kind == "ExternalModel" else None
+    return Target(kind, namespace, name, "", "", refs, rule=rule, total=total)
+
+
+class _Holding:
+    """A discoverer that finds one target, always as given (what a replayed write would make
+    it hold lives in the loop's dry-run shadow, as for the implicit target)."""
+
+    def __init__(self, target: Target) -> None:
+        self._found = Discovery((target,))
+
+    async def discover(self) -> Discovery:
+        return self._found
+
+
 async def run(
     settings: Settings,
     history: History,
     on_tick: Any = None,
     response: Response | None = None,
+    target: Target | None = None,
 ) -> Summary:
     """The loop over ``history`` with ``settings`` (the config's, or a candidate's);
     ``on_tick(time, report)`` sees every tick. ``response``: the recorded load moved with the
-    replayed weights (closed loop); ``None``: the recorded signals as they were (open loop)."""
-    driver = Driver(settings, start=history.start, journal=False)  # no one reads its logs
+    replayed weights (closed loop); ``None``: the recorded signals as they were (open loop).
+    ``target``: the one weighed, as the record had it (``recorded_target``); ``None``: the
+    implicit target over the config's clusters."""
+    publisher = DryRun(_Holding(target)) if target is not None else None
+    driver = Driver(settings, publisher, start=history.start, journal=False)  # no log read
     summary = Summary(history.start, history.end)
     previous: float | None = None
     seen_kv = False
@@ -428,10 +490,10 @@ async def run(
         report = await driver.tick(at, metrics)
         previous = at
         last = _account(summary, at, report, last)
-        target = report.targets.get(IMPLICIT_TARGET)
-        if target is not None and response is not None:
+        weighed = report.only
+        if weighed is not None and response is not None:
             decided_at.append(at)
-            decided.append(target.outcome.applied)
+            decided.append(by_cluster(weighed.outcome))
         if on_tick is not None:
             on_tick(at, report)
     if not seen_kv:
@@ -482,13 +544,13 @@ def _account(
     for name, view in report.clusters.items():
         if view.health is not None and view.health.changed:
             summary.health_changes[name] += 1
-    target = report.targets.get(IMPLICIT_TARGET)
+    target = report.only  # replay weighs one target: the implicit one, or the record's
     if target is None:
         return last
     outcome = target.outcome
     summary.modes[str(outcome.decision.mode)] += 1
     if outcome.write is Write.WOULD:
-        applied = dict(outcome.applied)
+        applied = by_cluster(outcome)
         summary.published.append((at, applied))
         for name, weight in applied.items():
             if weight == 0 and (last is None or last.get(name, 1) > 0):
@@ -511,8 +573,8 @@ class Trace:
 
     def add(self, at: float, report: TickReport, record: Record | None = None) -> None:
         recorded = record.shares.get(at) if record is not None else None
-        target = report.targets.get(IMPLICIT_TARGET)
-        applied = target.outcome.applied if target is not None else {}
+        target = report.only
+        applied = by_cluster(target.outcome) if target is not None else {}
         total = sum(applied.values())
         self.times.append(at)
         for name, view in report.clusters.items():

@@ -582,11 +582,17 @@ async def test_replay_is_set_beside_the_controller_s_own_record_and_moves_load_b
     # east's reading at each tick of its episode is its recorded 0.95 moved by its replayed
     # share over the 10% the record says it held, both as they were when the load was made:
     # a tick before, and 40 s before once the record measured its changes take that long
+    # llama is weighed as the record had it: its two refs, east's and west's, from 50/50
+    # (not the implicit target's first write by capacity)
+    assert document["target"] == LLAMA and "weighed ExternalModel/llm/llama" in named.stdout
+    assert "initial" not in document["summary"]["ticks_per_mode"]
+    first = ticks[0.0]["targets"][LLAMA]
+    assert first["applied"] == {"/spec/refs/0": 50, "/spec/refs/1": 50}
     moved = 0
     for offset in range(int(HOT[0]) + 120, int(HOT[1]), 10):
         lag = 40.0 if offset >= HOT[0] + 300 else STEP
-        applied = ticks[offset - lag]["targets"]["configured"]["applied"]
-        share = applied["east"] / sum(applied.values())
+        applied = ticks[offset - lag]["targets"][LLAMA]["applied"]
+        share = applied["/spec/refs/0"] / sum(applied.values())
         expected = min(1.0, 0.95 * share / 0.10)
         read = ticks[float(offset)]["clusters"]["east"]["vram_utilization"]
         assert read == pytest.approx(expected), offset

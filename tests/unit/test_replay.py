@@ -470,3 +470,60 @@ def test_gaps_name_each_series_missing_for_a_while_and_nothing_else() -> None:
 
     shown = table(Summary(times[0], times[-1]), names, more=lines)
     assert shown.splitlines()[-2] == lines[0]  # before the loop's line
+
+
+def test_the_record_s_target_is_weighed_as_it_was_held() -> None:
+    """``recorded_target``: the kind, namespace, name and an HTTPRoute's rule from the key,
+    each ref with its cluster and first share; none where the key is not a target's or no
+    ref maps to a cluster of the config."""
+    from controller.recorded import Record
+    from controller.replay import recorded_target
+
+    refs = {"p-east": ("east", 60.4), "p-west": ("west", 39.6), "p-far": (None, 0.0)}
+    model = recorded_target(Record("ExternalModel/llm/llama", "q", {}, 1, refs=refs))
+    assert model is not None and model.key == "ExternalModel/llm/llama" and model.total == 100
+    assert model.clusters == {"p-east": "east", "p-far": None, "p-west": "west"}
+    assert {r.name: r.weight for r in model.refs} == {"p-east": 60, "p-far": 0, "p-west": 40}
+    route = recorded_target(Record("HTTPRoute/llm/chat/rule-1", "q", {}, 1, refs=refs))
+    assert route is not None and route.rule == 1 and route.total is None
+    assert route.key == "HTTPRoute/llm/chat/rule-1"
+    for key in ("configured", "a/b", "ExternalModel//x", "HTTPRoute/a/b/rule-x"):
+        assert recorded_target(Record(key, "q", {}, 1, refs=refs)) is None, key
+    unmapped = {"p-far": (None, 100.0)}
+    assert recorded_target(Record("ExternalModel/a/b", "q", {}, 1, refs=unmapped)) is None
+
+
+async def test_a_recorded_target_s_refs_are_summed_by_cluster_for_the_summary() -> None:
+    """Two refs to east and one to no cluster of the config: the summary, the trace and the
+    closed loop read east's weight as both of its refs', the unmapped ref's left out."""
+    from controller.recorded import Record
+    from controller.replay import Trace, recorded_target
+
+    names = ["east", "west"]
+    settings, asked = hub(names)
+    times = [1000.0 + 10 * i for i in range(20)]
+    hot: Answers = {"kv_mean": {"east": 0.95, "west": 0.2}, "pods": {"east": 2.0, "west": 2.0}}
+    series = dict.fromkeys(times, hot)
+    history = History(times[0], times[-1], times, dict.fromkeys(names, series), asked)
+    refs = {"e1": ("east", 30.0), "e2": ("east", 30.0), "w": ("west", 30.0), "x": (None, 10.0)}
+    record = Record("ExternalModel/llm/llama", "q", {}, 1, refs=refs)
+    target = recorded_target(record)
+    assert target is not None
+    trace = Trace()
+    applied: dict[float, dict[str, int]] = {}
+
+    def keep(at: float, report: TickReport) -> None:
+        trace.add(at, report)
+        assert report.only is not None
+        applied[at] = dict(report.only.outcome.applied)
+
+    summary = await run(settings, history, keep, Response.of({"east": 1, "west": 1}), target)
+    assert summary.published and set(summary.published[0][1]) == {"east", "west"}
+    assert all(w["x"] == 10 for w in applied.values())  # unmapped: it keeps its weight
+    for at, by_cluster in summary.published:
+        held = applied[at]
+        assert by_cluster == {"east": held["e1"] + held["e2"], "west": held["w"]}
+    last = applied[times[-1]]
+    east = last["e1"] + last["e2"]
+    assert trace.shares["east"][-1] == pytest.approx(100 * east / (east + last["w"]))
+    assert east < 60  # shed from the hot cluster
