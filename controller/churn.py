@@ -1,7 +1,7 @@
 """Pure: how much a sequence of published weights moved. One definition for the simulator's
 scores and replay's summary: a reversal is a cluster's weight changing direction; the largest
-step is the most any cluster's weight moved in one write (from an even split before the
-first)."""
+step is the most any cluster's weight moved in one write (from what was held before the
+first, an even split unless said)."""
 
 from __future__ import annotations
 
@@ -26,9 +26,12 @@ def reversals(published: Published, names: Sequence[str]) -> int:
     return count
 
 
-def largest_step(published: Published, names: Sequence[str]) -> int:
+def largest_step(
+    published: Published, names: Sequence[str], first: Mapping[str, float] | None = None
+) -> int:
+    """``first``: what was held before the first write (an even split if not given)."""
     even = 100 / len(names)
-    previous: dict[str, float] = dict.fromkeys(names, even)
+    previous: dict[str, float] = {n: (first or {}).get(n, even) for n in names}
     largest = 0.0
     for _, weights in published:
         largest = max(largest, *(abs(weights[n] - previous[n]) for n in names))

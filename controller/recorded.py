@@ -197,22 +197,30 @@ def _by_target(
 def _refs(
     read: Mapping[float, Series | FetchError], names: set[str]
 ) -> dict[str, dict[str, tuple[str | None, float]]]:
-    """Each target's refs over the window, each with the config's cluster it maps to (None:
-    an unmapped ref, or one to a cluster the config does not read) and its share at the
-    first step it held one."""
+    """Each target's refs at the first step it held any, each with the config's cluster it
+    maps to (None: an unmapped ref, or one to a cluster the config does not read) and its
+    share then (the largest replicas said, as ``_by_target`` reads it): one split the
+    target held, never refs of different times put together."""
     found: dict[str, dict[str, tuple[str | None, float]]] = {}
     for at in sorted(read):
         series = read[at]
         if isinstance(series, FetchError):
             continue
+        now: dict[str, dict[str, tuple[str | None, float]]] = {}
+        broken: set[str] = set()  # a share no ref can hold: this step is not the split
         for labels, value in series:
+            target = labels.get("target", "")
+            if target in found:
+                continue
             if not 0.0 <= value <= 100.0:
+                broken.add(target)
                 continue
             cluster = labels.get("exported_cluster") or labels.get("cluster", "")
-            refs = found.setdefault(labels.get("target", ""), {})
+            refs = now.setdefault(target, {})
             ref = labels.get("ref", "")
-            if ref not in refs:
-                refs[ref] = (cluster if cluster in names else None, value)
+            before = refs.get(ref, (None, value))[1]
+            refs[ref] = (cluster if cluster in names else None, max(before, value))
+        found.update({t: refs for t, refs in now.items() if t not in broken})
     return found
 
 

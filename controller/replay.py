@@ -115,12 +115,16 @@ class Response:
 
     @staticmethod
     def factors(applied: Mapping[str, int], then: Mapping[str, float]) -> dict[str, float]:
-        """Each cluster's load factor under ``applied`` (the replay's weights in force) over
-        ``then`` (its share when the history was recorded)."""
+        """Each cluster's load factor under ``applied`` (the replay's weights in force, by
+        cluster) over ``then`` (its share when the history was recorded)."""
+        # the weighed target's clusters only, each share then taken over them (a cluster the
+        # target has no ref to carries none of its traffic: its load is not moved)
         total = sum(applied.values())
+        over = sum(then.get(name, 0.0) for name in applied)
         found: dict[str, float] = {}
-        for name, share in then.items():
-            now = applied.get(name, 0) / total if total > 0 else share
+        for name in applied:
+            share = then.get(name, 0.0) / over if over > 0 else 0.0
+            now = applied[name] / total if total > 0 else share
             # a share too small to scale from (a cluster held at a point or two of a large
             # weight) is read as none: its load would be moved a thousandfold
             found[name] = now / share if share >= MIN_RECORDED_SHARE else 1.0
@@ -192,10 +196,13 @@ class ReplayError(Exception):
 
 @dataclass(slots=True)
 class Summary:
-    """What the loop did over the window, for the implicit target."""
+    """What the loop did over the window, for the target it weighed: each write as each
+    cluster's share of it in whole percent (``percent``), from ``held`` (what the target held
+    before the first; an even split if not known)."""
 
     start: float
     end: float
+    held: dict[str, int] | None = None
     ticks: int = 0
     published: list[tuple[float, dict[str, int]]] = field(default_factory=list)
     modes: Counter[str] = field(default_factory=Counter)
@@ -219,7 +226,7 @@ class Summary:
             "writes": len(self.published),
             "writes_per_hour": round(len(self.published) / self.hours, 1),
             "reversals_per_hour": round(reversals(self.published, names) / self.hours, 1),
-            "largest_step": largest_step(self.published, names) if self.published else 0,
+            "largest_step": largest_step(self.published, names, self.held) if self.published else 0,
             # how deep each cluster was shed: its least weight over the window
             "lowest": {n: min(w.get(n, 0) for _, w in self.published) for n in names}
             if self.published
@@ -376,7 +383,8 @@ def target_lines(target: Target | None) -> list[str]:
 
 def gap_lines(found: Mapping[str, Mapping[str, tuple[int, float]]]) -> list[str]:
     return [
-        f"  {query} answered nothing for {name} at {missing} ticks, the first at {utc(first)}"
+        f"  {query} answered nothing usable for {name} at {missing} ticks, "
+        f"the first at {utc(first)}"
         for query, by_name in found.items()
         for name, (missing, first) in by_name.items()
     ]
@@ -404,6 +412,13 @@ def by_cluster(outcome: TargetDecision) -> dict[str, int]:
         if cluster is not None:
             found[cluster] = found.get(cluster, 0) + outcome.applied.get(ref, 0)
     return found
+
+
+def percent(weights: Mapping[str, int]) -> dict[str, int]:
+    """Weights as whole percents of their sum: an HTTPRoute's relative weights, or a target
+    with unmapped refs, counted on the scale the record and the implicit target use."""
+    total = sum(weights.values())
+    return {n: round(100 * w / total) if total > 0 else 0 for n, w in weights.items()}
 
 
 def recorded_target(record: Record) -> Target | None:
@@ -456,7 +471,14 @@ async def run(
     implicit target over the config's clusters."""
     publisher = DryRun(_Holding(target)) if target is not None else None
     driver = Driver(settings, publisher, start=history.start, journal=False)  # no log read
-    summary = Summary(history.start, history.end)
+    held = None
+    if target is not None:
+        clusters: dict[str, int] = {}
+        for ref in target.refs:
+            if ref.cluster is not None:
+                clusters[ref.cluster] = clusters.get(ref.cluster, 0) + ref.weight
+        held = percent(clusters)
+    summary = Summary(history.start, history.end, held)
     previous: float | None = None
     seen_kv = False
     last: dict[str, int] | None = None
@@ -550,7 +572,7 @@ def _account(
     outcome = target.outcome
     summary.modes[str(outcome.decision.mode)] += 1
     if outcome.write is Write.WOULD:
-        applied = by_cluster(outcome)
+        applied = percent(by_cluster(outcome))
         summary.published.append((at, applied))
         for name, weight in applied.items():
             if weight == 0 and (last is None or last.get(name, 1) > 0):
@@ -582,7 +604,8 @@ class Trace:
             self.kv.setdefault(name, []).append(math.nan if kv is None else kv)
             share = 100 * applied[name] / total if name in applied and total > 0 else math.nan
             self.shares.setdefault(name, []).append(share)
-            then = recorded.get(name, 0.0) if recorded is not None else math.nan
+            weighed = name in applied  # a cluster outside the weighed target: no line
+            then = recorded.get(name, 0.0) if recorded is not None and weighed else math.nan
             self.recorded.setdefault(name, []).append(100 * then)
 
 

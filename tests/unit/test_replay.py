@@ -6,11 +6,11 @@ import math
 
 import pytest
 
-from controller.errors import ConfigError, FetchParseError, FetchTimeoutError
+from controller.errors import ConfigError, FetchError, FetchParseError, FetchTimeoutError
 from controller.model import IMPLICIT_TARGET, ClusterMetrics
 from controller.replay import History, Response, moved, recorded_split, run, table
 from controller.settings import Settings, build_settings
-from controller.sources.answers import Answers, Asked, cluster_metrics
+from controller.sources.answers import Answers, Asked, Series, cluster_metrics
 from controller.state import TickReport
 
 ASKED = Asked("http://hub", "cluster", "east", {"kv_mean": "q"}, 60.0, 5.0)
@@ -102,7 +102,7 @@ def test_a_cluster_without_recorded_traffic_is_read_as_recorded() -> None:
     )
     # no weights in force at all: nothing is moved
     even = Response.of({"east": 1, "west": 1}).given
-    assert Response.factors({}, even) == {"east": 1.0, "west": 1.0}
+    assert Response.factors({}, even) == {}
 
 
 def test_the_recorded_split_is_even_unless_given_and_every_cluster_named() -> None:
@@ -293,11 +293,7 @@ def test_the_record_is_one_share_a_ref_and_refs_of_a_cluster_add_up() -> None:
     cluster's refs add up, clusters the config does not name are read past, a share no ref
     can hold (NaN, past 100) leaves that target's step out, and a step where the config's
     clusters hold nothing is absent."""
-    import math
-
-    from controller.errors import FetchError, FetchTimeoutError
     from controller.recorded import _by_target
-    from controller.sources.answers import Series
 
     def share(target: str, ref: str, cluster: str, value: float) -> tuple[dict[str, str], float]:
         return {"target": target, "ref": ref, "cluster": cluster}, value
@@ -464,7 +460,7 @@ def test_gaps_name_each_series_missing_for_a_while_and_nothing_else() -> None:
     assert found == {"queue": {"east": (2, 1010.0)}}
     lines = gap_lines(found)
     assert lines == [
-        "  queue answered nothing for east at 2 ticks, the first at 1970-01-01T00:16:50Z"
+        "  queue answered nothing usable for east at 2 ticks, the first at 1970-01-01T00:16:50Z"
     ]
     from controller.replay import Summary
 
@@ -520,10 +516,81 @@ async def test_a_recorded_target_s_refs_are_summed_by_cluster_for_the_summary() 
     summary = await run(settings, history, keep, Response.of({"east": 1, "west": 1}), target)
     assert summary.published and set(summary.published[0][1]) == {"east", "west"}
     assert all(w["x"] == 10 for w in applied.values())  # unmapped: it keeps its weight
-    for at, by_cluster in summary.published:
+    for at, by_cluster in summary.published:  # in whole percents of the mapped refs' sum
         held = applied[at]
-        assert by_cluster == {"east": held["e1"] + held["e2"], "west": held["w"]}
+        east, west = held["e1"] + held["e2"], held["w"]
+        assert by_cluster == {
+            "east": round(100 * east / (east + west)),
+            "west": round(100 * west / (east + west)),
+        }
+    assert summary.held == {"east": 67, "west": 33}  # 60 of 90 mapped, before the first write
     last = applied[times[-1]]
     east = last["e1"] + last["e2"]
     assert trace.shares["east"][-1] == pytest.approx(100 * east / (east + last["w"]))
     assert east < 60  # shed from the hot cluster
+
+
+async def test_a_recorded_target_s_churn_and_load_are_its_own() -> None:
+    """Found by a review: a target held at 90/10 that moves to 98/2 took a step of 8, not 48
+    from an even split; a target over east and west of a config of three leaves south's load
+    as recorded (it was read as none: factor 0), whatever split the closed loop is given."""
+    from controller.recorded import Record
+    from controller.replay import recorded_target
+
+    names = ["east", "west"]
+    settings, asked = hub(names)
+    times = [1000.0 + 10 * i for i in range(60)]
+    hot: Answers = {"kv_mean": {"east": 0.3, "west": 0.95}, "pods": {"east": 2.0, "west": 2.0}}
+    series = dict.fromkeys(times, hot)
+    history = History(times[0], times[-1], times, dict.fromkeys(names, series), asked)
+    refs = {"p-east": ("east", 90.0), "p-west": ("west", 10.0)}
+    held = recorded_target(Record("ExternalModel/llm/llama", "q", {}, 1, refs=refs))
+    summary = await run(settings, history, None, None, held)
+    previous, steps = {"east": 90, "west": 10}, []
+    for _, weights in summary.published:
+        steps.append(max(abs(weights[n] - previous[n]) for n in names))
+        previous = weights
+    assert steps and summary.row(names)["largest_step"] == max(steps) < 25
+
+    three = ["east", "west", "south"]
+    settings, asked = hub(three)
+    calm: Answers = {"kv_mean": {"east": 0.4, "west": 0.4, "south": 0.5}, "pods": {}}
+    calm["pods"] = dict.fromkeys(three, 2.0)
+    series = dict.fromkeys(times[:30], calm)
+    history = History(times[0], times[29], times[:30], dict.fromkeys(three, series), asked)
+    record = Record(
+        "ExternalModel/llm/llama", "q", {}, 1, refs={"e": ("east", 50.0), "w": ("west", 50.0)}
+    )
+    target = recorded_target(record)
+    read: dict[str, float | None] = {}
+
+    def keep(at: float, report: TickReport) -> None:
+        for name, view in report.clusters.items():
+            read[name] = view.metrics.kv_mean if view.metrics else None
+
+    for given in ("east=1,west=1,south=1", None):
+        response = recorded_split(given, three, record)
+        summary = await run(settings, history, keep, response, target)
+        assert read == pytest.approx({"east": 0.4, "west": 0.4, "south": 0.5}), given
+        assert summary.row(["east", "west"])["writes"] == 0, given
+
+
+def test_a_record_s_target_is_the_split_of_one_step() -> None:
+    """East alone at 100, then a ref to west added at 50/50: the target is what it held at
+    its first step (east at 100), never refs of two times put together (east 100 and west
+    50, 150 out of 100)."""
+    from controller.recorded import _refs
+
+    def share(ref: str, cluster: str, value: float) -> tuple[dict[str, str], float]:
+        return {"target": "t", "ref": ref, "cluster": cluster}, value
+
+    read: dict[float, Series | FetchError] = {
+        10.0: [share("p-east", "east", 100.0)],
+        20.0: [share("p-east", "east", 50.0), share("p-west", "west", 50.0)],
+    }
+    assert _refs(read, {"east", "west"}) == {"t": {"p-east": ("east", 100.0)}}
+    broken: dict[float, Series | FetchError] = {
+        5.0: [share("p-east", "east", math.nan), share("p-west", "west", 40.0)],
+        **read,
+    }
+    assert _refs(broken, {"east", "west"}) == {"t": {"p-east": ("east", 100.0)}}
