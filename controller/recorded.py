@@ -111,7 +111,9 @@ async def read_record(
         unread = f"{len(errors)} not read: {errors[0].detail}" if errors else ""
         by_target = _by_target(read, set(names))
         if by_target:
-            held.append(_Held(querier, by_target, len(read), unread, _refs(read, set(names))))
+            firsts = {target: min(steps) for target, steps in by_target.items()}
+            refs = _refs(read, set(names), firsts)
+            held.append(_Held(querier, by_target, len(read), unread, refs))
     targets = sorted({t for h in held for t in h.targets})
     if not targets:
         tried = "; ".join(failures) if failures else "none of the queriers holds it in the window"
@@ -195,32 +197,30 @@ def _by_target(
 
 
 def _refs(
-    read: Mapping[float, Series | FetchError], names: set[str]
+    read: Mapping[float, Series | FetchError],
+    names: set[str],
+    first: Mapping[str, float],
 ) -> dict[str, dict[str, tuple[str | None, float]]]:
-    """Each target's refs at the first step it held any, each with the config's cluster it
-    maps to (None: an unmapped ref, or one to a cluster the config does not read) and its
-    share then (the largest replicas said, as ``_by_target`` reads it): one split the
-    target held, never refs of different times put together."""
+    """Each target's refs at its ``first`` step (the first ``_by_target`` reads a split at),
+    each with the config's cluster it maps to (None: an unmapped ref, or one to a cluster the
+    config does not read) and its share then: one split the target held, never refs of
+    different times put together. Replicas a scrape apart that disagree give the larger (the
+    target is then scaled to its total, ``replay.recorded_target``); a ref whose share is no
+    share is left out."""
     found: dict[str, dict[str, tuple[str | None, float]]] = {}
-    for at in sorted(read):
-        series = read[at]
-        if isinstance(series, FetchError):
+    for target, at in first.items():
+        series = read.get(at)
+        if series is None or isinstance(series, FetchError):
             continue
-        now: dict[str, dict[str, tuple[str | None, float]]] = {}
-        broken: set[str] = set()  # a share no ref can hold: this step is not the split
+        refs: dict[str, tuple[str | None, float]] = {}
         for labels, value in series:
-            target = labels.get("target", "")
-            if target in found:
-                continue
-            if not 0.0 <= value <= 100.0:
-                broken.add(target)
+            if labels.get("target", "") != target or not 0.0 <= value <= 100.0:
                 continue
             cluster = labels.get("exported_cluster") or labels.get("cluster", "")
-            refs = now.setdefault(target, {})
             ref = labels.get("ref", "")
             before = refs.get(ref, (None, value))[1]
             refs[ref] = (cluster if cluster in names else None, max(before, value))
-        found.update({t: refs for t, refs in now.items() if t not in broken})
+        found[target] = refs
     return found
 
 

@@ -54,6 +54,7 @@ from controller.sources.prometheus import (
 )
 from controller.state import TickReport
 from controller.testing import Driver
+from controller.weights.rounding import proportional
 
 OPEN_LOOP = (
     "open loop: the recorded signals followed the weights in force then, not these; this "
@@ -76,10 +77,10 @@ class Response:
     its share of the traffic, so a reading taken while it held its share then (0..1) is moved
     to the share the replay gives it. Its share then is the controller's own record
     (``record``, ``controller.recorded``): the split at the record's latest step up to then
-    (weights stay on the objects until written), and ``given`` (even, or ``--recorded``)
-    before its first or without one. Weights act on load ``lag`` seconds after they are in
-    force, as the record measured its own changes take (``delays``; none before its first
-    measure: from the next tick). A cluster that held none then (or less than
+    (weights stay on the objects until written), its first split before that step, and
+    ``given`` (even, or ``--recorded``) without one. Weights act on load ``lag`` seconds
+    after they are in force, as the record measured its own changes take (``delays``; none
+    before its first measure: from the next tick). A cluster that held none then (or less than
     ``MIN_RECORDED_SHARE``) is read as recorded (what it would have carried is not in the
     history)."""
 
@@ -100,6 +101,8 @@ class Response:
         given = {name: w / total for name, w in weights.items()}
         if record is None:
             return cls(given)
+        if record.shares:  # before its first step the target held what it held then
+            given = dict(record.shares[min(record.shares)])
         source = f"weights for {record.target} (below)"
         return cls(given, record.shares, source, record.delays)
 
@@ -140,7 +143,7 @@ class Response:
         )
         return (
             f"recorded split from the controller's own {self.source}, the last one holding "
-            f"between its steps{lagged}; before its first, {given}"
+            f"between its steps{lagged}; before its first, as at its first ({given})"
         )
 
 
@@ -212,6 +215,11 @@ class Summary:
     # each query a querier could not answer at some ticks: (ticks, the first, why)
     failed: dict[str, tuple[int, float, str]] = field(default_factory=dict)
 
+    def _from_held(self) -> list[tuple[float, dict[str, int]]]:
+        """The writes, after what was held before the first (where known): a write turning
+        back from it is a reversal, as the record's own count has it."""
+        return [(self.start, self.held), *self.published] if self.held else self.published
+
     def fail(self, query: str, at: float, error: FetchError) -> None:
         ticks, first, why = self.failed.get(query, (0, at, error.detail))
         self.failed[query] = (ticks + 1, first, why)
@@ -225,7 +233,7 @@ class Summary:
             "ticks": self.ticks,
             "writes": len(self.published),
             "writes_per_hour": round(len(self.published) / self.hours, 1),
-            "reversals_per_hour": round(reversals(self.published, names) / self.hours, 1),
+            "reversals_per_hour": round(reversals(self._from_held(), names) / self.hours, 1),
             "largest_step": largest_step(self.published, names, self.held) if self.published else 0,
             # how deep each cluster was shed: its least weight over the window
             "lowest": {n: min(w.get(n, 0) for _, w in self.published) for n in names}
@@ -438,11 +446,13 @@ def recorded_target(record: Record) -> Target | None:
     if not any(cluster is not None for cluster, _ in record.refs.values()):
         return None
     kind, namespace, name = parts
-    refs = tuple(
-        Ref("", "", ref, round(share), cluster)
-        for ref, (cluster, share) in sorted(record.refs.items())
-    )
     total = 100 if kind == "ExternalModel" else None
+    shares = {ref: share for ref, (_, share) in record.refs.items()}
+    # out of 100 where the kind says so (two replicas a scrape apart may add up past it)
+    weights = proportional(shares, total) if total else {r: round(v) for r, v in shares.items()}
+    refs = tuple(
+        Ref("", "", ref, weights[ref], cluster) for ref, (cluster, _) in sorted(record.refs.items())
+    )
     return Target(kind, namespace, name, "", "", refs, rule=rule, total=total)
 
 
@@ -479,9 +489,9 @@ async def run(
                 clusters[ref.cluster] = clusters.get(ref.cluster, 0) + ref.weight
         held = percent(clusters)
     summary = Summary(history.start, history.end, held)
+    last: dict[str, int] | None = held  # a cluster held at 0 before is not shed by a write
     previous: float | None = None
     seen_kv = False
-    last: dict[str, int] | None = None
     # the replay's weights after each tick, all kept: the record's delay may grow (a week
     # is 60,480 references)
     decided_at: list[float] = []

@@ -579,7 +579,11 @@ def test_a_record_s_target_is_the_split_of_one_step() -> None:
     """East alone at 100, then a ref to west added at 50/50: the target is what it held at
     its first step (east at 100), never refs of two times put together (east 100 and west
     50, 150 out of 100)."""
-    from controller.recorded import _refs
+    from controller.recorded import _by_target, _refs
+
+    def refs(read: dict[float, Series | FetchError]) -> object:
+        first = {t: min(steps) for t, steps in _by_target(read, {"east", "west"}).items()}
+        return _refs(read, {"east", "west"}, first)
 
     def share(ref: str, cluster: str, value: float) -> tuple[dict[str, str], float]:
         return {"target": "t", "ref": ref, "cluster": cluster}, value
@@ -588,9 +592,74 @@ def test_a_record_s_target_is_the_split_of_one_step() -> None:
         10.0: [share("p-east", "east", 100.0)],
         20.0: [share("p-east", "east", 50.0), share("p-west", "west", 50.0)],
     }
-    assert _refs(read, {"east", "west"}) == {"t": {"p-east": ("east", 100.0)}}
+    assert refs(read) == {"t": {"p-east": ("east", 100.0)}}
     broken: dict[float, Series | FetchError] = {
         5.0: [share("p-east", "east", math.nan), share("p-west", "west", 40.0)],
         **read,
     }
-    assert _refs(broken, {"east", "west"}) == {"t": {"p-east": ("east", 100.0)}}
+    assert refs(broken) == {"t": {"p-east": ("east", 100.0)}}
+
+
+async def test_before_the_record_s_first_step_its_first_split_held() -> None:
+    """Found by a review: a record from 1200 of a target held 90/10 read the even split
+    before it, so east's load was moved 1.8× with nothing changed, and writes followed."""
+    from controller.recorded import Record
+    from controller.replay import recorded_target
+
+    names = ["east", "west"]
+    settings, asked = hub(names)
+    times = [1000.0 + 10 * i for i in range(30)]
+    calm: Answers = {"kv_mean": {"east": 0.4, "west": 0.4}, "pods": {"east": 2.0, "west": 2.0}}
+    series = dict.fromkeys(times, calm)
+    history = History(times[0], times[-1], times, dict.fromkeys(names, series), asked)
+    shares = {t: {"east": 0.9, "west": 0.1} for t in times if t >= 1200.0}
+    refs = {"p-east": ("east", 90.0), "p-west": ("west", 10.0)}
+    record = Record("ExternalModel/llm/llama", "q", shares, len(times), refs=refs)
+    read: list[float | None] = []
+
+    def keep(at: float, report: TickReport) -> None:
+        east = report.clusters["east"].metrics
+        read.append(east.kv_mean if east else None)
+
+    response = recorded_split(None, names, record)
+    summary = await run(settings, history, keep, response, recorded_target(record))
+    assert read == pytest.approx([0.4] * len(times)) and summary.published == []
+
+
+def test_a_recorded_target_is_scaled_to_its_total_and_counted_from_what_it_held() -> None:
+    """Replicas a scrape apart (90 and 20) make an ExternalModel of 82/18, out of 100; a
+    cluster held at 0 before the first write is not shed by it; a write turning back from
+    what was held is a reversal, as the record's own count has it."""
+    from controller.recorded import Record
+    from controller.replay import Summary, recorded_target
+
+    refs = {"p-east": ("east", 90.0), "p-west": ("west", 20.0)}
+    target = recorded_target(Record("ExternalModel/llm/llama", "q", {}, 1, refs=refs))
+    assert target is not None
+    assert {r.name: r.weight for r in target.refs} == {"p-east": 82, "p-west": 18}
+    summary = Summary(0.0, 3600.0, {"east": 90, "west": 10})
+    summary.published = [(10.0, {"east": 80, "west": 20}), (20.0, {"east": 85, "west": 15})]
+    assert summary.row(["east", "west"])["reversals_per_hour"] == 2.0
+    assert (
+        Summary(0.0, 3600.0, None, published=summary.published).row(["east", "west"])[
+            "reversals_per_hour"
+        ]
+        == 0.0
+    )  # without a known start, as before
+
+
+async def test_a_cluster_held_at_nothing_before_is_not_shed_by_a_write() -> None:
+    from controller.recorded import Record
+    from controller.replay import recorded_target
+
+    names = ["east", "west", "south"]
+    settings, asked = hub(names)
+    times = [1000.0 + 10 * i for i in range(30)]
+    answers: Answers = {"kv_mean": {"west": 0.95, "south": 0.2}, "pods": dict.fromkeys(names, 2.0)}
+    series = dict.fromkeys(times, answers)
+    history = History(times[0], times[-1], times, dict.fromkeys(names, series), asked)
+    refs = {"e": ("east", 0.0), "w": ("west", 50.0), "s": ("south", 50.0)}
+    target = recorded_target(Record("ExternalModel/llm/llama", "q", {}, 1, refs=refs))
+    summary = await run(settings, history, None, None, target)
+    assert summary.published and all(w["east"] == 0 for _, w in summary.published)
+    assert summary.shed == []
