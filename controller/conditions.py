@@ -47,21 +47,19 @@ class Conditions:
         (``once``: only when it starts, for a condition that is one line while it lasts)."""
         now = self._clock()
         found = self._open.get(key)
+        # an exception is logged once, never held: its frames would live as long as the condition
+        kept = {k: v for k, v in fields.items() if k != "exc_info"}
         if found is None:
-            # an exception is logged once, never held: its frames would live as long as the
-            # condition
-            kept = {k: v for k, v in fields.items() if k != "exc_info"}
             self._open[key] = _Open(event, now, now, 1, kept)
             getattr(self._log, level)(event, **fields)
             return
         found.occurrences += 1
-        found.fields = {k: v for k, v in fields.items() if k != "exc_info"}
+        found.fields = kept
         if not once and now - found.logged >= self._repeat:
             found.logged = now
-            fields.pop("exc_info", None)  # one traceback per condition is enough
-            getattr(self._log, level)(
+            getattr(self._log, level)(  # one traceback per condition is enough
                 event,
-                **fields,
+                **kept,
                 repeated=True,
                 occurrences=found.occurrences,
                 since_seconds=round(now - found.since, 3),

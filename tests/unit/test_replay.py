@@ -34,6 +34,15 @@ def hub(names: list[str], value: str | None = None) -> tuple[Settings, dict[str,
     return settings, asked
 
 
+def steady(names: list[str], answers: Answers, ticks: int) -> tuple[Settings, History, list[float]]:
+    """A config over ``names`` and a history of ``ticks`` steps 10 s apart from 1000, each
+    answering ``answers``."""
+    settings, asked = hub(names)
+    times = [1000.0 + 10 * i for i in range(ticks)]
+    series = dict.fromkeys(times, answers)
+    return settings, History(times[0], times[-1], times, dict.fromkeys(names, series), asked), times
+
+
 def recorded(kv: float | None = 0.6) -> Answers:
     """One querier's answers at one time: east's as the tests move them, west's beside."""
     east = {} if kv is None else {"east": kv}
@@ -362,12 +371,8 @@ async def test_load_follows_the_weights_in_force_as_long_ago_as_the_record_says(
     that long before (not the last tick's), also when the delay first appears mid-window and
     reaches back past ticks already moved by the previous tick's."""
     names = ["east", "west"]
-    settings, asked = hub(names)
-    times = [1000.0 + 10 * i for i in range(40)]
     hot: Answers = {"kv_mean": {"east": 0.95, "west": 0.2}, "pods": {"east": 2.0, "west": 2.0}}
-    history = History(
-        times[0], times[-1], times, dict.fromkeys(names, dict.fromkeys(times, hot)), asked
-    )
+    settings, history, times = steady(names, hot, 40)
     response = Response({"east": 0.5, "west": 0.5}, {}, "record", {1200.0: 30.0})
     seen: dict[float, tuple[dict[str, int], float]] = {}
 
@@ -496,11 +501,8 @@ async def test_a_recorded_target_s_refs_are_summed_by_cluster_for_the_summary() 
     from controller.replay import Trace, recorded_target
 
     names = ["east", "west"]
-    settings, asked = hub(names)
-    times = [1000.0 + 10 * i for i in range(20)]
     hot: Answers = {"kv_mean": {"east": 0.95, "west": 0.2}, "pods": {"east": 2.0, "west": 2.0}}
-    series = dict.fromkeys(times, hot)
-    history = History(times[0], times[-1], times, dict.fromkeys(names, series), asked)
+    settings, history, times = steady(names, hot, 20)
     refs = {"e1": ("east", 30.0), "e2": ("east", 30.0), "w": ("west", 30.0), "x": (None, 10.0)}
     record = Record("ExternalModel/llm/llama", "q", {}, 1, refs=refs)
     target = recorded_target(record)
@@ -538,11 +540,8 @@ async def test_a_recorded_target_s_churn_and_load_are_its_own() -> None:
     from controller.replay import recorded_target
 
     names = ["east", "west"]
-    settings, asked = hub(names)
-    times = [1000.0 + 10 * i for i in range(60)]
     hot: Answers = {"kv_mean": {"east": 0.3, "west": 0.95}, "pods": {"east": 2.0, "west": 2.0}}
-    series = dict.fromkeys(times, hot)
-    history = History(times[0], times[-1], times, dict.fromkeys(names, series), asked)
+    settings, history, times = steady(names, hot, 60)
     refs = {"p-east": ("east", 90.0), "p-west": ("west", 10.0)}
     held = recorded_target(Record("ExternalModel/llm/llama", "q", {}, 1, refs=refs))
     summary = await run(settings, history, None, None, held)
@@ -607,11 +606,8 @@ async def test_before_the_record_s_first_step_its_first_split_held() -> None:
     from controller.replay import recorded_target
 
     names = ["east", "west"]
-    settings, asked = hub(names)
-    times = [1000.0 + 10 * i for i in range(30)]
     calm: Answers = {"kv_mean": {"east": 0.4, "west": 0.4}, "pods": {"east": 2.0, "west": 2.0}}
-    series = dict.fromkeys(times, calm)
-    history = History(times[0], times[-1], times, dict.fromkeys(names, series), asked)
+    settings, history, times = steady(names, calm, 30)
     shares = {t: {"east": 0.9, "west": 0.1} for t in times if t >= 1200.0}
     refs = {"p-east": ("east", 90.0), "p-west": ("west", 10.0)}
     record = Record("ExternalModel/llm/llama", "q", shares, len(times), refs=refs)
@@ -653,11 +649,8 @@ async def test_a_cluster_held_at_nothing_before_is_not_shed_by_a_write() -> None
     from controller.replay import recorded_target
 
     names = ["east", "west", "south"]
-    settings, asked = hub(names)
-    times = [1000.0 + 10 * i for i in range(30)]
     answers: Answers = {"kv_mean": {"west": 0.95, "south": 0.2}, "pods": dict.fromkeys(names, 2.0)}
-    series = dict.fromkeys(times, answers)
-    history = History(times[0], times[-1], times, dict.fromkeys(names, series), asked)
+    settings, history, _ = steady(names, answers, 30)
     refs = {"e": ("east", 0.0), "w": ("west", 50.0), "s": ("south", 50.0)}
     target = recorded_target(Record("ExternalModel/llm/llama", "q", {}, 1, refs=refs))
     summary = await run(settings, history, None, None, target)
