@@ -3,14 +3,17 @@ cluster's share of a target's traffic as the objects held it, step by step over 
 (``weight_controller_target_share``, named in ``render.REF``).
 
 The series are the controller's own, wherever its /metrics was scraped (the hub's Prometheus,
-a Thanos beside it): each querier the replay reads is asked in turn, the first that holds any
-is the record. Three things a real record holds are read past:
+a Thanos beside it): each querier the replay reads is asked, and the one holding most of the
+chosen target's steps is the record. Three things a real record holds are read past:
 - a replica in dry run exports what it would have held, not what the objects held: its series
   are left out (``weight_controller_dry_run``, 1 in a dry run);
 - several replicas export the same share (a follower reads the same objects): one is kept;
 - a scrape that gives its target a ``cluster`` label of its own makes Prometheus keep ours as
   ``exported_cluster`` (``honor_labels: false``, the default: prometheus.io/docs/prometheus/
-  latest/configuration/configuration/#scrape_config): read from there where it is.
+  latest/configuration/configuration/#scrape_config): read from there where it is. An
+  unmapped ref is exported with ``cluster=""``, which Prometheus drops, so the scrape's own
+  label takes its place: a replica whose other series were renamed is read as unmapped there
+  (``_cluster_of``). A Thanos external ``cluster`` label filling it cannot be told apart.
 Nothing is filled in: a step the record has no share at is absent, and said so.
 """
 
@@ -29,9 +32,9 @@ METRIC = "weight_controller_target_share"
 # A replica in dry run held nothing: what it would have held, and the delay of changes that
 # never were, are left out. Its realised share is counted requests, real either way.
 _WROTE = "unless on (instance, job) (weight_controller_dry_run == 1)"
-QUERY = f"max by (target, ref, cluster, exported_cluster) ({METRIC} {_WROTE})"
+QUERY = f"max by (target, ref, cluster, exported_cluster, instance) ({METRIC} {_WROTE})"
 REALISED = (
-    "max by (target, ref, cluster, exported_cluster) "
+    "max by (target, ref, cluster, exported_cluster, instance) "
     "(weight_controller_target_realised_share{{target={target}}})"
 )
 DELAY = (  # ``{target}`` filled in when it is known
@@ -172,8 +175,9 @@ def _by_target(
             continue
         refs: dict[tuple[str, str, str], float] = {}  # one share a ref, whichever replica said it
         broken: set[str] = set()
+        renamed = _renamed(series)
         for labels, value in series:
-            cluster = labels.get("exported_cluster") or labels.get("cluster", "")
+            cluster = _cluster_of(labels, renamed)
             if cluster not in names:
                 continue
             target = labels.get("target", "")
@@ -213,15 +217,32 @@ def _refs(
         if series is None or isinstance(series, FetchError):
             continue
         refs: dict[str, tuple[str | None, float]] = {}
+        renamed = _renamed(series)
         for labels, value in series:
             if labels.get("target", "") != target or not 0.0 <= value <= 100.0:
                 continue
-            cluster = labels.get("exported_cluster") or labels.get("cluster", "")
+            cluster = _cluster_of(labels, renamed)
             ref = labels.get("ref", "")
             before = refs.get(ref, (None, value))[1]
             refs[ref] = (cluster if cluster in names else None, max(before, value))
         found[target] = refs
     return found
+
+
+def _renamed(series: Series) -> set[str]:
+    """The replicas (by ``instance``) whose scrape renamed our ``cluster`` label."""
+    return {labels.get("instance", "") for labels, _ in series if "exported_cluster" in labels}
+
+
+def _cluster_of(labels: Mapping[str, str], renamed: set[str]) -> str:
+    """The cluster a series of ours names: ``exported_cluster`` where the scrape renamed it;
+    none (an unmapped ref's empty label) where that replica's scrape renamed others but not
+    this one, so its ``cluster`` is the scrape's; else ``cluster``."""
+    if "exported_cluster" in labels:
+        return labels["exported_cluster"]
+    if labels.get("instance", "") in renamed:
+        return ""
+    return labels.get("cluster", "")
 
 
 def _delays(read: Mapping[float, Series | FetchError]) -> dict[float, float]:

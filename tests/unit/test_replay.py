@@ -656,3 +656,28 @@ async def test_a_cluster_held_at_nothing_before_is_not_shed_by_a_write() -> None
     summary = await run(settings, history, None, None, target)
     assert summary.published and all(w["east"] == 0 for _, w in summary.published)
     assert summary.shed == []
+
+
+def test_an_unmapped_ref_is_not_read_as_the_cluster_its_scrape_names() -> None:
+    """An unmapped ref is exported with ``cluster=""``, which Prometheus drops; a scrape that
+    labels its targets ``cluster="east"`` then fills it in, while it renames the mapped refs'
+    label ``exported_cluster``. That replica's series without ``exported_cluster`` are read as
+    unmapped; another replica, scraped without the label, is read as it says."""
+    from controller.recorded import _by_target, _refs
+
+    def share(instance: str, ref: str, value: float, **labels: str) -> tuple[dict[str, str], float]:
+        return {"target": "t", "ref": ref, "instance": instance, **labels}, value
+
+    read: dict[float, Series | FetchError] = {
+        10.0: [
+            share("wc-1", "p-east", 45.0, cluster="east", exported_cluster="east"),
+            share("wc-1", "p-west", 45.0, cluster="east", exported_cluster="west"),
+            share("wc-1", "p-far", 10.0, cluster="east"),  # unmapped: the scrape's label
+            share("wc-0", "p-east", 45.0, cluster="east"),  # scraped without the label
+        ]
+    }
+    names = {"east", "west"}
+    assert _by_target(read, names) == {"t": {10.0: {"east": 0.5, "west": 0.5}}}
+    assert _refs(read, names, {"t": 10.0}) == {
+        "t": {"p-east": ("east", 45.0), "p-west": ("west", 45.0), "p-far": (None, 10.0)}
+    }
