@@ -33,13 +33,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 
 from controller.churn import largest_step, reversals
 from controller.errors import ConfigError, FetchError
-from controller.model import IMPLICIT_TARGET, ClusterMetrics, Ref, Target, TargetDecision, Write
+from controller.model import IMPLICIT_TARGET, ClusterMetrics, Ref, Target, Write
 from controller.publish import Discovery
 from controller.publish.dryrun import DryRun
 from controller.recorded import Found, Record, read_record
@@ -108,13 +108,11 @@ class Response:
 
     def split(self, at: float) -> Mapping[str, float]:
         """The recorded split in force at ``at``."""
-        index = bisect.bisect_right(self._times, at)
-        return self.record[self._times[index - 1]] if index else self.given
+        return _as_of(self._times, self.record, at, self.given)
 
     def lag(self, at: float) -> float:
         """How long weights took to act at ``at``, as last measured (0: unknown)."""
-        index = bisect.bisect_right(self._delay_times, at)
-        return self.delays[self._delay_times[index - 1]] if index else 0.0
+        return _as_of(self._delay_times, self.delays, at, 0.0)
 
     @staticmethod
     def factors(applied: Mapping[str, int], then: Mapping[str, float]) -> dict[str, float]:
@@ -145,6 +143,16 @@ class Response:
             f"recorded split from the controller's own {self.source}, the last one holding "
             f"between its steps{lagged}; before its first, as at its first ({given})"
         )
+
+
+V = TypeVar("V")
+
+
+def _as_of(times: Sequence[float], by_time: Mapping[float, V], at: float, before: V) -> V:
+    """What ``by_time`` held at ``at``: its value at the latest of ``times`` (its keys, in
+    order) up to ``at``; ``before`` before the first."""
+    index = bisect.bisect_right(times, at)
+    return by_time[times[index - 1]] if index else before
 
 
 # The answers a cluster's routed load moves (``moved``); the rest (pods, pools, the oldest
@@ -411,14 +419,14 @@ async def read_history(
     return History(start, end, times, read, {name: s.asked() for name, s in found.items()})
 
 
-def by_cluster(outcome: TargetDecision) -> dict[str, int]:
-    """A target's applied weights by the cluster each ref maps to (refs of one cluster added
+def by_cluster(target: Target, weights: Mapping[str, int]) -> dict[str, int]:
+    """``weights`` of ``target``'s refs by the cluster each maps to (refs of one cluster added
     up; an unmapped ref, which keeps its weight, left out): for the implicit target, whose
     refs are its clusters, the weights themselves."""
     found: dict[str, int] = {}
-    for ref, cluster in outcome.target.clusters.items():
+    for ref, cluster in target.clusters.items():
         if cluster is not None:
-            found[cluster] = found.get(cluster, 0) + outcome.applied.get(ref, 0)
+            found[cluster] = found.get(cluster, 0) + weights.get(ref, 0)
     return found
 
 
@@ -481,13 +489,7 @@ async def run(
     implicit target over the config's clusters."""
     publisher = DryRun(_Holding(target)) if target is not None else None
     driver = Driver(settings, publisher, start=history.start, journal=False)  # no log read
-    held = None
-    if target is not None:
-        clusters: dict[str, int] = {}
-        for ref in target.refs:
-            if ref.cluster is not None:
-                clusters[ref.cluster] = clusters.get(ref.cluster, 0) + ref.weight
-        held = percent(clusters)
+    held = percent(by_cluster(target, target.weights)) if target is not None else None
     summary = Summary(history.start, history.end, held)
     last: dict[str, int] | None = held  # a cluster held at 0 before is not shed by a write
     previous: float | None = None
@@ -525,7 +527,7 @@ async def run(
         weighed = report.only
         if weighed is not None and response is not None:
             decided_at.append(at)
-            decided.append(by_cluster(weighed.outcome))
+            decided.append(by_cluster(weighed.outcome.target, weighed.outcome.applied))
         if on_tick is not None:
             on_tick(at, report)
     if not seen_kv:
@@ -582,7 +584,7 @@ def _account(
     outcome = target.outcome
     summary.modes[str(outcome.decision.mode)] += 1
     if outcome.write is Write.WOULD:
-        applied = percent(by_cluster(outcome))
+        applied = percent(by_cluster(outcome.target, outcome.applied))
         summary.published.append((at, applied))
         for name, weight in applied.items():
             if weight == 0 and (last is None or last.get(name, 1) > 0):
@@ -606,7 +608,7 @@ class Trace:
     def add(self, at: float, report: TickReport, record: Record | None = None) -> None:
         recorded = record.shares.get(at) if record is not None else None
         target = report.only
-        applied = by_cluster(target.outcome) if target is not None else {}
+        applied = by_cluster(target.outcome.target, target.outcome.applied) if target else {}
         total = sum(applied.values())
         self.times.append(at)
         for name, view in report.clusters.items():
