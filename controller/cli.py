@@ -21,7 +21,6 @@ from controller.errors import ConfigError
 # Everything else is imported where a command needs it: --version, check-config and status
 # start fast, without loading the Kubernetes client, aiohttp's server or pydantic-settings.
 if TYPE_CHECKING:
-    from controller.recorded import Record
     from controller.settings import Settings
 
 EXIT_CONFIG = 2
@@ -116,9 +115,11 @@ def _parser() -> argparse.ArgumentParser:
     replay.add_argument(
         "--target",
         metavar="KEY",
-        help="the target to weigh as the controller's own record had it (its "
-        "weight_controller_target_share), and set the replay beside, as its /metrics names it "
-        "(KIND/NAMESPACE/NAME); needed where the record holds several",
+        action="append",
+        default=[],
+        help="a target to replay, weighed as the controller's own record had it (its "
+        "weight_controller_target_share) and set beside it, as its /metrics names it "
+        "(KIND/NAMESPACE/NAME); repeat for more; without it, every target the record holds",
     )
     replay.add_argument("--json", type=Path, help="also write every tick and the summary here")
     replay.add_argument(
@@ -474,16 +475,6 @@ async def _replay(settings: Settings, args: argparse.Namespace) -> int:
     step = None if args.step is None else _step(args.step)
     where = (args.querier, args.cluster_label, step)
     chosen = replay.replay_settings(settings, replay.check_overrides(args.set), *where)
-    records: list[dict[str, Any]] = []
-    trace = replay.Trace()
-    record: Record | None = None  # the controller's own, once read
-
-    def keep(at: float, report: Any) -> None:
-        if args.json is not None:
-            records.append(replay.tick_record(at, report, record))
-        if args.plot is not None:
-            trace.add(at, report, record)
-
     candidates = {
         # a candidate is the replay's own settings (the config's, with --set) with its change
         item: replay.replay_settings(
@@ -493,60 +484,77 @@ async def _replay(settings: Settings, args: argparse.Namespace) -> int:
     }
     names = [c.name for c in chosen.clusters]
     replay.recorded_split(args.recorded, names)  # a bad one refused before anything is read
+    keep = args.json is not None or args.plot is not None
     try:
         if args.plot is not None:
             replay.plotting()
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
             history = await replay.read_history(chosen, start, end, session)
-            found = await replay.record_of(chosen, start, end, session, args.target)
-        record = found.record
-        # the record's target, weighed as the live loop weighed it (its refs, its clusters);
-        # without one, the implicit target over the config's clusters
-        target = replay.recorded_target(record) if record is not None else None
-        weighed = names if target is None else [c for c in names if c in target.clusters.values()]
-        response = (
-            None if args.open_loop else replay.recorded_split(args.recorded, names, found.record)
-        )
+            founds = await replay.record_of(chosen, start, end, session, args.target)
+        # each target the record holds, weighed as the live loop weighed it (its refs, its
+        # clusters); without one, the implicit target over the config's clusters
+        held, unheld = replay.held_apart(founds)
         # what was read is kept for good, as the daemon keeps what start-up made: the
         # collector's passes over a week's history would cost more than the loop itself
         settle_collector()
-        summary = await replay.run(chosen, history, keep, response, target)
-        others = {
-            item: await replay.run(s, history, None, response, target)
-            for item, s in candidates.items()
-        }
+        runs = [
+            await replay.replay_target(
+                chosen, candidates, history, found, args.recorded, args.open_loop, keep
+            )
+            for found in held
+        ]
     except replay.ReplayError as exc:
         print(f"replay: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    recorded = replay.record_row(found, weighed, summary.hours)
     gaps = replay.gaps(history)
-    loop = replay.loop_line(response)
-    more = [*replay.target_lines(target), *replay.gap_lines(gaps)]
-    print(replay.table(summary, weighed, loop, more))
-    print(replay.record_line(recorded))
-    if others:
-        label = ",".join(args.set) or "the config's"
-        print()
-        print(replay.compared({label: summary, **others}, weighed))
+    label = ",".join(args.set) or "the config's"
+    blocks: list[dict[str, Any]] = []
+    for note in unheld:
+        print(f"({note})\n")
+    several = len(runs) > 1
+    for index, one in enumerate(runs):
+        recorded = replay.record_row(one.found, one.weighed, one.summary.hours)
+        loop = replay.loop_line(one.response)
+        weighed = set(one.weighed)
+        mine = {q: {n: g for n, g in by.items() if n in weighed} for q, by in gaps.items()}
+        more = [*replay.target_lines(one.target), *replay.gap_lines(mine)]
+        if index:
+            print()
+        title = (one.target.key if one.target else "the config's clusters") if several else ""
+        print(replay.table(one.summary, one.weighed, loop, more, title))
+        print(replay.record_line(recorded))
+        if one.compared:
+            print()
+            print(replay.compared({label: one.summary, **one.compared}, one.weighed))
+        blocks.append(
+            {
+                "target": one.target.key if one.target is not None else None,
+                "summary": one.summary.row(one.weighed),
+                "compared": {item: other.row(one.weighed) for item, other in one.compared.items()},
+                "loop": loop,
+                "recorded": recorded,
+                "ticks": one.ticks,
+            }
+        )
+    if several and not args.open_loop:
+        print(f"\n({replay.SEPARATE})")
     if args.plot is not None:  # before the JSON: a plot that fails leaves nothing written
+        traces = [(r.target.key if r.target else "the config's clusters", r.trace) for r in runs]
         try:
-            replay.plot(trace, args.plot, closed=response is not None)
+            replay.plot(traces, args.plot, closed=not args.open_loop)
         except replay.ReplayError as exc:
             print(f"replay: {exc}", file=sys.stderr)
             return EXIT_CONFIG
         print(f"\nplot written to {args.plot}")
     if args.json is not None:
         document = {
-            "target": target.key if target is not None else None,
-            "summary": summary.row(weighed),
-            "compared": {item: other.row(weighed) for item, other in others.items()},
-            "loop": loop,
-            "recorded": recorded,
+            "targets": blocks,
+            "not_held": unheld,
+            "separate": replay.SEPARATE if several and not args.open_loop else None,
             "gaps": {
                 query: {n: {"ticks": m, "first": first} for n, (m, first) in by_name.items()}
                 for query, by_name in gaps.items()
             },
-            "ticks": records,
         }
         args.json.write_text(json.dumps(document, indent=2) + "\n")
     return 0

@@ -91,18 +91,20 @@ class _Held:
     refs: Mapping[str, Mapping[str, tuple[str | None, float]]]
 
 
-async def read_record(
+async def read_records(
     queriers: Sequence[Querier],
     names: Sequence[str],
     start: float,
     end: float,
     step: float,
-    target: str | None,
-) -> Found:
-    """The record of ``target`` (``None``: the only target the record holds) over the window,
-    from the querier that holds most of its steps (a Prometheus of short retention beside a
-    Thanos of the whole window); a querier that fails is passed over and named, never fatal:
-    the record is what replay is set beside, not what it runs on."""
+    targets: Sequence[str] = (),
+) -> list[Found]:
+    """The record of each of ``targets`` (none named: every target the record holds, in
+    order) over the window, each from the querier that holds most of its steps (a Prometheus
+    of short retention beside a Thanos of the whole window); a querier that fails is passed
+    over and named, never fatal: the record is what replay is set beside, not what it runs
+    on. A target named and not held is a ``Found`` without a record, saying so; no record at
+    all, one such saying why."""
     failures: list[str] = []
     held: list[_Held] = []
     for querier in queriers:
@@ -117,23 +119,22 @@ async def read_record(
             firsts = {target: min(steps) for target, steps in by_target.items()}
             refs = _refs(read, set(names), firsts)
             held.append(_Held(querier, by_target, len(read), unread, refs))
-    targets = sorted({t for h in held for t in h.targets})
-    if not targets:
+    found = sorted({t for h in held for t in h.targets})
+    if not found:
         tried = "; ".join(failures) if failures else "none of the queriers holds it in the window"
-        return Found(None, f"no record of the controller's own weights ({METRIC}): {tried}")
-    if target is None and len(targets) > 1:
-        where = ", ".join(h.querier.base + "_range" for h in held)
-        return Found(
-            None,
-            f"the record at {where} holds targets {', '.join(targets)}: name one with --target",
-        )
-    chosen = target if target is not None else targets[0]
-    holders = [h for h in held if chosen in h.targets]
-    if not holders:
-        return Found(None, f"the record holds no target {chosen} (it holds {', '.join(targets)})")
-    best = max(holders, key=lambda h: len(h.targets[chosen]))
-    record = await _measured(best, chosen, names, start, end, step)
-    return Found(record, f"recorded: {record.describe()}")
+        return [Found(None, f"no record of the controller's own weights ({METRIC}): {tried}")]
+    records: list[Found] = []
+    for chosen in dict.fromkeys(targets) or found:  # each named once, in the order given
+        holders = [h for h in held if chosen in h.targets]
+        if not holders:
+            records.append(
+                Found(None, f"the record holds no target {chosen} (it holds {', '.join(found)})")
+            )
+            continue
+        best = max(holders, key=lambda h: len(h.targets[chosen]))
+        record = await _measured(best, chosen, names, start, end, step)
+        records.append(Found(record, f"recorded: {record.describe()}"))
+    return records
 
 
 async def _measured(

@@ -5,8 +5,9 @@ Each cluster's history is read through its querier (``Querier.history``: the liv
 templates as range queries, at the config's interval), and the real loop (health, signals,
 weights, actuation) runs a tick at each step on a virtual clock (``testing.Driver``) over
 what the live source would have read then (``answers.cluster_metrics``). Nothing is written
-anywhere: the loop decides for the target the controller's own record holds, as it held it
-(``recorded_target``), or without one for the implicit target over the config's clusters.
+anywhere: the loop decides for each target the controller's own record holds (or each
+named), as it held it (``recorded_target``), one replay after another on the history read
+once; without a record, for the implicit target over the config's clusters.
 
 The recorded signals followed the weights that were in force then, not the replayed ones. By
 default the loop is closed to first order (``Response``): each cluster's routed load (KV use,
@@ -20,7 +21,9 @@ clusters showed, tick by tick, but never what its own moves would have done.
 
 Where the controller ran over the window, its own series hold what the objects held
 (``controller.recorded``): that record is the recorded split the load is moved from, and it is
-set beside the replay in the summary, the plot and each ``--json`` tick.
+set beside the replay in the summary, the plot and each ``--json`` tick. Each target is
+replayed on its own: where two share clusters, each one's closed loop moves those clusters'
+recorded load with its own weights, never with the other's (``SEPARATE``).
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from controller.errors import ConfigError, FetchError
 from controller.model import IMPLICIT_TARGET, ClusterMetrics, Ref, Target, Write
 from controller.publish import Discovery
 from controller.publish.dryrun import DryRun
-from controller.recorded import Found, Record, read_record
+from controller.recorded import Found, Record, read_records
 from controller.render import report_json
 from controller.settings import Settings, build_settings
 from controller.settings.schema import MAX_INTERVAL
@@ -64,6 +67,12 @@ CLOSED_LOOP = (
     "closed loop, first order: each cluster's KV use, queue, running requests and request "
     "rates moved with its replayed share over its recorded share ({recorded}); local traffic "
     "is moved with them, latency's quantiles are not"
+)
+
+
+SEPARATE = (
+    "each target replayed on its own: where targets share a cluster, each one's closed loop "
+    "moves that cluster's recorded load with its own weights, not with the others'"
 )
 
 
@@ -631,9 +640,10 @@ def plotting() -> None:
         ) from exc
 
 
-def plot(trace: Trace, path: Path, closed: bool = False) -> None:
-    """Weights as replayed and KV as fed to the loop per cluster over the window (``closed``:
-    the recorded load moved with the replayed weights; else as recorded) with matplotlib (the
+def plot(traces: Sequence[tuple[str, Trace]], path: Path, closed: bool = False) -> None:
+    """For each target replayed (its label and its ``Trace``), weights as replayed and KV as
+    fed to the loop per cluster over the window (``closed``: the recorded load moved with the
+    replayed weights; else as recorded), one pair of panes a target, with matplotlib (the
     ``plot`` extra); a tick without a reading is a gap, never 0."""
     plotting()
     import matplotlib
@@ -641,26 +651,33 @@ def plot(trace: Trace, path: Path, closed: bool = False) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    start = trace.times[0] if trace.times else 0.0
-    minutes = [(t - start) / 60 for t in trace.times]
-    fig, (weights, kv) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
-    for name in trace.shares:
-        (line,) = weights.plot(minutes, trace.shares[name], label=f"{name}, replayed")
-        if not all(math.isnan(v) for v in trace.recorded[name]):
-            colour = line.get_color()
-            weights.plot(
-                minutes, trace.recorded[name], "--", color=colour, label=f"{name}, recorded"
-            )
-        kv.plot(minutes, trace.kv[name], label=name)
-    weights.set_ylabel("share of the traffic, %")
-    kv.set_ylabel("KV use, moved with the weights" if closed else "KV use, recorded")
-    kv.set_xlabel("minutes from --start")
-    weights.legend(loc="upper right")
-    weights.set_title(
-        "replay (closed loop, first order: the recorded load moved with the replayed weights)"
-        if closed
-        else "replay (open loop: the recorded KV followed the weights in force then)"
+    fig, axes = plt.subplots(
+        2 * len(traces), 1, figsize=(10, 6 * len(traces)), sharex=True, squeeze=False
     )
+    how = (
+        "closed loop, first order: the recorded load moved with the replayed weights"
+        if closed
+        else "open loop: the recorded KV followed the weights in force then"
+    )
+    for index, (label, trace) in enumerate(traces):
+        weights, kv = axes[2 * index][0], axes[2 * index + 1][0]
+        start = trace.times[0] if trace.times else 0.0
+        minutes = [(t - start) / 60 for t in trace.times]
+        for name in trace.shares:
+            if all(math.isnan(v) for v in trace.shares[name]):
+                continue  # a cluster this target has no ref to
+            (line,) = weights.plot(minutes, trace.shares[name], label=f"{name}, replayed")
+            if not all(math.isnan(v) for v in trace.recorded[name]):
+                colour = line.get_color()
+                weights.plot(
+                    minutes, trace.recorded[name], "--", color=colour, label=f"{name}, recorded"
+                )
+            kv.plot(minutes, trace.kv[name], label=name)
+        weights.set_ylabel("share of the traffic, %")
+        kv.set_ylabel("KV use, moved with the weights" if closed else "KV use, recorded")
+        weights.legend(loc="upper right")
+        weights.set_title(f"replay of {label} ({how})")
+    axes[-1][0].set_xlabel("minutes from --start")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -693,15 +710,81 @@ async def record_of(
     start: float,
     end: float,
     session: aiohttp.ClientSession,
-    target: str | None,
-) -> Found:
-    """The controller's own record over the window (``controller.recorded``), asked of the
-    queriers the replay reads, at its steps."""
+    targets: Sequence[str] = (),
+) -> list[Found]:
+    """The controller's own record over the window (``controller.recorded``) of each of
+    ``targets`` (none: every target it holds), asked of the queriers the replay reads, at its
+    steps."""
     queriers = shared_queriers(
         settings.queriers, settings.prometheus_queries, settings.scrape, session
     )
     names = [c.name for c in settings.clusters]
-    return await read_record(list(queriers.values()), names, start, end, settings.interval, target)
+    return await read_records(
+        list(queriers.values()), names, start, end, settings.interval, targets
+    )
+
+
+def held_apart(founds: Sequence[Found]) -> tuple[list[Found], list[str]]:
+    """What to replay: each target the record holds (every one read, or each named), or
+    without any the implicit target, with why there is no record; and what was named and
+    not held (one line each), said beside the replays that were run."""
+    held = [f for f in founds if f.record is not None]
+    unheld = [f.note for f in founds if f.record is None]
+    if held:
+        return held, unheld
+    return [Found(None, "; ".join(unheld))], []
+
+
+@dataclass(slots=True)
+class Run:
+    """One target replayed over the history: the record it was weighed as (``found``; none:
+    the implicit target over the config's clusters), the clusters it weighs, how the load
+    followed its weights (``response``; ``None``: open loop), what the loop did with the
+    replay's settings and with each candidate's, and each tick as ``--json`` and ``--plot``
+    keep it."""
+
+    found: Found
+    target: Target | None
+    weighed: list[str]
+    response: Response | None
+    summary: Summary
+    compared: dict[str, Summary]
+    ticks: list[dict[str, Any]]
+    trace: Trace
+
+
+async def replay_target(
+    settings: Settings,
+    candidates: Mapping[str, Settings],
+    history: History,
+    found: Found,
+    recorded: str | None = None,
+    open_loop: bool = False,
+    keep: bool = False,
+) -> Run:
+    """Replay the target ``found`` holds (``recorded_target``; without a record, or where its
+    key is no target's, the implicit one) with ``settings`` and each candidate, on the same
+    history; closed loop over its record (or ``--recorded``) unless ``open_loop``; ``keep``:
+    each tick kept for ``--json`` and ``--plot``. Each target is replayed on its own: its
+    closed loop moves its clusters' routed load with its weights alone, as with one target."""
+    record = found.record
+    target = recorded_target(record) if record is not None else None
+    names = [c.name for c in settings.clusters]
+    weighed = names if target is None else [c for c in names if c in target.clusters.values()]
+    response = None if open_loop else recorded_split(recorded, names, record)
+    ticks: list[dict[str, Any]] = []
+    trace = Trace()
+
+    def on_tick(at: float, report: TickReport) -> None:
+        ticks.append(tick_record(at, report, record))
+        trace.add(at, report, record)
+
+    summary = await run(settings, history, on_tick if keep else None, response, target)
+    compared = {
+        item: await run(other, history, None, response, target)
+        for item, other in candidates.items()
+    }
+    return Run(found, target, weighed, response, summary, compared, ticks, trace)
 
 
 def record_row(found: Found, names: Sequence[str], hours: float) -> dict[str, Any]:
@@ -811,12 +894,18 @@ def loop_line(response: Response | None) -> str:
 
 
 def table(
-    summary: Summary, names: Sequence[str], loop: str = OPEN_LOOP, more: Sequence[str] = ()
+    summary: Summary,
+    names: Sequence[str],
+    loop: str = OPEN_LOOP,
+    more: Sequence[str] = (),
+    title: str = "",
 ) -> str:
-    """The summary as printed; ``more``: lines about the history itself (``gap_lines``)."""
+    """The summary as printed; ``more``: lines about the history itself (``gap_lines``);
+    ``title``: the target it is of, where several were replayed."""
     row = summary.row(names)
     lines = [
-        f"replayed {row['ticks']} ticks ({summary.hours:.1f} h) of {', '.join(names)}",
+        f"{title}{': ' if title else ''}replayed {row['ticks']} ticks ({summary.hours:.1f} h) "
+        f"of {', '.join(names)}",
         f"  writes {row['writes']} ({row['writes_per_hour']}/h), reversals "
         f"{row['reversals_per_hour']}/h, largest step {row['largest_step']}",
         "  ticks per mode: "

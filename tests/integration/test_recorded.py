@@ -10,7 +10,7 @@ import json
 import aiohttp
 from aiohttp import web
 
-from controller.recorded import QUERY, read_record
+from controller.recorded import QUERY, read_records
 from controller.settings import build_settings
 from controller.sources.prometheus import Querier, shared_queriers
 from tests.support.servers import Server, text_handler
@@ -84,11 +84,9 @@ async def test_a_refusing_querier_is_passed_over_and_named_and_the_next_one_read
     try:
         async with aiohttp.ClientSession() as session:
             order = [refusing.url(""), empty.url(""), holder.url("")]
-            found = await read_record(
-                queriers(order, session), ["east", "west"], 100, 120, 10, None
-            )
-            none = await read_record(
-                queriers(order[:2], session), ["east", "west"], 100, 120, 10, None
+            [found] = await read_records(queriers(order, session), ["east", "west"], 100, 120, 10)
+            [none] = await read_records(
+                queriers(order[:2], session), ["east", "west"], 100, 120, 10
             )
     finally:
         for server in (refusing, empty, holder):
@@ -106,8 +104,8 @@ async def test_a_refusing_querier_is_passed_over_and_named_and_the_next_one_read
 
 async def test_the_querier_holding_most_of_the_target_is_read_and_what_failed_is_said() -> None:
     """A Prometheus of short retention (one step of llama) before a Thanos of the whole
-    window (llama and a second target, its delay refused): without --target the record
-    names both targets; with it, the Thanos is read, however the queriers are listed; a
+    window (llama and a second target, its delay refused): without a target named, both
+    are read; with one, the Thanos is read, however the queriers are listed; a
     target only the second holds is found there; the refused delay is said."""
 
     async def short(request: web.Request) -> web.Response:
@@ -132,18 +130,23 @@ async def test_the_querier_holding_most_of_the_target_is_read_and_what_failed_is
         async with aiohttp.ClientSession() as session:
             listed = queriers([s.url("") for s in servers], session)
             names = ["east", "west"]
-            both = await read_record(listed, names, 100, 120, 10, None)
-            llama = await read_record(listed, names, 100, 120, 10, "ExternalModel/llm/llama")
-            backwards = await read_record(
-                listed[::-1], names, 100, 120, 10, "ExternalModel/llm/llama"
+            both = await read_records(listed, names, 100, 120, 10)
+            [llama] = await read_records(listed, names, 100, 120, 10, ["ExternalModel/llm/llama"])
+            [backwards] = await read_records(
+                listed[::-1], names, 100, 120, 10, ["ExternalModel/llm/llama"]
             )
-            other = await read_record(listed, names, 100, 120, 10, "HTTPRoute/llm/other")
-            none = await read_record(listed, names, 100, 120, 10, "x/y/z")
+            named = await read_records(
+                listed, names, 100, 120, 10, ["HTTPRoute/llm/other", "x/y/z", "HTTPRoute/llm/other"]
+            )
     finally:
         for server in servers:
             await server.stop()
-    assert both.record is None and "name one with --target" in both.note
-    assert "ExternalModel/llm/llama, HTTPRoute/llm/other" in both.note
+    # none named: each target held, in order, each from where most of it is
+    assert [f.record.target for f in both if f.record] == [
+        "ExternalModel/llm/llama",
+        "HTTPRoute/llm/other",
+    ]
+    assert both[0].record == llama.record
     for found in (llama, backwards):
         assert found.record is not None and len(found.record.shares) == 3
         assert found.record.source == servers[1].url("/api/v1/query_range")
@@ -151,5 +154,9 @@ async def test_the_querier_holding_most_of_the_target_is_read_and_what_failed_is
         assert found.record.realised[120.0] == {"east": 0.45, "west": 0.55}
         assert found.record.delays == {}
         assert "its delay not read at 3: " in found.note and "too many samples" in found.note
+    # named: each once, in the order given; one not held said so, never fatal
+    other, none = named
     assert other.record is not None and other.record.shares[100.0] == {"east": 1.0}
+    assert other.record == both[1].record
     assert none.record is None and "holds no target x/y/z" in none.note
+    assert "ExternalModel/llm/llama, HTTPRoute/llm/other" in none.note

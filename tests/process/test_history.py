@@ -286,7 +286,7 @@ async def test_replay_sheds_the_hot_cluster_in_its_episode_and_holds_when_calm(
     assert "closed loop" in done.stdout
     assert "the config's" in done.stdout and "max_step=10" in done.stdout
     assert "  least weight each held: east 7, west 50" in done.stdout.splitlines()
-    document = json.loads(out.read_text())
+    document = json.loads(out.read_text())["targets"][0]
     east = {
         t["time"] - start: t["targets"]["configured"]["applied"]["east"] for t in document["ticks"]
     }
@@ -397,11 +397,11 @@ async def test_a_coarser_step_ticks_every_step_over_the_window(
         replay_cli, config, start, end, "--step", "1m", "--json", str(out)
     )
     assert done.returncode == 0, done.stderr
-    times = [t["time"] for t in json.loads(out.read_text())["ticks"]]
+    times = [t["time"] for t in json.loads(out.read_text())["targets"][0]["ticks"]]
     assert len(times) == HOURS * 60 + 1 and {b - a for a, b in itertools.pairwise(times)} == {60.0}
     east = {
         t["time"] - start: t["targets"]["configured"]["applied"]["east"]
-        for t in json.loads(out.read_text())["ticks"]
+        for t in json.loads(out.read_text())["targets"][0]["ticks"]
     }
     assert {w for offset, w in east.items() if offset < HOT[0]} == {50}
     assert min(w for offset, w in east.items() if HOT[0] <= offset < HOT[1]) <= 25
@@ -411,7 +411,7 @@ async def test_a_coarser_step_ticks_every_step_over_the_window(
     given = ("--set", "floor=30", "--compare", "settle=30s", "--json", str(floored))
     done = await asyncio.to_thread(replay_cli, config, start, end, "--step", "1m", *given)
     assert done.returncode == 0, done.stderr
-    document = json.loads(floored.read_text())
+    document = json.loads(floored.read_text())["targets"][0]
     assert document["summary"]["lowest"]["east"] == 30
     assert document["compared"]["settle=30s"]["lowest"]["east"] == 30
     # a step finer than Prometheus's milliseconds is read on its millisecond grid: every tick
@@ -521,7 +521,7 @@ async def test_clusters_the_config_scrapes_are_replayed_through_a_querier_named_
         subprocess.run, argv, capture_output=True, text=True, timeout=300, check=False
     )
     assert done.returncode == 0, done.stderr
-    ticks = json.loads(out.read_text())["ticks"]
+    ticks = json.loads(out.read_text())["targets"][0]["ticks"]
     east = [t["targets"]["configured"]["applied"]["east"] for t in ticks]
     assert east[0] == 50 and min(east) <= 10  # read, and shed in its episode
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # weights and KV drawn
@@ -546,20 +546,31 @@ async def test_replay_is_set_beside_the_controller_s_own_record_and_moves_load_b
         config.write_text(
             yaml.safe_dump({"interval": "10s", "queriers": [querier], "clusters": clusters})
         )
-        unnamed = await asyncio.to_thread(replay_cli, config, start, end)
+        every = tmp_path / "every.json"
+        unnamed = await asyncio.to_thread(replay_cli, config, start, end, "--json", str(every))
         out = tmp_path / "record.json"
         named = await asyncio.to_thread(
             replay_cli, config, start, end, "--target", LLAMA, "--json", str(out)
         )
         wrong = await asyncio.to_thread(replay_cli, config, start, end, "--target", "x/y/z")
     assert unnamed.returncode == 0, unnamed.stderr
-    assert f"holds targets {LLAMA}, {OTHER}: name one with --target" in unnamed.stdout
-    assert "recorded split east 50%, west 50%" in unnamed.stdout  # no record: the even split
     assert wrong.returncode == 0 and f"holds no target x/y/z (it holds {LLAMA}, {OTHER})" in (
         wrong.stdout
     )
+    assert "recorded split east 50%, west 50%" in wrong.stdout  # no record: the even split
     assert named.returncode == 0, named.stderr
-    document = json.loads(out.read_text())
+    document = json.loads(out.read_text())["targets"][0]
+    # not named, every target the record holds is replayed, each weighed as it was held and
+    # set beside its own record, on its own: llama's replay is the one --target gave
+    both = json.loads(every.read_text())["targets"]
+    assert [(b["target"], b["recorded"]["target"]) for b in both] == [
+        (LLAMA, LLAMA),
+        (OTHER, OTHER),
+    ]
+    assert both[1]["recorded"]["changes"] == 0  # other was held at 80/20 throughout
+    assert both[0]["summary"] == document["summary"] and both[0]["ticks"] == document["ticks"]
+    for key in (LLAMA, OTHER):
+        assert f"weighed {key} as the record had it" in unnamed.stdout
     record = document["recorded"]
     assert record["target"] == LLAMA and record["steps_read"] == HOURS * 360 + 1
     # shed and given back: two changes, each cluster turning once, a step of 40

@@ -681,3 +681,43 @@ def test_an_unmapped_ref_is_not_read_as_the_cluster_its_scrape_names() -> None:
     assert _refs(read, names, {"t": 10.0}) == {
         "t": {"p-east": ("east", 45.0), "p-west": ("west", 45.0), "p-far": (None, 10.0)}
     }
+
+
+async def test_each_target_held_is_replayed_on_its_own_and_what_is_not_held_is_said() -> None:
+    """Two targets over east and west, held 90/10 and 20/80: each is replayed as it was held,
+    with its own record's split moving the load, the same whether replayed alone or after
+    the other; a target named and not held is said beside them, and with nothing held the
+    implicit target is replayed, saying why."""
+    from controller.recorded import Found, Record
+    from controller.replay import held_apart, replay_target
+
+    names = ["east", "west"]
+    hot: Answers = {"kv_mean": {"east": 0.95, "west": 0.2}, "pods": {"east": 2.0, "west": 2.0}}
+    settings, history, times = steady(names, hot, 30)
+
+    def found(key: str, east: float) -> Found:
+        refs = {"e": ("east", east), "w": ("west", 100.0 - east)}
+        shares = {times[0]: {"east": east / 100, "west": 1 - east / 100}}
+        return Found(Record(key, "q", shares, len(times), refs=refs), f"recorded {key}")
+
+    llama, other = found("ExternalModel/llm/llama", 90.0), found("ExternalModel/llm/other", 20.0)
+    missing = Found(None, "the record holds no target x/y/z")
+    held, unheld = held_apart([llama, missing, other])
+    assert held == [llama, other] and unheld == [missing.note]
+    runs = [await replay_target(settings, {}, history, f, keep=True) for f in held]
+    assert [r.target.key if r.target else None for r in runs] == [
+        "ExternalModel/llm/llama",
+        "ExternalModel/llm/other",
+    ]
+    assert [r.summary.held for r in runs] == [{"east": 90, "west": 10}, {"east": 20, "west": 80}]
+    for one in runs:  # each closed loop over its own record's split
+        record = one.found.record
+        assert one.response is not None and record is not None
+        assert one.response.split(times[0]) == record.shares[times[0]]
+        assert len(one.ticks) == len(times) and one.ticks[0]["time"] == times[0]
+    alone = await replay_target(settings, {}, history, other, keep=True)
+    assert alone.summary.published == runs[1].summary.published and alone.ticks == runs[1].ticks
+    held, unheld = held_apart([missing])
+    assert held == [Found(None, missing.note)] and unheld == []
+    implicit = await replay_target(settings, {}, history, held[0])
+    assert implicit.target is None and implicit.weighed == names and implicit.ticks == []
