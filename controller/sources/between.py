@@ -181,14 +181,23 @@ def _count_evidence(state: _Identity, total: float | None) -> str | None:
 REPLICA_READS = 30
 # Processes remembered per replica: its own and those whose series may linger after restarts.
 _PROCESSES = 4
+# Seconds a replica's gauges may be off every page while another replica of its model has
+# its own on one, before it no longer counts: Ray drops a dead worker's gauges after their
+# time to live (two report intervals, ~20 s) but keeps its histograms and counters, and Ray
+# Serve routes to every live replica of a serving deployment, so one that has not stepped
+# for this long while its siblings step is gone (a replaced replica's id never comes back).
+QUIET = 60.0
 
 
 @dataclass(slots=True)
 class _Replica:
     processes: list[str] = field(default_factory=list)  # in the order first seen
     pools: dict[str, float] = field(default_factory=dict)  # by process: its pool, last seen
+    pool: float | None = None  # the last pool seen of any of its processes
     gauges: dict[str, dict[str, list[Sample]]] = field(default_factory=dict)  # likewise
     unseen: int = 0  # reads since it was last on a page
+    stepped: float | None = None  # when its gauges were last on a page
+    own: str | None = None  # the process whose gauges were, then
 
 
 class Replicas:
@@ -196,47 +205,71 @@ class Replicas:
     replica's own now, and each process's KV pool as last seen.
 
     A process restarted under the same id (a new ``WorkerId``) leaves the old process's
-    series on the page until Ray drops them (a gauge not set again within its time to live,
-    two report intervals): the process first seen most recently is the replica's, so it never
-    doubles the count. (Ray Serve replaces a dead replica under a new id: that one counts
-    beside its replacement until Ray drops it.) Ray drops vLLM's pool (``cache_config_info``,
+    series on the page: its gauges until Ray drops them (a gauge not set again within its
+    time to live, two report intervals), its histograms and counters for good. The process
+    whose gauges are on the page is the replica's, and of several, the one first seen most
+    recently, so it never doubles the count. Ray drops vLLM's pool (``cache_config_info``,
     set once at start) the same way, and an idle replica's gauges (vLLM sets them as it
-    steps): a process's pool and gauges, once seen, are kept while the replica is seen
-    (``REPLICA_READS``)."""
+    steps): a pool, once seen, is kept while the replica is seen (``REPLICA_READS``), for a
+    restarted process whose own was never seen as well (its replica's, the same engine on the
+    same GPUs); a process's gauges likewise, until ``QUIET`` says the replica is gone. (Ray
+    Serve replaces a dead replica under a new id.)"""
 
     def __init__(self) -> None:
         self._replicas: dict[str, _Replica] = {}
 
-    def current(self, replica: str, processes: Sequence[str]) -> str:
-        """The process of ``processes`` (on the page now) that is ``replica``'s: the one
-        first seen most recently. Of several first seen at once (the controller started while
-        an old process's series were still on the page) nothing tells which is new; the
-        last in sorted order is taken, and the other's series expire within Ray's time to
-        live."""
+    def current(self, replica: str, processes: Sequence[str], live: Sequence[str]) -> str:
+        """The process of ``processes`` (on the page now) that is ``replica``'s: of those
+        whose gauges are on the page (``live``), the one first seen most recently; where none
+        is (an idle replica), the one that was last. A dead process's histograms stay on the
+        page for good, so of two first seen at once (the controller started while both were
+        on it) the one whose gauges stay is the replica's; until then, nothing tells which is
+        new, and the last in sorted order is taken."""
         state = self._replicas.setdefault(replica, _Replica())
         state.unseen = 0
         state.processes += [p for p in sorted(processes) if p not in state.processes]
+        stepping = [p for p in processes if p in live]
+        if stepping:
+            state.own = max(stepping, key=state.processes.index)
+            return state.own
+        if state.own is not None and state.own in processes:  # idle: the one that stepped last
+            return state.own
         return max(processes, key=state.processes.index)
 
     def pool(self, replica: str, process: str, seen: float | None) -> tuple[float | None, bool]:
-        """The process's pool: ``seen`` on the page now, else as last seen, and whether it
-        was remembered rather than seen."""
+        """The process's pool: ``seen`` on the page now, else as last seen of it, else of
+        its replica; and whether it was remembered rather than seen."""
         state = self._replicas.setdefault(replica, _Replica())
         if seen is not None:
-            state.pools[process] = seen
+            state.pools[process] = state.pool = seen
             return seen, False
-        kept = state.pools.get(process)
+        kept = state.pools.get(process, state.pool)
         return kept, kept is not None
 
-    def gauges(self, replica: str, process: str, samples: ByName, names: Sequence[str]) -> ByName:
+    def gauges(
+        self, replica: str, process: str, samples: ByName, names: Sequence[str], now: float
+    ) -> ByName:
         """``samples`` with each of the gauges ``names`` as last seen where Ray dropped it
         (vLLM sets them only as its engine steps: an idle replica's leave the page), and
         what is on the page kept for next time."""
         state = self._replicas.setdefault(replica, _Replica())
         kept = state.gauges.setdefault(process, {})
         missing = [n for n in names if n not in samples and n in kept]
+        if any(n in samples for n in names):
+            state.stepped = now
         kept.update((n, samples[n]) for n in names if n in samples)
         return {**samples, **{n: kept[n] for n in missing}} if missing else samples
+
+    def stepped(self, replica: str, now: float) -> bool:
+        """Its gauges were on a page in this read (at ``now``)."""
+        state = self._replicas.get(replica)
+        return state is not None and state.stepped == now
+
+    def gone(self, replica: str, now: float) -> bool:
+        """Its gauges have been off every page for ``QUIET`` seconds (to be asked only while
+        another replica of its model has its own on one)."""
+        stepped = self._replicas.setdefault(replica, _Replica()).stepped
+        return stepped is None or now - stepped >= QUIET
 
     def read(self) -> None:
         """One more read done: forget replicas not seen for ``REPLICA_READS`` reads, and the

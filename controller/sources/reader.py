@@ -223,7 +223,7 @@ class PageReader:
             # a node without the row's series (a KubeRay head) holds no replica: a node
             # that answered, never a pod of unknown engine
             kvs = [kv for kv in kvs if kv.engine is not None]
-            found, wrong, refused = self._replicas_of(units, row)
+            found, wrong, refused = self._replicas_of(units, row, started)
             kvs += found
             errors += wrong
             nodes = [n for n in nodes if n.url not in refused]
@@ -333,8 +333,8 @@ class PageReader:
             # Ray drops a pool's gauge once it is not set again: kept as last seen, and said
             source = CapacityFrom.KV_BLOCKS_KEPT if remembered else CapacityFrom.KV_BLOCKS
             return replace(summary, kv_tokens=tokens, kv_tokens_from=source)
-        if pools and self._pod_tokens:  # the operator says what one pod holds
-            tokens = len(pools) * self._pod_tokens
+        if pools and self._pod_tokens:  # the operator says what a pod that does not say holds
+            tokens = sum(self._pod_tokens if p is None else p for p in pools)
             return replace(summary, kv_tokens=tokens, kv_tokens_from=CapacityFrom.KV_TOKENS_PER_POD)
         return summary
 
@@ -357,7 +357,7 @@ class PageReader:
         return _PodKV(page, engine, name, chosen, replica)
 
     def _replicas_of(
-        self, units: _Units, engine: Engine
+        self, units: _Units, engine: Engine, now: float
     ) -> tuple[list[_PodKV], list[PodError], set[str]]:
         """The replicas of the cluster's model on this read's node pages, each read as a pod
         of its own (its series alone, under its own URL: ``node#ReplicaId=…,WorkerId=…``),
@@ -372,11 +372,18 @@ class PageReader:
         wrong: list[PodError] = []
         accepted: set[str] = set()
         refused: set[str] = set()
+        gauges = [*engine.kv.names, *engine.waiting.names, *engine.running.names]
+        read: list[tuple[str, str, Page, ByName]] = []
         for replica, mine in units.items():  # the cluster's model's (``read``)
-            process = self._replicas.current(replica, list(mine))
+            live = [p for p, (_, on) in mine.items() if any(n in on for n in gauges)]
+            process = self._replicas.current(replica, list(mine), live)
             node, samples = mine[process]
-            gauges = [*engine.kv.names, *engine.waiting.names, *engine.running.names]
-            samples = self._replicas.gauges(replica, process, samples, gauges)
+            samples = self._replicas.gauges(replica, process, samples, gauges, now)
+            read.append((replica, process, node, samples))
+        stepping = any(self._replicas.stepped(replica, now) for replica, *_ in read)
+        for replica, process, node, samples in read:
+            if stepping and self._replicas.gone(replica, now):
+                continue  # a replica of a serving model that stopped stepping: gone
             name, chosen = self._kv_of(samples, engine)
             if name is None:
                 continue  # never seen with its KV use: nothing to read it by yet

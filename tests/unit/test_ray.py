@@ -14,7 +14,7 @@ from controller.exposition import Extractor, Sample
 from controller.model import CapacityFrom, ClusterMetrics, PodError, Reason
 from controller.settings import build_settings
 from controller.signals import capacity_from, pods
-from controller.sources.between import REPLICA_READS
+from controller.sources.between import QUIET, REPLICA_READS
 from controller.sources.page import (
     POD_EXTRACTOR,
     POD_GAUGES,
@@ -343,3 +343,75 @@ def test_a_fleet_whose_lines_outnumber_the_label_cache_is_read_from_it_once_grow
         for name, samples in last[url].samples.items():
             pairs = zip(samples, before[url].samples[name], strict=True)
             assert all(a.labels is b.labels for a, b in pairs)
+
+
+def test_a_replaced_replica_stops_counting_once_it_stops_stepping_beside_live_ones() -> None:
+    """Found by an audit on a real Ray head: Ray Serve replaced a dead replica (a-2) under a
+    new id (a-9); Ray dropped a-2's gauges and kept its histogram on the page, and it was
+    read from its gauges as last seen (KV 0.85, 4 waiting, its pool) for good. Now it counts
+    as last seen only until its gauges have been off the page for ``QUIET`` while a-1 and a-9
+    step; a whole model gone idle is never emptied."""
+    r = reader(A)
+    a1 = Replica(A, Load(kv=0.5, waiting=1, blocks=20_000), "a-1", "01" * 28)
+    a2 = Replica(A, Load(kv=0.85, waiting=4, blocks=30_000), "a-2", "02" * 28)
+    a9 = Replica(A, Load(kv=0.1, blocks=30_000), "a-9", "09" * 28)
+    assert read(r, [node([a1, a2])], 0.0).replicas == 2
+    dead = replace(a2, info=False, gauges=False)
+    kept = read(r, [node([a1, dead, a9])], 30.0)
+    assert (kept.replicas, kept.queue_depth) == (3, 5.0)  # within QUIET: as last seen
+    after = read(r, [node([a1, dead, a9])], 30.0 + QUIET)
+    assert (after.replicas, after.queue_depth) == (2, 1.0)
+    assert after.kv_mean == pytest.approx(0.3)
+    assert after.kv_tokens == (20_000 + 30_000) * 16
+
+    idle = reader(A)
+    both = [a1, replace(a2, load=Load(kv=0.2, blocks=30_000))]
+    assert read(idle, [node(both)], 0.0).replicas == 2
+    quiet = [replace(x, info=False, gauges=False) for x in both]
+    for at in (30.0, 30.0 + QUIET, 30.0 + 5 * QUIET):  # nothing steps: idle, not gone
+        metrics = read(idle, [node(quiet)], at)
+        assert (metrics.replicas, metrics.kv_tokens) == (2, (20_000 + 30_000) * 16), at
+
+
+def test_after_a_start_beside_a_restart_the_process_that_steps_is_the_replica_s() -> None:
+    """Found by an audit: started while a restarted replica's old worker was still on the
+    page, the controller took the worker that sorts last; its histogram never leaves the
+    page, so it read the dead worker's gauges as last seen for good. Now, once only one of
+    them steps, that one is read, and goes on being read when it goes idle too."""
+    r = reader(A)
+    old = Replica(A, Load(kv=0.95, waiting=9, completed=5000), "a-1", "ff" * 28)
+    for tick in range(6):
+        new = Replica(A, Load(kv=0.1 + 0.05 * tick, completed=10 + tick), "a-1", "00" * 28)
+        lingering = old if tick < 2 else replace(old, info=False, gauges=False)
+        metrics = read(r, [node([lingering, new])], 10.0 * tick)
+        assert metrics.replicas == 1
+        if tick >= 2:
+            assert metrics.kv_mean == pytest.approx(new.load.kv) and metrics.queue_depth == 0.0
+    idle = replace(new, info=False, gauges=False)
+    dead = replace(old, info=False, gauges=False)
+    metrics = read(r, [node([dead, idle])], 60.0)
+    assert metrics.replicas == 1 and metrics.kv_mean == pytest.approx(new.load.kv)
+
+
+def test_a_restarted_process_whose_pool_was_never_seen_has_its_replica_s() -> None:
+    """The pool is the replica's (the issue: keyed by ReplicaId): a worker restarted while
+    the controller was not reading, its info gauge dropped before it was, keeps the pool its
+    replica's earlier worker showed, said as kept, where the cluster fell to measured."""
+    r = reader(A)
+    first = Replica(A, Load(kv=0.5, blocks=20_000), "a-1", OLD)
+    assert read(r, [node([first])], 0.0).kv_tokens == 20_000 * 16
+    restarted = Replica(A, Load(kv=0.4, blocks=20_000), "a-1", NEW, info=False)
+    later = read(r, [node([restarted])], 60.0)
+    assert (later.kv_tokens, later.kv_tokens_from) == (20_000 * 16, CapacityFrom.KV_BLOCKS_KEPT)
+
+
+def test_the_configured_size_is_for_the_replicas_that_never_said_theirs() -> None:
+    """Found by an audit: one replica's pool seen, the other's never, with kv_tokens_per_pod
+    set: the configured size went to both and the seen pool was thrown away."""
+    seen = Replica(A, Load(kv=0.5, blocks=20_000), "a-1", "01" * 28)
+    unseen = Replica(A, Load(kv=0.5, blocks=30_000), "a-2", "02" * 28, info=False)
+    metrics = read(reader(A, per_pod=100_000), [node([seen, unseen])])
+    assert (metrics.kv_tokens, metrics.kv_tokens_from) == (
+        20_000 * 16 + 100_000,
+        CapacityFrom.KV_TOKENS_PER_POD,
+    )
