@@ -56,6 +56,12 @@ def renders(template: str, quantile: bool = False) -> str | None:
     return None
 
 
+def quoted(value: str) -> str:
+    """``value`` as a PromQL string: double-quoted, with Go's escapes for what it holds (a
+    label value is literal text: a backslash in it is a backslash)."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
 def selectors(name: str, suffix: str = "", family: Family | None = None) -> list[str]:
     """A selector of each spelling of ``name`` (with ``suffix``: ``_bucket``, ``_count``),
     with the matchers of ``family`` and ``$selector``. One exact name each, never a regex
@@ -63,7 +69,13 @@ def selectors(name: str, suffix: str = "", family: Family | None = None) -> list
     upgraded in place) would otherwise count twice in a sum, or fail a function
     (``timestamp``, ``rate``: "vector cannot contain metrics with the same labelset") or a
     product ("many-to-many matching")."""
-    matchers = "".join(f',{k}="{v}"' for k, v in family.match) if family else ""
+    # an engine row's values go into a template: a ``$`` of theirs is text, never a
+    # placeholder (``$$``), and each is escaped as a PromQL string
+    matchers = (
+        "".join(f",{k}={quoted(v).replace('$', '$$')}" for k, v in family.match)
+        if family
+        else ""
+    )
     return [f'{{__name__="{spelled}{suffix}"{matchers}$selector}}' for spelled in spellings(name)]
 
 

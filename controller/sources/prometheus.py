@@ -30,7 +30,7 @@ from controller.model import ClusterMetrics
 from controller.settings import ClusterSettings, PrometheusQueries, ScrapeSettings
 from controller.settings import Querier as QuerierSettings
 from controller.settings.durations import seconds
-from controller.settings.queries import render
+from controller.settings.queries import quoted, render
 from controller.sources.answers import (
     NAMES,
     POOL_PODS,
@@ -55,17 +55,13 @@ MAX_STEPS = 11_000
 
 def selector(matchers: Mapping[str, str]) -> str:
     """``{cluster: "b"}`` → ``,cluster="b"``: appended inside a template's ``{…}``."""
-    return "".join(f',{name}="{_escape(value)}"' for name, value in sorted(matchers.items()))
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return "".join(f",{name}={quoted(value)}" for name, value in sorted(matchers.items()))
 
 
 def one_of(label: str, values: Sequence[str]) -> str:
     """``,cluster=~"a|b"``: any of ``values`` (RE2, fully anchored by PromQL)."""
     pattern = "|".join(re.sub(r"([\\.+*?()|\[\]{}^$])", r"\\\1", v) for v in sorted(values))
-    return f',{label}=~"{_escape(pattern)}"'
+    return f",{label}=~{quoted(pattern)}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -99,3 +99,34 @@ async def test_a_cluster_with_no_series_names_the_query_that_came_back_empty(
     assert error["url"].endswith("(kv_mean)")
     assert error["detail"].startswith("kv_mean came back empty for cluster='nowhere'")
     assert "avg by (cluster)" in error["detail"]
+
+
+async def test_a_row_of_your_own_with_a_backslash_or_a_dollar_leaves_the_queries_whole(
+    prometheus: Prometheus,
+) -> None:
+    """Found by an audit: a row whose matcher value held a backslash passed check-config,
+    then every query of the querier carried it unescaped and Prometheus refused them all
+    (HTTP 400: every cluster of the querier unhealthy, an SGLang one too); one holding a
+    ``$`` was refused at start-up as an unknown placeholder, pages-only configs too. Each
+    value is now a PromQL string, escaped."""
+    rows = [
+        {"name": "acme", "kv": r"acme_kv{kind=a\q}", "waiting": "acme_queue", "running": "r"},
+        {"name": "zeta", "kv": 'zeta_kv{kind="fr$ction"}', "waiting": "zq", "running": "zr"},
+    ]
+    names = ["sglang-hot", "sglang-cool"]
+    settings = build_settings(
+        {
+            "engines": rows,
+            "queriers": [{"name": "hub", "url": prometheus.url, "push_interval": "1s"}],
+            "clusters": [
+                {"name": n, "prometheus": {"querier": "hub", "cluster": n}} for n in names
+            ],
+            "scrape": {"timeout": 2},
+        }
+    )
+    assert r'kind="a\\q"' in settings.prometheus_queries.kv_mean
+    async with Controller(settings, serve=False, dry_run=True) as controller:
+        report = report_json(await controller.once())
+    hot, cool = (report["clusters"][n] for n in names)
+    assert hot["healthy"] and cool["healthy"], (hot["errors"], cool["errors"])
+    assert (hot["vram_utilization"], cool["vram_utilization"]) == (0.95, 0.20)

@@ -255,3 +255,20 @@ def test_the_fakes_render_each_row_as_the_reader_reads_it(engine: str) -> None:
     assert (metrics.kv_mean, metrics.queue_depth, metrics.running) == (0.75, 3.0, 2.0)
     assert metrics.kv_tokens == 16_000
     assert metrics.replicas == (1 if row.replica_label else None)
+
+
+def test_a_row_s_dollar_is_text_on_a_page_and_in_a_query() -> None:
+    """A matcher value with a ``$`` (refused as an unknown placeholder until an audit found
+    it) reads the page's literal value and goes into the templates as ``$$``, which renders
+    to the ``$`` itself."""
+    row = {"name": "zeta", "kv": 'zeta_kv{kind="fr$ction"}', "waiting": "zq", "running": "zr"}
+    settings = build_settings(
+        {"engines": [row], "clusters": [{"name": "c", "vllm_urls": ["http://127.0.0.1/"]}]}
+    )
+    assert 'kind="fr$$ction"' in settings.prometheus_queries.kv_mean
+    reader = PageReader(settings.clusters[0], 1, settings.engine_table())
+    text = 'zeta_kv{kind="fr$ction"} 0.4\nzq 2\nzr 3\n'
+    page = read_page("http://pod/metrics", text, reader.pod_extractor)
+    assert isinstance(page, Page)
+    metrics = reader.read([page], None, 0.0, 0.0)
+    assert (metrics.engine, metrics.kv_mean, metrics.queue_depth) == ("zeta", 0.4, 2.0)
