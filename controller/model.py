@@ -111,7 +111,8 @@ class CapacityFrom(StrEnum):
     """Where a cluster's capacity came from; shown in explain and /debug/state."""
 
     KV_BLOCKS = "kv_blocks"  # Σ num_gpu_blocks × block_size of the pods (vllm:cache_config_info)
-    KV_TOKENS_PER_POD = "kv_tokens_per_pod"  # the EPP's ready endpoints × the configured size
+    # the configured size, for each of the EPP's ready endpoints or each pod without a pool
+    KV_TOKENS_PER_POD = "kv_tokens_per_pod"
     READY_ENDPOINTS = "ready_endpoints"  # the EPP's ready endpoints, in pods
     PODS = "pods"  # the pods that answered
     REPLICAS = "replicas"  # the Ray Serve replicas on the Ray nodes' pages that answered
@@ -123,6 +124,8 @@ class CapacityFrom(StrEnum):
     # KV_BLOCKS, some replicas' pools as last seen: Ray drops a gauge that is not set again
     # (vLLM sets its pool's once, at start), so a Ray Serve replica's is kept while it lives.
     KV_BLOCKS_KEPT = "kv_blocks_kept"
+    # MEASURED before it has load: its pods × the smallest pod of the target's clusters that
+    # publish their pools.
     LEARNED_PER_POD = "learned_per_pod"
 
 

@@ -164,8 +164,9 @@ LAWS: dict[str, tuple[tuple[tuple[str, str, str], ...], str]] = {
             ("DEMAND SHARE", "demand_share", ".2f"),
         ),
         "score = capacity share − demand share (above 0: room for more); capacity in KV tokens"
-        " (from: kv_blocks, kv_blocks_kept, kv_tokens_per_pod) or pods (ready_endpoints, replicas,"
-        " pods); realised/"
+        " (from: kv_blocks, kv_blocks_kept, kv_tokens_per_pod; measured, learned_per_pod where"
+        " its pages publish no pool: estimated from the target's clusters that do) or pods"
+        " (ready_endpoints, replicas, pods); realised/"
         "intended: % of the target's requests served vs asked for; '-' for unhealthy or unmapped",
     ),
     "integral": (

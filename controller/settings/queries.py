@@ -72,9 +72,7 @@ def selectors(name: str, suffix: str = "", family: Family | None = None) -> list
     # an engine row's values go into a template: a ``$`` of theirs is text, never a
     # placeholder (``$$``), and each is escaped as a PromQL string
     matchers = (
-        "".join(f",{k}={quoted(v).replace('$', '$$')}" for k, v in family.match)
-        if family
-        else ""
+        "".join(f",{k}={quoted(v).replace('$', '$$')}" for k, v in family.match) if family else ""
     )
     return [f'{{__name__="{spelled}{suffix}"{matchers}$selector}}' for spelled in spellings(name)]
 

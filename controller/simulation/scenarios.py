@@ -312,7 +312,9 @@ def unequal_gpus() -> Scenario:
 
 def mixed_engines() -> Scenario:
     """Three engines on three GPUs, one of which publishes no KV pool: the others keep what
-    they know of their hardware, and it is weighed as their mean pod (#41)."""
+    they know of their hardware, and its pool is measured against theirs (the tokens a running
+    request holds there, ``CapacityFrom.MEASURED``; before it has load, their smallest pod)
+    (#41)."""
     clusters = [
         ClusterSpec("h100", 2, BIG_GPU),
         ClusterSpec("l40s", 2, MID_GPU, engine="sglang"),

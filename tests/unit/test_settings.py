@@ -56,6 +56,12 @@ def test_example_documents_every_field_with_its_default() -> None:
     for group in groups:
         documented = example[group]
         assert set(documented) == set(type(getattr(defaults, group)).model_fields), group
+        if group == "prometheus_queries":  # built from the engine table: say what to paste
+            default = defaults.prometheus_queries.model_dump()
+            changed = {k: v for k, v in default.items() if documented.get(k) != v}
+            assert not changed, "config/example.yaml prometheus_queries:\n" + yaml.safe_dump(
+                changed, width=10_000
+            )
         assert getattr(settings, group) == getattr(defaults, group), group
     assert set(example["clusters"][1]) == set(type(settings.clusters[0]).model_fields)
     prometheus = settings.clusters[2].prometheus
