@@ -1081,7 +1081,7 @@ class Settings(BaseSettings):
         default_factory=list,
         description="Engines of your own beside the built-in rows (controller/engines.py): "
         "read from pages under auto after the built-ins, or named by clusters[].engine; the "
-        "default PromQL templates read them too.",
+        "default PromQL templates read them too (an info pool rule only with vLLM's labels).",
     )
     queriers: list[Querier] = Field(
         default_factory=list,
