@@ -38,8 +38,8 @@ def epp_url(ref: InferencePoolRef, pools: Sequence[Json], services: Sequence[Jso
     pool = _named(pools, ref.name)
     if pool is None:
         raise PoolError(Problem.NO_POOL, f"no InferencePool {where}")
-    picker = (pool.get("spec") or {}).get("endpointPickerRef")
-    if not isinstance(picker, dict) or not isinstance(picker.get("name"), str):
+    picker = _object(_object(pool.get("spec")).get("endpointPickerRef"))
+    if not isinstance(picker.get("name"), str) or not picker["name"]:
         raise PoolError(Problem.NO_EPP_REF, f"InferencePool {where} has no endpointPickerRef")
     group, kind = picker.get("group") or "", picker.get("kind") or "Service"
     if (group, kind) != ("", "Service"):
@@ -64,8 +64,8 @@ def epp_url(ref: InferencePoolRef, pools: Sequence[Json], services: Sequence[Jso
 
 
 def _url(ref: InferencePoolRef, service: Json) -> str:
-    name = str((service.get("metadata") or {}).get("name"))
-    spec = service.get("spec") or {}
+    name = str(_object(service.get("metadata")).get("name"))
+    spec = _object(service.get("spec"))
     if spec.get("type") == "ExternalName":
         raise PoolError(
             Problem.EXTERNAL_NAME,
@@ -106,7 +106,15 @@ def _url(ref: InferencePoolRef, service: Json) -> str:
 
 
 def _named(objects: Sequence[Json], name: str) -> Json | None:
-    return next((o for o in objects if (o.get("metadata") or {}).get("name") == name), None)
+    found = (_object(o) for o in objects)
+    return next((o for o in found if _object(o.get("metadata")).get("name") == name), None)
+
+
+def _object(value: object) -> Json:
+    """``value`` where it is a JSON object, else empty: an object the API server let through
+    against its schema (a ``spec`` that is a string) reads as one that says nothing, and is
+    named for what is missing, never a crash of the cluster's fetch (``internal``)."""
+    return value if isinstance(value, dict) else {}
 
 
 class PoolResolver:

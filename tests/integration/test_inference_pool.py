@@ -289,6 +289,25 @@ def test_the_url_is_the_cluster_ip_over_http_and_the_name_over_https() -> None:
         epp_url(InferencePoolRef(namespace=NS, name="p", metrics_port="x"), pools, services)
 
 
+def test_an_object_against_its_schema_is_named_for_what_it_lacks_never_a_crash() -> None:
+    """Found by an audit: a pool whose spec was a string raised AttributeError, and its
+    cluster was ``internal`` with a traceback in the log; an empty EPP name was looked up as
+    the Service "". A real API server's schema stops most of these; the controller does not
+    lean on it."""
+    ref = InferencePoolRef(namespace=NS, name="p")
+    services = [service("epp", 9090)]
+    for spec in ("oops", ["x"], {"endpointPickerRef": "epp"}, {"endpointPickerRef": {"name": ""}}):
+        broken = {"metadata": {"name": "p"}, "spec": spec}
+        with pytest.raises(PoolError, match=r"no_endpoint_picker: .* has no endpointPickerRef"):
+            epp_url(ref, [broken], services)
+    odd: list[Any] = ["a string", {"metadata": "p"}, pool("p", picker("epp"))]
+    odd_services: list[Any] = ["x", *services]
+    assert epp_url(ref, odd, odd_services) == "http://127.0.0.1:9090/metrics"
+    spec_less = {"metadata": "epp", "spec": "x"}
+    with pytest.raises(PoolError, match="no_service"):
+        epp_url(ref, [pool("p", picker("epp"))], [spec_less])
+
+
 def test_a_pool_needs_kubernetes_and_names_the_epp_once() -> None:
     base = {"interval": 1, "scrape": {"timeout": 0.5}}
     ref = {"namespace": NS, "name": "p"}
