@@ -9,7 +9,9 @@ Placeholders: ``$selector`` becomes the matchers, each with a leading comma
 cluster label, or nothing for a querier of one cluster's own) and ``$and_by`` the same after a
 comma; ``$window`` the rate window and ``$lookback`` how far back a gauge's last sample is taken
 (both follow the querier's push interval); ``$quantile`` the quantile. A ``$`` that PromQL
-itself needs (``label_replace``'s ``"$1"``) is written ``$$``. An ``ns:`` name is read under
+itself needs is written as PromQL writes it: ``label_replace``'s ``"$1"`` and ``"${1}"`` (a
+group by number is never a placeholder; ``$$`` is one ``$`` as well, and a group by name is
+written ``$$name``). An ``ns:`` name is read under
 both spellings, ``ns:x or ns_x`` (prometheus-client >= 0.23 serves ``ns_…`` to a Prometheus
 that negotiates OpenMetrics), each an exact selector of its own (``selectors``). Where a
 signal has several names, ``or`` keeps the first name's series and adds the later names'
@@ -29,18 +31,36 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from controller.engines import ENGINES, VLLM, Engine, Family, Pool, spellings
 from controller.families import EPP_LATENCY
 
+# ``string.Template``'s pattern, but a ``$`` before a digit, or before ``{digits}``, matches
+# none of its groups and stays as text (``invalid`` is what raises).
+_PLACEHOLDERS = r"""
+\$(?:
+  (?P<escaped>\$) |
+  (?P<named>[_a-z][_a-z0-9]*) |
+  {(?P<braced>[_a-z][_a-z0-9]*)} |
+  (?P<invalid>(?![0-9]|\{[0-9]+\}))
+)
+"""
+
+
+class _Template(Template):
+    """``string.Template`` whose ``$`` before a digit, or a ``{digits}``, is text: PromQL's
+    ``label_replace`` writes a capture group so (Go's ``regexp.Expand``: ``$1``, ``${1}``)."""
+
+    pattern = _PLACEHOLDERS  # type: ignore[assignment]  # Template compiles it on subclassing
+
 
 def render(template: str, selected: str, by: str, window: str, lookback: str, **extra: str) -> str:
     and_by = f", {by}" if by else ""
-    return Template(template).substitute(
+    return _Template(template).substitute(
         selector=selected, by=by, and_by=and_by, window=window, lookback=lookback, **extra
     )
 
 
 def renders(template: str, quantile: bool = False) -> str | None:
-    """Why ``template`` cannot be rendered (an unknown ``$name``, a ``$`` PromQL needs not
-    written ``$$``), or ``None``: checked at start-up, so no tick ever raises on it. Only the
-    latency quantile's template is given ``$quantile``."""
+    """Why ``template`` cannot be rendered (an unknown ``$name``, a ``$`` before neither a
+    name nor a group's number), or ``None``: checked at start-up, so no tick ever raises on
+    it. Only the latency quantile's template is given ``$quantile``."""
     extra = {"quantile": "0.5"} if quantile else {}
     try:
         render(template, ',cluster="a"', "cluster", "1m", "30s", **extra)
@@ -48,7 +68,7 @@ def renders(template: str, quantile: bool = False) -> str | None:
         known = "$selector, $by, $and_by, $window, $lookback" + (", $quantile" if quantile else "")
         return f"unknown placeholder ${exc.args[0]} (known: {known}; write a literal $ as $$)"
     except ValueError as exc:  # string.Template: "Invalid placeholder in string: line 1, col 5"
-        return f'{exc}: a $ that PromQL needs (label_replace\'s "$1") is written $$'
+        return f"{exc}: a $ is a placeholder, a group's number ($1, ${{1}}) or $$ (a $)"
     if quantile and render(template, "", "", "1m", "30s", quantile="0.5") == render(
         template, "", "", "1m", "30s", quantile="0.9"
     ):

@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from controller.errors import ConfigError
-from controller.settings import Settings, load_settings
+from controller.settings import Settings, build_settings, load_settings
+from controller.sources.prometheus import queries_for
 
 ROOT = Path(__file__).resolve().parents[2]
 MINIMAL = """\
@@ -230,11 +231,11 @@ CHECKS = [
         "kubernetes: {httproutes: [{namespace: n, name: r, backends: {svc: ghost}}]}\n",
         "kubernetes.httproutes[0].backends.svc: no cluster named 'ghost'",
     ),
-    (  # PromQL's own $1, unescaped: string.Template would raise on every tick
+    (  # a stray $: string.Template would raise on every tick
         "clusters: [{name: a, prometheus: {url: 'http://127.0.0.1:1/'}}]\n"
-        'prometheus_queries: {queue: \'sum(label_replace(x$selector, "p", "$1", "i", "(.*)"))\'}\n',
-        "prometheus_queries.queue: Invalid placeholder in string: line 1, col 37: a $ that "
-        'PromQL needs (label_replace\'s "$1") is written $$',
+        "prometheus_queries: {queue: 'sum(x$selector) $ 2'}\n",
+        "prometheus_queries.queue: Invalid placeholder in string: line 1, col 17: a $ is a "
+        "placeholder, a group's number ($1, ${1}) or $$ (a $)",
     ),
     (  # $quantile is the latency quantile's alone
         "clusters: [{name: a, prometheus: {url: 'http://127.0.0.1:1/'}}]\n"
@@ -354,3 +355,19 @@ def test_a_moved_field_set_twice_or_badly_is_refused_by_its_old_name(
     assert done.returncode == 2 and "Traceback" not in done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"config error: {line}"), done.stderr
+
+
+def test_promql_s_own_group_numbers_are_written_as_promql_writes_them() -> None:
+    """``label_replace``'s ``"$1"`` and ``"${1}"`` go to Prometheus as written (#41: they were
+    refused, and ``$$1`` asked for); ``$$`` is still one ``$``."""
+    template = 'sum by ($by) (label_replace(x$selector, "p", "$1-${2}-$$3", "i", "(.*)-(.*)"))'
+    settings = build_settings(
+        {
+            "clusters": [{"name": "a", "prometheus": {"url": "http://127.0.0.1:1/"}}],
+            "prometheus_queries": {"queue": template},
+        }
+    )
+    built = queries_for(settings.prometheus_queries, {"ns": "llm"}, "cluster")
+    assert built["queue"] == (
+        'sum by (cluster) (label_replace(x,ns="llm", "p", "$1-${2}-$3", "i", "(.*)-(.*)"))'
+    )
