@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from controller.engines import AUTO, ENGINES, Family, spellings
@@ -272,3 +274,24 @@ def test_a_row_s_dollar_is_text_on_a_page_and_in_a_query() -> None:
     assert isinstance(page, Page)
     metrics = reader.read([page], None, 0.0, 0.0)
     assert (metrics.engine, metrics.kv_mean, metrics.queue_depth) == ("zeta", 0.4, 2.0)
+
+
+def test_the_readme_s_engine_table_has_a_line_for_each_row_as_the_row_is() -> None:
+    """controller/README.md's engine table is written by hand (names shortened where a
+    column repeats a prefix); each built-in row has its line there, with its KV family's
+    first name (and matchers), its latency histogram and its model label as the row has them
+    (found by an audit of #41: nothing held the table to the rows)."""
+    readme = (Path(__file__).parents[2] / "controller" / "README.md").read_text()
+    lines = {
+        line.split("|")[1].strip().strip("`"): line
+        for line in readme.splitlines()
+        if line.startswith("| `")
+    }
+    for name, engine in ENGINES.items():
+        line = lines.get(name)
+        assert line is not None, f"no line for {name} in controller/README.md's engine table"
+        first = engine.kv.names[0]
+        matchers = ",".join(f'{k}="{v}"' for k, v in engine.kv.match)
+        assert f"`{first}{{{matchers}}}`" in line if matchers else f"`{first}`" in line, name
+        assert f"`{engine.latency}`" in line if engine.latency else "| — |" in line, name
+        assert f"| `{engine.model_label}` |" in line, name
