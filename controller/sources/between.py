@@ -181,12 +181,13 @@ def _count_evidence(state: _Identity, total: float | None) -> str | None:
 REPLICA_READS = 30
 # Processes remembered per replica: its own and those whose series may linger after restarts.
 _PROCESSES = 4
-# Seconds a replica's gauges may be off every page while another replica of its model has
-# its own on one, before it no longer counts: Ray drops a dead worker's gauges after their
-# time to live (two report intervals, ~20 s) but keeps its histograms and counters, and Ray
-# Serve routes to every live replica of a serving deployment, so one that has not stepped
-# for this long while its siblings step is gone (a replaced replica's id never comes back).
-QUIET = 60.0
+# Reads in which a replica's gauges are off every page while another replica of its model
+# has requests waiting, before it no longer counts. Ray drops a dead worker's gauges after their
+# time to live (two report intervals, ~20 s) but keeps its histograms and counters on the
+# page for good; Ray Serve's router sends a request to the less loaded of two replicas drawn
+# at random (ray serve/_private/request_router/pow_2_router.py), so a live one does not sit
+# idle for long beside a sibling that queues (at low load one may: it counts, idle).
+QUIET_READS = 6
 
 
 @dataclass(slots=True)
@@ -196,7 +197,7 @@ class _Replica:
     pool: float | None = None  # the last pool seen of any of its processes
     gauges: dict[str, dict[str, list[Sample]]] = field(default_factory=dict)  # likewise
     unseen: int = 0  # reads since it was last on a page
-    stepped: float | None = None  # when its gauges were last on a page
+    quiet: int = 0  # reads since its gauges were last on one in which another queued
     own: str | None = None  # the process whose gauges were, then
 
 
@@ -208,12 +209,13 @@ class Replicas:
     series on the page: its gauges until Ray drops them (a gauge not set again within its
     time to live, two report intervals), its histograms and counters for good. The process
     whose gauges are on the page is the replica's, and of several, the one first seen most
-    recently, so it never doubles the count. Ray drops vLLM's pool (``cache_config_info``,
-    set once at start) the same way, and an idle replica's gauges (vLLM sets them as it
-    steps): a pool, once seen, is kept while the replica is seen (``REPLICA_READS``), for a
-    restarted process whose own was never seen as well (its replica's, the same engine on the
-    same GPUs); a process's gauges likewise, until ``QUIET`` says the replica is gone. (Ray
-    Serve replaces a dead replica under a new id.)"""
+    recently, so it never doubles the count. vLLM sets its gauges as its engine steps: a
+    replica whose gauges Ray dropped is not stepping, so nothing runs or waits there and it
+    holds no blocks, and it reads so (``gauges``), whether it is idle or dead (a replaced
+    one: Ray Serve gives its successor a new id); one that stays so while another of its
+    model has requests waiting is gone (``gone``). vLLM sets its pool's gauge
+    (``cache_config_info``) once, at start: a pool, once seen, is kept while the replica is
+    seen (``REPLICA_READS``), for a process restarted under its id as well."""
 
     def __init__(self) -> None:
         self._replicas: dict[str, _Replica] = {}
@@ -221,10 +223,10 @@ class Replicas:
     def current(self, replica: str, processes: Sequence[str], live: Sequence[str]) -> str:
         """The process of ``processes`` (on the page now) that is ``replica``'s: of those
         whose gauges are on the page (``live``), the one first seen most recently; where none
-        is (an idle replica), the one that was last. A dead process's histograms stay on the
-        page for good, so of two first seen at once (the controller started while both were
-        on it) the one whose gauges stay is the replica's; until then, nothing tells which is
-        new, and the last in sorted order is taken."""
+        is (the replica is not stepping), the one that was last. A dead process's histograms
+        stay on the page for good, so of two first seen at once (the controller started while
+        both were on it) the one whose gauges stay is the replica's; until then, nothing tells
+        which is new, and the last in sorted order is taken."""
         state = self._replicas.setdefault(replica, _Replica())
         state.unseen = 0
         state.processes += [p for p in sorted(processes) if p not in state.processes]
@@ -232,7 +234,7 @@ class Replicas:
         if stepping:
             state.own = max(stepping, key=state.processes.index)
             return state.own
-        if state.own is not None and state.own in processes:  # idle: the one that stepped last
+        if state.own is not None and state.own in processes:
             return state.own
         return max(processes, key=state.processes.index)
 
@@ -247,29 +249,33 @@ class Replicas:
         return kept, kept is not None
 
     def gauges(
-        self, replica: str, process: str, samples: ByName, names: Sequence[str], now: float
+        self, replica: str, process: str, samples: ByName, names: Sequence[str], queued: bool
     ) -> ByName:
-        """``samples`` with each of the gauges ``names`` as last seen where Ray dropped it
-        (vLLM sets them only as its engine steps: an idle replica's leave the page), and
-        what is on the page kept for next time."""
+        """``samples`` with the gauges ``names`` as the replica is: where none is on the
+        page (Ray dropped them: the engine is not stepping), each as last seen of the
+        replica's process at 0, nothing running, waiting or held; where only some are, the
+        others as last seen. What is on the page is kept for next time. ``queued``: another
+        replica of its model has requests waiting in this read (``gone`` counts those)."""
         state = self._replicas.setdefault(replica, _Replica())
         kept = state.gauges.setdefault(process, {})
+        if not any(n in samples for n in names):
+            state.quiet += queued
+            idle = {
+                n: [s._replace(value=0.0, timestamp=None) for s in kept[n]]
+                for n in names
+                if n in kept
+            }
+            return {**samples, **idle} if idle else samples
+        state.quiet = 0
         missing = [n for n in names if n not in samples and n in kept]
-        if any(n in samples for n in names):
-            state.stepped = now
         kept.update((n, samples[n]) for n in names if n in samples)
         return {**samples, **{n: kept[n] for n in missing}} if missing else samples
 
-    def stepped(self, replica: str, now: float) -> bool:
-        """Its gauges were on a page in this read (at ``now``)."""
+    def gone(self, replica: str) -> bool:
+        """Its gauges have been off every page for ``QUIET_READS`` reads in which another
+        replica of its model had requests waiting (to be asked only while one has)."""
         state = self._replicas.get(replica)
-        return state is not None and state.stepped == now
-
-    def gone(self, replica: str, now: float) -> bool:
-        """Its gauges have been off every page for ``QUIET`` seconds (to be asked only while
-        another replica of its model has its own on one)."""
-        stepped = self._replicas.setdefault(replica, _Replica()).stepped
-        return stepped is None or now - stepped >= QUIET
+        return state is not None and state.quiet >= QUIET_READS
 
     def read(self) -> None:
         """One more read done: forget replicas not seen for ``REPLICA_READS`` reads, and the

@@ -223,7 +223,7 @@ class PageReader:
             # a node without the row's series (a KubeRay head) holds no replica: a node
             # that answered, never a pod of unknown engine
             kvs = [kv for kv in kvs if kv.engine is not None]
-            found, wrong, refused = self._replicas_of(units, row, started)
+            found, wrong, refused = self._replicas_of(units, row)
             kvs += found
             errors += wrong
             nodes = [n for n in nodes if n.url not in refused]
@@ -357,7 +357,7 @@ class PageReader:
         return _PodKV(page, engine, name, chosen, replica)
 
     def _replicas_of(
-        self, units: _Units, engine: Engine, now: float
+        self, units: _Units, engine: Engine
     ) -> tuple[list[_PodKV], list[PodError], set[str]]:
         """The replicas of the cluster's model on this read's node pages, each read as a pod
         of its own (its series alone, under its own URL: ``node#ReplicaId=…,WorkerId=…``),
@@ -366,24 +366,28 @@ class PageReader:
         whose every replica of the model was refused (they do not count as answering).
 
         A replica whose gauges Ray dropped (vLLM sets them as its engine steps; an idle one
-        stops, and Ray drops a gauge not set again) while its other series stay is read from
-        its gauges as last seen (``Replicas.gauges``), never as gone."""
+        stops, and Ray drops a gauge not set again) while its other series stay is read as
+        not stepping: nothing running, waiting or held (``Replicas.gauges``); it is gone only
+        once it stays so while another replica of the model has requests waiting
+        (``Replicas.gone``)."""
         found: list[_PodKV] = []
         wrong: list[PodError] = []
         accepted: set[str] = set()
         refused: set[str] = set()
         gauges = [*engine.kv.names, *engine.waiting.names, *engine.running.names]
-        read: list[tuple[str, str, Page, ByName]] = []
+        picked: list[tuple[str, str, Page, ByName]] = []
+        queued = False  # a replica of the model that steps has requests waiting
         for replica, mine in units.items():  # the cluster's model's (``read``)
             live = [p for p, (_, on) in mine.items() if any(n in on for n in gauges)]
             process = self._replicas.current(replica, list(mine), live)
             node, samples = mine[process]
-            samples = self._replicas.gauges(replica, process, samples, gauges, now)
-            read.append((replica, process, node, samples))
-        stepping = any(self._replicas.stepped(replica, now) for replica, *_ in read)
-        for replica, process, node, samples in read:
-            if stepping and self._replicas.gone(replica, now):
-                continue  # a replica of a serving model that stopped stepping: gone
+            if process in live:
+                queued = queued or any(_pod_total(samples, engine.waiting, self._keep(engine)))
+            picked.append((replica, process, node, samples))
+        for replica, process, node, samples in picked:
+            samples = self._replicas.gauges(replica, process, samples, gauges, queued)
+            if queued and self._replicas.gone(replica):
+                continue  # not stepping beside a sibling that queues: gone
             name, chosen = self._kv_of(samples, engine)
             if name is None:
                 continue  # never seen with its KV use: nothing to read it by yet

@@ -14,7 +14,7 @@ from controller.exposition import Extractor, Sample
 from controller.model import CapacityFrom, ClusterMetrics, PodError, Reason
 from controller.settings import build_settings
 from controller.signals import capacity_from, pods
-from controller.sources.between import QUIET, REPLICA_READS
+from controller.sources.between import QUIET_READS, REPLICA_READS
 from controller.sources.page import (
     POD_EXTRACTOR,
     POD_GAUGES,
@@ -180,10 +180,11 @@ def by_model(metrics: ClusterMetrics) -> tuple[float | None, ...]:
 # ---- what a stranger's review of #42 found ---------------------------------------------------
 
 
-def test_an_idle_replica_whose_gauges_ray_dropped_is_read_as_last_seen() -> None:
+def test_an_idle_replica_whose_gauges_ray_dropped_is_read_as_idle() -> None:
     """vLLM sets its gauges as its engine steps; an idle replica's are dropped by Ray while
-    its histogram stays. It is still a replica, read from its gauges as last seen: a fully
-    idle cluster is healthy, not missing."""
+    its histogram stays. It is still a replica, and it holds nothing: not stepping, nothing
+    runs or waits there (until 2026-12-07 it was read as last seen, which left a crashed
+    worker's load on the page for good). A fully idle cluster is healthy, not missing."""
     r = reader(A)
     read(r, [node(TWO_MODELS)])
     idle = [
@@ -191,7 +192,7 @@ def test_an_idle_replica_whose_gauges_ray_dropped_is_read_as_last_seen() -> None
     ]
     metrics = read(r, [node(idle)], 10.0)
     assert metrics.errors == ()
-    assert by_model(metrics) == pytest.approx((2.0, 0.90, 12.0, 6.0))
+    assert by_model(metrics) == (2.0, 0.0, 0.0, 0.0)
     assert metrics.kv_tokens == (20_000 + 30_000) * 16
 
 
@@ -345,39 +346,51 @@ def test_a_fleet_whose_lines_outnumber_the_label_cache_is_read_from_it_once_grow
             assert all(a.labels is b.labels for a, b in pairs)
 
 
-def test_a_replaced_replica_stops_counting_once_it_stops_stepping_beside_live_ones() -> None:
+def test_a_replica_that_stopped_stepping_reads_idle_and_is_gone_beside_a_queue() -> None:
     """Found by an audit on a real Ray head: Ray Serve replaced a dead replica (a-2) under a
     new id (a-9); Ray dropped a-2's gauges and kept its histogram on the page, and it was
-    read from its gauges as last seen (KV 0.85, 4 waiting, its pool) for good. Now it counts
-    as last seen only until its gauges have been off the page for ``QUIET`` while a-1 and a-9
-    step; a whole model gone idle is never emptied."""
+    read from its gauges as last seen (KV 0.85, 4 waiting) for good. A replica not stepping
+    holds nothing: it reads idle, and once it has stayed so for ``QUIET_READS`` while a
+    sibling queues (Ray Serve would have sent it work) it is gone. A review found the first
+    fix (gone after a minute beside any sibling that stepped) dropped a live replica at low
+    load and swung the cluster's capacity: beside siblings that do not queue it counts."""
     r = reader(A)
     a1 = Replica(A, Load(kv=0.5, waiting=1, blocks=20_000), "a-1", "01" * 28)
     a2 = Replica(A, Load(kv=0.85, waiting=4, blocks=30_000), "a-2", "02" * 28)
     a9 = Replica(A, Load(kv=0.1, blocks=30_000), "a-9", "09" * 28)
-    assert read(r, [node([a1, a2])], 0.0).replicas == 2
+    assert read(r, [node([a1, a2])]).replicas == 2
     dead = replace(a2, info=False, gauges=False)
-    kept = read(r, [node([a1, dead, a9])], 30.0)
-    assert (kept.replicas, kept.queue_depth) == (3, 5.0)  # within QUIET: as last seen
-    after = read(r, [node([a1, dead, a9])], 30.0 + QUIET)
+    for _ in range(QUIET_READS - 1):
+        kept = read(r, [node([a1, dead, a9])])
+        assert (kept.replicas, kept.queue_depth, kept.kv_max) == (3, 1.0, 0.5)  # idle, not 0.85
+        assert kept.kv_mean == pytest.approx(0.2)
+    after = read(r, [node([a1, dead, a9])])
     assert (after.replicas, after.queue_depth) == (2, 1.0)
-    assert after.kv_mean == pytest.approx(0.3)
-    assert after.kv_tokens == (20_000 + 30_000) * 16
+    assert after.kv_mean == pytest.approx(0.3) and after.kv_tokens == (20_000 + 30_000) * 16
 
-    idle = reader(A)
-    both = [a1, replace(a2, load=Load(kv=0.2, blocks=30_000))]
-    assert read(idle, [node(both)], 0.0).replicas == 2
-    quiet = [replace(x, info=False, gauges=False) for x in both]
-    for at in (30.0, 30.0 + QUIET, 30.0 + 5 * QUIET):  # nothing steps: idle, not gone
-        metrics = read(idle, [node(quiet)], at)
-        assert (metrics.replicas, metrics.kv_tokens) == (2, (20_000 + 30_000) * 16), at
+    calm = reader(A)  # the siblings step and nobody queues: low load, a-2 idle counts
+    quiet = replace(a1, load=Load(kv=0.3, blocks=20_000))
+    read(calm, [node([quiet, a2])])
+    for _ in range(3 * QUIET_READS):
+        metrics = read(calm, [node([quiet, dead])])
+        assert (metrics.replicas, metrics.kv_tokens) == (2, (20_000 + 30_000) * 16)
+        assert metrics.kv_mean == pytest.approx(0.15)
+
+    idle = reader(A)  # nothing steps: a model gone idle is never emptied
+    read(idle, [node([a1, a2])])
+    asleep = [replace(x, info=False, gauges=False) for x in (a1, a2)]
+    for _ in range(3 * QUIET_READS):
+        metrics = read(idle, [node(asleep)])
+        assert (metrics.replicas, metrics.kv_mean, metrics.queue_depth) == (2, 0.0, 0.0)
 
 
 def test_after_a_start_beside_a_restart_the_process_that_steps_is_the_replica_s() -> None:
     """Found by an audit: started while a restarted replica's old worker was still on the
     page, the controller took the worker that sorts last; its histogram never leaves the
     page, so it read the dead worker's gauges as last seen for good. Now, once only one of
-    them steps, that one is read, and goes on being read when it goes idle too."""
+    them steps, that one is read; when neither does, the replica holds nothing (a review
+    found the dead worker's 0.95 and 9 waiting read for good while the new one waited for
+    work)."""
     r = reader(A)
     old = Replica(A, Load(kv=0.95, waiting=9, completed=5000), "a-1", "ff" * 28)
     for tick in range(6):
@@ -387,10 +400,15 @@ def test_after_a_start_beside_a_restart_the_process_that_steps_is_the_replica_s(
         assert metrics.replicas == 1
         if tick >= 2:
             assert metrics.kv_mean == pytest.approx(new.load.kv) and metrics.queue_depth == 0.0
-    idle = replace(new, info=False, gauges=False)
-    dead = replace(old, info=False, gauges=False)
+    dead, idle = (replace(x, info=False, gauges=False) for x in (old, new))
     metrics = read(r, [node([dead, idle])], 60.0)
-    assert metrics.replicas == 1 and metrics.kv_mean == pytest.approx(new.load.kv)
+    assert (metrics.replicas, metrics.kv_mean, metrics.queue_depth) == (1, 0.0, 0.0)
+
+    crashed = reader(A)  # the old worker crashed before the controller saw the new one step
+    read(crashed, [node([old])])
+    waiting = Replica(A, Load(kv=0.0, completed=0), "a-1", "00" * 28, gauges=False)
+    metrics = read(crashed, [node([replace(old, info=False, gauges=False), waiting])])
+    assert (metrics.replicas, metrics.kv_mean, metrics.queue_depth) == (1, 0.0, 0.0)
 
 
 def test_a_restarted_process_whose_pool_was_never_seen_has_its_replica_s() -> None:
