@@ -18,6 +18,7 @@ carries) or when the Service is headless.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,6 +28,8 @@ from controller.settings import InferencePoolRef
 from controller.sources.discovery import PoolError, Problem
 
 POOLS = ("inference.networking.k8s.io", "v1", "inferencepools")
+# A Service's name is a DNS-1035 label (Kubernetes' validation): it goes into the URL read.
+_SERVICE_NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
 SERVICES = ("", "v1", "services")
 Json = dict[str, Any]
 
@@ -41,7 +44,8 @@ def epp_url(ref: InferencePoolRef, pools: Sequence[Json], services: Sequence[Jso
     picker = _object(_object(pool.get("spec")).get("endpointPickerRef"))
     if not isinstance(picker.get("name"), str) or not picker["name"]:
         raise PoolError(Problem.NO_EPP_REF, f"InferencePool {where} has no endpointPickerRef")
-    group, kind = picker.get("group") or "", picker.get("kind") or "Service"
+    group, kind = picker.get("group"), picker.get("kind")
+    group, kind = "" if group is None else group, "Service" if kind is None else kind
     if (group, kind) != ("", "Service"):
         raise PoolError(
             Problem.NO_EPP_REF,
@@ -53,6 +57,12 @@ def epp_url(ref: InferencePoolRef, pools: Sequence[Json], services: Sequence[Jso
             Problem.NOT_PINNED,
             f"InferencePool {where} names Service {picker['name']} for its EPP, not "
             f"{ref.service} (inference_pool.service): not read, and no token sent there",
+        )
+    if not _SERVICE_NAME.fullmatch(picker["name"]):
+        raise PoolError(
+            Problem.NO_EPP_REF,
+            f"InferencePool {where}'s endpointPickerRef names {picker['name']!r}, which is no "
+            "Service's name",
         )
     service = _named(services, picker["name"])
     if service is None:
@@ -78,7 +88,8 @@ def _url(ref: InferencePoolRef, service: Json) -> str:
             f"Service {ref.namespace}/{name} selects no pods: its endpoints are written by "
             "hand and may point anywhere, so it is not read (nor sent a token)",
         )
-    ports = [p for p in spec.get("ports") or [] if isinstance(p, dict)]
+    listed = spec.get("ports")
+    ports = [p for p in listed if isinstance(p, dict)] if isinstance(listed, list) else []
     entry = next((p for p in ports if p.get("name") == ref.metrics_port), None)
     if entry is None:
         named = ", ".join(f"{p.get('name')}={p.get('port')}" for p in ports) or "none"
@@ -92,7 +103,7 @@ def _url(ref: InferencePoolRef, service: Json) -> str:
     # a headless Service's name resolves to the pods: their port is its targetPort (which
     # defaults to the port; a named one is the pods' own to resolve, not ours)
     port = entry.get("targetPort", entry.get("port")) if headless else entry.get("port")
-    if not isinstance(port, int) or not 1 <= port <= 65535:
+    if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
         raise PoolError(
             Problem.NO_METRICS_PORT,
             f"Service {ref.namespace}/{name}'s port {ref.metrics_port} leads to {port!r}, "

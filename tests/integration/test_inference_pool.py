@@ -306,6 +306,25 @@ def test_an_object_against_its_schema_is_named_for_what_it_lacks_never_a_crash()
     spec_less = {"metadata": "epp", "spec": "x"}
     with pytest.raises(PoolError, match="no_service"):
         epp_url(ref, [pool("p", picker("epp"))], [spec_less])
+    # found by a review: ports that are not a list raised TypeError, a port of True was read
+    # as a number, an empty group as the core group, and a name no Service can have went
+    # into the URL
+    pools = [pool("p", picker("epp"))]
+    for ports in (9090, True, "http-metrics", {"name": "http-metrics"}, ["x", 1]):
+        odd_ports = service("epp", 9090)
+        odd_ports["spec"]["ports"] = ports
+        with pytest.raises(PoolError, match="no_metrics_port"):
+            epp_url(ref, pools, [odd_ports])
+    flagged = service("epp", 9090)
+    flagged["spec"]["ports"][1]["port"] = True
+    with pytest.raises(PoolError, match="leads to True, not a port number"):
+        epp_url(ref, pools, [flagged])
+    grouped = {"metadata": {"name": "p"}, "spec": {"endpointPickerRef": {"name": "e", "group": {}}}}
+    with pytest.raises(PoolError, match=r"of group \{\}, not a Service"):
+        epp_url(ref, [grouped], services)
+    evil = "evil.example:443/x?"
+    with pytest.raises(PoolError, match="which is no Service's name"):
+        epp_url(ref, [pool("p", picker(evil))], [service(evil, 9090)])
 
 
 def test_a_pool_needs_kubernetes_and_names_the_epp_once() -> None:
