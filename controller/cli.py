@@ -484,7 +484,6 @@ async def _replay(settings: Settings, args: argparse.Namespace) -> int:
     }
     names = [c.name for c in chosen.clusters]
     replay.recorded_split(args.recorded, names)  # a bad one refused before anything is read
-    keep = args.json is not None or args.plot is not None
     try:
         if args.plot is not None:
             replay.plotting()
@@ -493,13 +492,25 @@ async def _replay(settings: Settings, args: argparse.Namespace) -> int:
             founds = await replay.record_of(chosen, start, end, session, args.target)
         # each target the record holds, weighed as the live loop weighed it (its refs, its
         # clusters); without one, the implicit target over the config's clusters
-        held, unheld = replay.held_apart(founds)
+        held, unheld = replay.held_apart(founds, named=bool(args.target))
+        if args.recorded is not None and len(held) > 1:
+            raise replay.ReplayError(
+                f"--recorded gives one split for every target, and the record holds "
+                f"{len(held)}: name the one it is for with --target"
+            )
         # what was read is kept for good, as the daemon keeps what start-up made: the
         # collector's passes over a week's history would cost more than the loop itself
         settle_collector()
         runs = [
             await replay.replay_target(
-                chosen, candidates, history, found, args.recorded, args.open_loop, keep
+                chosen,
+                candidates,
+                history,
+                found,
+                args.recorded,
+                args.open_loop,
+                ticks=args.json is not None,
+                trace=args.plot is not None,
             )
             for found in held
         ]
@@ -536,7 +547,8 @@ async def _replay(settings: Settings, args: argparse.Namespace) -> int:
                 "ticks": one.ticks,
             }
         )
-    if several and not args.open_loop:
+    separate = replay.shared(runs) and not args.open_loop
+    if separate:
         print(f"\n({replay.SEPARATE})")
     if args.plot is not None:  # before the JSON: a plot that fails leaves nothing written
         traces = [(r.target.key if r.target else "the config's clusters", r.trace) for r in runs]
@@ -549,8 +561,8 @@ async def _replay(settings: Settings, args: argparse.Namespace) -> int:
     if args.json is not None:
         document = {
             "targets": blocks,
-            "not_held": unheld,
-            "separate": replay.SEPARATE if several and not args.open_loop else None,
+            "not_replayed": unheld,
+            "separate": replay.SEPARATE if separate else None,
             "gaps": {
                 query: {n: {"ticks": m, "first": first} for n, (m, first) in by_name.items()}
                 for query, by_name in gaps.items()

@@ -103,10 +103,12 @@ async def read_records(
     order) over the window, each from the querier that holds most of its steps (a Prometheus
     of short retention beside a Thanos of the whole window); a querier that fails is passed
     over and named, never fatal: the record is what replay is set beside, not what it runs
-    on. A target named and not held is a ``Found`` without a record, saying so; no record at
-    all, one such saying why."""
+    on. A target named and not held is a ``Found`` without a record, saying so, and so is
+    each target held over none of the config's clusters; no record at all, one such saying
+    why."""
     failures: list[str] = []
     held: list[_Held] = []
+    seen: set[str] = set()  # every target the record names, over any cluster
     for querier in queriers:
         read = await querier.series_over(QUERY, start, end, step)
         errors = [a for a in read.values() if isinstance(a, FetchError)]
@@ -114,21 +116,40 @@ async def read_records(
             failures.append(f"{querier.base}_range: {errors[0].detail}")
             continue
         unread = f"{len(errors)} not read: {errors[0].detail}" if errors else ""
+        seen.update(
+            labels.get("target", "")
+            for series in read.values()
+            if not isinstance(series, FetchError)
+            for labels, _ in series
+        )
         by_target = _by_target(read, set(names))
         if by_target:
             firsts = {target: min(steps) for target, steps in by_target.items()}
             refs = _refs(read, set(names), firsts)
             held.append(_Held(querier, by_target, len(read), unread, refs))
     found = sorted({t for h in held for t in h.targets})
-    if not found:
+    # the targets over clusters the config does not read: said, never replayed
+    away = {
+        t: Found(None, f"the record holds {t} only over clusters the config does not read")
+        for t in sorted(seen - set(found) - {""})
+    }
+    if not found and not targets:
         tried = "; ".join(failures) if failures else "none of the queriers holds it in the window"
-        return [Found(None, f"no record of the controller's own weights ({METRIC}): {tried}")]
-    records: list[Found] = []
+        return [
+            *away.values(),
+            Found(None, f"no record of the controller's own weights ({METRIC}): {tried}"),
+        ]
+    records: list[Found] = [] if targets else list(away.values())
     for chosen in dict.fromkeys(targets) or found:  # each named once, in the order given
         holders = [h for h in held if chosen in h.targets]
+        if chosen in away:
+            records.append(away[chosen])
+            continue
         if not holders:
+            held_list = ", ".join(found) or "none over the config's clusters"
+            tried = f"; {'; '.join(failures)}" if failures and not found else ""
             records.append(
-                Found(None, f"the record holds no target {chosen} (it holds {', '.join(found)})")
+                Found(None, f"the record holds no target {chosen} (it holds {held_list}){tried}")
             )
             continue
         best = max(holders, key=lambda h: len(h.targets[chosen]))

@@ -508,7 +508,12 @@ async def run(
     decided_at: list[float] = []
     decided: list[Mapping[str, int]] = []
     groups = _movable(history)
-    queriers = list({id(answers): answers for answers, _ in groups}.values())
+    # what the summary counts is the weighed target's: its clusters' health and readings, and
+    # the queriers that read them (another target's are in its own summary)
+    mine = set(history.answers) if target is None else set(by_cluster(target, target.weights))
+    queriers = list(
+        {id(a): a for a, members in groups if any(n in mine for n, _ in members)}.values()
+    )
     for at in history.times:
         failed: dict[str, FetchError] = {}  # once a tick per query, whichever queriers failed
         for answers in queriers:
@@ -528,11 +533,11 @@ async def run(
             read = moved(answers[at], {label: factors.get(n, 1.0) for n, label in members})
             for name, _ in members:
                 metrics[name] = cluster_metrics(name, read, history.asked[name], at, 0.0, previous)
-        summary.unknown += sum(1 for m in metrics.values() if m.kv_mean is None)
+        summary.unknown += sum(1 for n, m in metrics.items() if n in mine and m.kv_mean is None)
         seen_kv = seen_kv or any(m.kv_mean is not None for m in metrics.values())
         report = await driver.tick(at, metrics)
         previous = at
-        last = _account(summary, at, report, last)
+        last = _account(summary, at, report, last, mine)
         weighed = report.only
         if weighed is not None and response is not None:
             decided_at.append(at)
@@ -581,11 +586,15 @@ async def replay(
 
 
 def _account(
-    summary: Summary, at: float, report: TickReport, last: dict[str, int] | None
+    summary: Summary,
+    at: float,
+    report: TickReport,
+    last: dict[str, int] | None,
+    mine: set[str],
 ) -> dict[str, int] | None:
     summary.ticks += 1
     for name, view in report.clusters.items():
-        if view.health is not None and view.health.changed:
+        if name in mine and view.health is not None and view.health.changed:
             summary.health_changes[name] += 1
     target = report.only  # replay weighs one target: the implicit one, or the record's
     if target is None:
@@ -724,15 +733,25 @@ async def record_of(
     )
 
 
-def held_apart(founds: Sequence[Found]) -> tuple[list[Found], list[str]]:
+def held_apart(founds: Sequence[Found], named: bool = False) -> tuple[list[Found], list[str]]:
     """What to replay: each target the record holds (every one read, or each named), or
-    without any the implicit target, with why there is no record; and what was named and
-    not held (one line each), said beside the replays that were run."""
+    without any the implicit target, with why there is no record; and what the record holds
+    that is not replayed (one line each: a target over clusters the config does not read),
+    said beside. ``named`` (``--target``): a target named and not held is a ``ReplayError``,
+    never a replay of something else."""
     held = [f for f in founds if f.record is not None]
     unheld = [f.note for f in founds if f.record is None]
+    if named and unheld:
+        raise ReplayError("; ".join(unheld))
     if held:
         return held, unheld
     return [Found(None, "; ".join(unheld))], []
+
+
+def shared(runs: Sequence[Run]) -> bool:
+    """Some cluster is weighed by two of the targets replayed (``SEPARATE`` is said)."""
+    weighed = [c for run in runs for c in run.weighed]
+    return len(weighed) > len(set(weighed))
 
 
 @dataclass(slots=True)
@@ -760,31 +779,35 @@ async def replay_target(
     found: Found,
     recorded: str | None = None,
     open_loop: bool = False,
-    keep: bool = False,
+    ticks: bool = False,
+    trace: bool = False,
 ) -> Run:
     """Replay the target ``found`` holds (``recorded_target``; without a record, or where its
     key is no target's, the implicit one) with ``settings`` and each candidate, on the same
-    history; closed loop over its record (or ``--recorded``) unless ``open_loop``; ``keep``:
-    each tick kept for ``--json`` and ``--plot``. Each target is replayed on its own: its
-    closed loop moves its clusters' routed load with its weights alone, as with one target."""
+    history; closed loop over its record (or ``--recorded``) unless ``open_loop``; each tick
+    kept for ``--json`` (``ticks``) and for ``--plot`` (``trace``). Each target is replayed
+    on its own: its closed loop moves its clusters' routed load with its weights alone, as
+    with one target."""
     record = found.record
     target = recorded_target(record) if record is not None else None
     names = [c.name for c in settings.clusters]
     weighed = names if target is None else [c for c in names if c in target.clusters.values()]
     response = None if open_loop else recorded_split(recorded, names, record)
-    ticks: list[dict[str, Any]] = []
-    trace = Trace()
+    kept: list[dict[str, Any]] = []
+    drawn = Trace()
 
     def on_tick(at: float, report: TickReport) -> None:
-        ticks.append(tick_record(at, report, record))
-        trace.add(at, report, record)
+        if ticks:
+            kept.append(tick_record(at, report, record))
+        if trace:
+            drawn.add(at, report, record)
 
-    summary = await run(settings, history, on_tick if keep else None, response, target)
+    summary = await run(settings, history, on_tick if ticks or trace else None, response, target)
     compared = {
         item: await run(other, history, None, response, target)
         for item, other in candidates.items()
     }
-    return Run(found, target, weighed, response, summary, compared, ticks, trace)
+    return Run(found, target, weighed, response, summary, compared, kept, drawn)
 
 
 def record_row(found: Found, names: Sequence[str], hours: float) -> dict[str, Any]:

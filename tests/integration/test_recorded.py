@@ -160,3 +160,31 @@ async def test_the_querier_holding_most_of_the_target_is_read_and_what_failed_is
     assert other.record == both[1].record
     assert none.record is None and "holds no target x/y/z" in none.note
     assert "ExternalModel/llm/llama, HTTPRoute/llm/other" in none.note
+
+
+async def test_a_target_over_clusters_the_config_does_not_read_is_said_not_dropped() -> None:
+    """Found by a review: a target whose refs all map to clusters the config does not read
+    vanished from the replay, and named, was said not to be held at all."""
+
+    async def hub(request: web.Request) -> web.Response:
+        body = json.loads(holding({"east": 40.0, "west": 60.0}).text or "")
+        far = json.loads(
+            holding({"north": 70.0, "south": 30.0}, target="HTTPRoute/llm/far").text or ""
+        )
+        body["data"]["result"] += far["data"]["result"]
+        return web.json_response(body)
+
+    server = await Server().start({"/api/v1/query_range": hub})
+    try:
+        async with aiohttp.ClientSession() as session:
+            listed = queriers([server.url("")], session)
+            every = await read_records(listed, ["east", "west"], 100, 120, 10)
+            [named] = await read_records(
+                listed, ["east", "west"], 100, 120, 10, ["HTTPRoute/llm/far"]
+            )
+    finally:
+        await server.stop()
+    far = "the record holds HTTPRoute/llm/far only over clusters the config does not read"
+    assert [f.note for f in every if f.record is None] == [far]
+    assert [f.record.target for f in every if f.record] == ["ExternalModel/llm/llama"]
+    assert named.record is None and named.note == far

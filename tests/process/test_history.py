@@ -553,11 +553,17 @@ async def test_replay_is_set_beside_the_controller_s_own_record_and_moves_load_b
             replay_cli, config, start, end, "--target", LLAMA, "--json", str(out)
         )
         wrong = await asyncio.to_thread(replay_cli, config, start, end, "--target", "x/y/z")
+        one_split = await asyncio.to_thread(
+            replay_cli, config, start, end, "--recorded", "east=50,west=50"
+        )
     assert unnamed.returncode == 0, unnamed.stderr
-    assert wrong.returncode == 0 and f"holds no target x/y/z (it holds {LLAMA}, {OTHER})" in (
-        wrong.stdout
+    # a target named and not held is bad input, never a replay of another one
+    assert wrong.returncode == 2 and wrong.stdout == ""
+    assert f"replay: the record holds no target x/y/z (it holds {LLAMA}, {OTHER})" in (wrong.stderr)
+    # one split for two targets' records: which one it is for is asked, not guessed
+    assert one_split.returncode == 2 and "name the one it is for with --target" in (
+        one_split.stderr
     )
-    assert "recorded split east 50%, west 50%" in wrong.stdout  # no record: the even split
     assert named.returncode == 0, named.stderr
     document = json.loads(out.read_text())["targets"][0]
     # not named, every target the record holds is replayed, each weighed as it was held and

@@ -704,7 +704,7 @@ async def test_each_target_held_is_replayed_on_its_own_and_what_is_not_held_is_s
     missing = Found(None, "the record holds no target x/y/z")
     held, unheld = held_apart([llama, missing, other])
     assert held == [llama, other] and unheld == [missing.note]
-    runs = [await replay_target(settings, {}, history, f, keep=True) for f in held]
+    runs = [await replay_target(settings, {}, history, f, ticks=True) for f in held]
     assert [r.target.key if r.target else None for r in runs] == [
         "ExternalModel/llm/llama",
         "ExternalModel/llm/other",
@@ -715,9 +715,37 @@ async def test_each_target_held_is_replayed_on_its_own_and_what_is_not_held_is_s
         assert one.response is not None and record is not None
         assert one.response.split(times[0]) == record.shares[times[0]]
         assert len(one.ticks) == len(times) and one.ticks[0]["time"] == times[0]
-    alone = await replay_target(settings, {}, history, other, keep=True)
+    alone = await replay_target(settings, {}, history, other, ticks=True)
     assert alone.summary.published == runs[1].summary.published and alone.ticks == runs[1].ticks
     held, unheld = held_apart([missing])
     assert held == [Found(None, missing.note)] and unheld == []
     implicit = await replay_target(settings, {}, history, held[0])
     assert implicit.target is None and implicit.weighed == names and implicit.ticks == []
+
+
+async def test_a_target_s_summary_counts_its_own_clusters_and_queriers() -> None:
+    """Found by a review: each target's summary counted every cluster's health changes and
+    missing readings and every querier's failures, so a target over east and west carried
+    north's and south's, read through another querier that failed for ten ticks."""
+    from controller.recorded import Record
+    from controller.replay import recorded_target
+
+    names = ["east", "west", "north", "south"]
+    settings, asked = hub(names)
+    times = [1000.0 + 10 * i for i in range(30)]
+    calm: Answers = {"kv_mean": {"east": 0.4, "west": 0.4}, "pods": {"east": 2.0, "west": 2.0}}
+    slow = FetchTimeoutError("http://hub", "slow")
+    other: dict[float, Answers] = {
+        t: {"kv_mean": slow if i < 10 else {"north": 0.5, "south": 0.5}, "pods": {}}
+        for i, t in enumerate(times)
+    }
+    answers = {"east": dict.fromkeys(times, calm), "west": dict.fromkeys(times, calm)}
+    answers |= {"north": other, "south": other}
+    history = History(times[0], times[-1], times, answers, asked)
+    refs = {"e": ("east", 50.0), "w": ("west", 50.0)}
+    target = recorded_target(Record("ExternalModel/llm/a", "q", {}, 1, refs=refs))
+    row = (await run(settings, history, None, None, target)).row(["east", "west"])
+    assert set(row["health_changes"]) <= {"east", "west"}
+    assert row["unknown_cluster_ticks"] == 0 and row["failed_queries"] == {}
+    everyone = (await run(settings, history)).row(names)  # the implicit target: all of them
+    assert everyone["unknown_cluster_ticks"] == 20 and everyone["failed_queries"]["kv_mean"]
