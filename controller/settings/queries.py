@@ -73,6 +73,46 @@ def renders(template: str, quantile: bool = False) -> str | None:
         template, "", "", "1m", "30s", quantile="0.9"
     ):
         return "does not use $quantile: p50 and p90 would be the same number"
+    return unbalanced(template)
+
+
+_CLOSES = {")": "(", "]": "[", "}": "{"}
+
+
+def unbalanced(query: str) -> str | None:
+    """Why ``query`` cannot be PromQL by its shape alone, or ``None``: empty, a bracket
+    never closed or closing none, a string never closed. Not a parser: what Prometheus
+    refuses on every tick (``sum(``: HTTP 400) and no config should carry past start-up.
+    Strings are PromQL's (``"…"`` and ``'…'`` with escapes, raw in backticks), and ``#`` begins
+    a comment to the end of the line."""
+    if not query.strip():
+        return "is empty"
+    opened: list[tuple[str, int]] = []
+    at = 0
+    while at < len(query):
+        char = query[at]
+        if char in "\"'`":
+            end = at + 1
+            while end < len(query) and query[end] != char:
+                end += 2 if query[end] == "\\" and char != "`" else 1
+            if end >= len(query):
+                return f"a string opened at column {at + 1} is never closed"
+            at = end + 1
+            continue
+        if char == "#":
+            newline = query.find("\n", at)
+            at = len(query) if newline < 0 else newline
+            continue
+        if char in "([{":
+            opened.append((char, at))
+        elif char in _CLOSES:
+            if not opened or opened[-1][0] != _CLOSES[char]:
+                return f"its {char} at column {at + 1} closes nothing"
+            opened.pop()
+        at += 1
+    if opened:
+        char, at = opened[-1]
+        return f"its {char} at column {at + 1} is never closed"
     return None
 
 

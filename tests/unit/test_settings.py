@@ -237,6 +237,16 @@ CHECKS = [
         "prometheus_queries.queue: Invalid placeholder in string: line 1, col 17: a $ is a "
         "placeholder, a group's number ($1, ${1}) or $$ (a $)",
     ),
+    (  # PromQL Prometheus refuses on every tick (HTTP 400): found by a review
+        "clusters: [{name: a, prometheus: {url: 'http://127.0.0.1:1/'}}]\n"
+        "prometheus_queries: {queue: 'sum by ($by) (x$selector'}\n",
+        "prometheus_queries.queue: its ( at column 14 is never closed",
+    ),
+    (
+        "clusters: [{name: a, prometheus: {url: 'http://127.0.0.1:1/'}}]\n"
+        "prometheus_queries: {running: 'sum(x{a=\"b)\"}$selector}[5m]))'}\n",
+        "prometheus_queries.running: its } at column 23 closes nothing",
+    ),
     (  # $quantile is the latency quantile's alone
         "clusters: [{name: a, prometheus: {url: 'http://127.0.0.1:1/'}}]\n"
         "prometheus_queries: {kv_max: 'quantile by ($by) ($quantile, x$selector)'}\n",
