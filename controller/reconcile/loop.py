@@ -33,6 +33,7 @@ from controller.metrics import ControllerMetrics
 from controller.model import (
     ClusterMetrics,
     Decision,
+    Mode,
     Reason,
     Signals,
     Target,
@@ -52,7 +53,7 @@ log = structlog.get_logger("controller.loop")
 
 # A tick must leave room for publishing and for the next one to start on time.
 DEADLINE_SHARE = 0.8
-STAGES = ("discover", "fetch", "publish", "tick")
+STAGES = ("discover", "fetch", "weigh", "publish", "tick")
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +196,17 @@ class Reconciler:
         target = found if fresh else in_force(found, memory)
         wait = settling(memory, self._clock(), self._settle, self._settings.interval)
         served = memory.realised.shares() if memory is not None else None
-        desired, decision = weights.weigh(target, inputs, self._settings.weights, wait, served)
+        try:
+            desired, decision = weights.weigh(target, inputs, self._settings.weights, wait, served)
+        except Exception as exc:  # a bug: this target is held as it is, the others weighed
+            self._metrics.reconcile_errors.labels("weigh").inc()
+            self._conditions.observe(
+                "weighing raised", ("weigh", found.key), "error", target=found.key, exc_info=exc
+            )
+            note = f"the law raised {type(exc).__name__}: held as it is (the log has the traceback)"
+            held = Decision(None, {}, Mode.NO_DATA, False, (note,), law=self._settings.weights.law)
+            return Plan(found, target, dict(target.weights), held)
+        self._conditions.clear(("weigh", found.key))
         return Plan(found, target, desired, decision)
 
     # ---- publish -----------------------------------------------------------------------------

@@ -203,6 +203,8 @@ def unmoved(healthy: Mapping[str, Signals], served: Served) -> tuple[dict[str, f
     if not local or follow_w <= 0:
         return {}, 1.0
     routed = min(1.0, follow_r / follow_w)
+    if routed <= 0:  # nothing the weights route arrived anywhere: no share is fair to read
+        return {}, 1.0
     return {n: max(0.0, shares[n][0] - shares[n][1] * routed) for n in local}, routed
 
 

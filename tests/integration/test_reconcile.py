@@ -6,6 +6,7 @@ import asyncio
 import itertools
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 
 import pytest
 import structlog
@@ -393,3 +394,85 @@ async def test_our_own_metrics_page_stays_under_two_kilobytes_per_cluster() -> N
     page = generate_latest(registry)
     assert len(page) / len(names) <= 2048, len(page) / len(names)
     assert b"_created" not in page
+
+
+def _served(name: str, now: float, arrived: float) -> ClusterMetrics:
+    return ClusterMetrics(
+        name, now, 0.01, 1, 1, kv_mean=0.3, kv_max=0.3, running=1.0, queue_depth=0.0,
+        kv_tokens=32768.0, arrived=arrived, completed=arrived,
+    )  # fmt: skip
+
+
+async def test_a_cluster_that_dies_leaves_when_no_routed_request_arrived_anywhere() -> None:
+    """Found by an attack: every request arrived at one cluster and none at the two the
+    weights route to (a router not honouring them), so the rest step's fair share divided by
+    a routed share of 0, every tick raised, and a cluster that then died kept its third."""
+    from controller.testing import Driver
+
+    settings = build_settings(
+        {
+            "interval": 10,
+            "clusters": [{"name": n, "vllm_urls": ["http://127.0.0.1:1/"]} for n in "abc"],
+        }
+    )
+    driver, now = Driver(settings, journal=False), 1000.0
+    for tick in range(8):
+        now += 10
+        given = {"a": _served("a", now, 100.0), "b": _served("b", now, 0.0)}
+        given["c"] = (
+            ClusterMetrics.failed("c", now, Reason.REFUSED, "connection refused")
+            if tick >= 3
+            else _served("c", now, 0.0)
+        )
+        report = await driver.tick(now, given)
+    assert report.only is not None and report.only.outcome.applied["c"] == 0
+
+
+class _TwoTargets:
+    """Two targets over clusters a and b, x and y; every write is done."""
+
+    async def discover(self) -> Discovery:
+        one = object_target({"a": 50, "b": 50})
+        return Discovery(tuple(replace(one, name=n, uid=n) for n in ("x", "y")))
+
+    async def write(self, target: Target, desired: Mapping[str, int], why: str) -> WriteResult:
+        return WriteResult(Write.DONE, target.holding(desired))
+
+
+async def test_a_law_that_raises_holds_its_target_and_weighs_the_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A bug in the law for one target is that target's alone: held as it is (mode no_data,
+    counted under stage weigh, a condition with its traceback), and the other target is
+    weighed the same tick, where an exception in the list of plans failed the tick for all."""
+    from controller import weights as weights_module
+
+    real = weights_module.weigh
+
+    def weigh(target: Target, *args: object, **kwargs: object) -> object:
+        if target.name == "x":
+            raise ZeroDivisionError("a bug")
+        return real(target, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(weights_module, "weigh", weigh)
+    settings = build_settings(
+        {
+            "interval": 10,
+            "clusters": [{"name": n, "vllm_urls": ["http://127.0.0.1:1/"]} for n in "ab"],
+        }
+    )
+    sources = [ScriptedSource(n) for n in "ab"]
+    for source in sources:
+        source.next = ClusterMetrics(source.name, time.time(), 0.01, 1, 1, kv_mean=0.3, kv_max=0.3)
+    loop = build_loop(settings, sources, _TwoTargets(), journal=False)
+    with capture_logs() as logs:
+        report = await loop.reconciler.tick()
+    x, y = report.targets["ExternalModel/ns/x"], report.targets["ExternalModel/ns/y"]
+    assert str(x.outcome.decision.mode) == "no_data" and x.outcome.write is Write.NONE
+    assert "the law raised ZeroDivisionError" in x.outcome.decision.notes[0]
+    assert str(y.outcome.decision.mode) != "no_data"
+    assert [e["target"] for e in logs if e["event"] == "weighing raised"] == ["ExternalModel/ns/x"]
+    samples = loop.registry.get_sample_value(
+        "weight_controller_reconcile_errors_total", {"stage": "weigh"}
+    )
+    assert samples == 1.0
