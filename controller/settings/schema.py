@@ -655,9 +655,12 @@ class WeightSettings(_Group):
         description="Share of the way to the target taken per tick (1 = no smoothing): a "
         "weight change shows in KV only a scrape, a propagation delay and a request later.",
     )
+    # The integral law's shape settings are bounded where their arithmetic stays finite for
+    # any reading (an attack found 1e308 accepted, then every tick's weighing overflowing).
     gain: float = Field(
         default=40.0,
         gt=0,
+        le=1000,
         description="Integral law: points of weight a cluster's target moves per unit of score "
         "(≈ KV headroom) above or below the fleet's mean. Higher gains turn KV noise into "
         "writes and oscillation; this one settles and still sheds a hot cluster.",
@@ -670,18 +673,20 @@ class WeightSettings(_Group):
     )
     kv_exponent: float = Field(
         default=1.0,
-        gt=0,
+        ge=0.1,
+        le=10,
         description="Curvature of the KV headroom score; above 1 sheds load from warm clusters "
         "earlier.",
     )
     queue_reference: float = Field(
         default=4.0,
-        gt=0,
+        ge=0.01,
+        le=10_000,
         description="Waiting requests per pod that count as a real queue: a cluster with this "
         "many more than the shortest queue loses about half its weight.",
     )
     queue_sensitivity: float = Field(
-        default=1.0, ge=0, description="Exponent of the queue penalty; 0 ignores queues."
+        default=1.0, ge=0, le=10, description="Exponent of the queue penalty; 0 ignores queues."
     )
     latency_quantile: Literal["p50", "p90", "mean"] = Field(
         default="p90", description="The latency compared across clusters: the tail users feel."
@@ -689,6 +694,7 @@ class WeightSettings(_Group):
     latency_sensitivity: float = Field(
         default=0.5,
         ge=0,
+        le=10,
         description="Exponent of (fastest / this) latency; 0.5 halves weight at 4x the latency.",
     )
 

@@ -244,7 +244,7 @@ def _metrics(
     kv = v.get("kv_mean")
     if kv is not None and not 0.0 <= kv <= 1.0:
         kv = None  # an out-of-range fraction is unusable, as in a direct scrape
-    queue = v.get("queue")
+    queue, running = _count(v.get("queue")), _count(v.get("running"))
     # every pod reporting KV says what it holds (by vLLM's labels or another engine's
     # gauges), or the capacity stays in pods
     pooled = (v.get(POOL_PODS) or 0) + (v.get(TOKEN_PODS) or 0)
@@ -261,7 +261,7 @@ def _metrics(
         kv_family="promql" if kv is not None else None,
         queue_depth=queue,
         queue_per_pod=queue / pods if queue is not None and pods else None,
-        running=v.get("running"),
+        running=running,
         latency=_latency(v, asked.min_requests),
         observed_at=v.get("kv_oldest"),
         invalid_samples=0,
@@ -271,6 +271,11 @@ def _metrics(
         pages=pages,
         completed=completed,
     )
+
+
+def _count(value: float | None) -> float | None:
+    """A count of requests as answered: below 0 (or NaN) it counts nothing, unknown."""
+    return value if value is not None and value >= 0 else None
 
 
 def _latency(v: Mapping[str, float | None], min_requests: float) -> Latency | None:

@@ -550,9 +550,10 @@ def _mean_of(page: Page, families: Sequence[str], keep: Mapping[str, str] | None
 
 def _pod_total(page: ByName, family: Family, keep: Mapping[str, str] | None) -> list[float]:
     """A pod's total for an additive gauge (summed over its engine processes), or nothing if
-    absent."""
+    absent; a count below 0 is none (an attack's page made the integral law's queue penalty a
+    complex number)."""
     found = of_family(page, family, keep)
-    values = finite(found[1]) if found else []
+    values = [v for v in finite(found[1]) if v >= 0] if found else []
     return [sum(values)] if values else []
 
 

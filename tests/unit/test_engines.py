@@ -295,3 +295,51 @@ def test_the_readme_s_engine_table_has_a_line_for_each_row_as_the_row_is() -> No
         assert f"`{first}{{{matchers}}}`" in line if matchers else f"`{first}`" in line, name
         assert f"`{engine.latency}`" in line if engine.latency else "| — |" in line, name
         assert f"| `{engine.model_label}` |" in line, name
+
+
+def test_a_negative_count_is_no_count_by_page_and_by_promql() -> None:
+    """Found by an attack: a page's vllm:num_requests_waiting of -6 went into the queue, and
+    under the integral law its penalty became a complex number and every tick raised."""
+    from controller.sources.answers import Answers, Asked, cluster_metrics
+
+    settings = build_settings({"clusters": [{"name": "c", "vllm_urls": ["http://127.0.0.1/"]}]})
+    reader = PageReader(settings.clusters[0], 1)
+    text = (
+        'vllm:kv_cache_usage_perc{engine="0"} 0.5\n'
+        'vllm:num_requests_waiting{engine="0"} -6\n'
+        'vllm:num_requests_running{engine="0"} -1\n'
+    )
+    page = read_page("http://pod/metrics", text, reader.pod_extractor)
+    assert isinstance(page, Page)
+    metrics = reader.read([page], None, 0.0, 0.0)
+    assert (metrics.kv_mean, metrics.queue_depth, metrics.running) == (0.5, None, None)
+    asked = Asked("http://hub", "cluster", "c", {"kv_mean": "q"}, 60.0, 5.0)
+    answers: Answers = {
+        "kv_mean": {"c": 0.5},
+        "kv_max": {"c": 0.5},
+        "pods": {"c": 1.0},
+        "queue": {"c": -3.0},
+        "running": {"c": float("nan")},
+    }
+    read = cluster_metrics("c", answers, asked, 0.0, 0.0, None)
+    assert (read.kv_mean, read.queue_depth, read.running) == (0.5, None, None)
+
+
+def test_the_integral_law_s_shape_is_bounded_where_its_arithmetic_is_finite() -> None:
+    """Found by an attack: gain 1e308 (and kv_exponent, queue_reference, the sensitivities
+    at their extremes) passed check-config, then every tick's weighing overflowed."""
+    for key, value in (
+        ("gain", 1e308),
+        ("kv_exponent", 1e308),
+        ("kv_exponent", 1e-300),
+        ("queue_reference", 1e-300),
+        ("queue_sensitivity", 1000.0),
+        ("latency_sensitivity", 1000.0),
+    ):
+        with pytest.raises(ConfigError, match=f"weights.{key}"):
+            build_settings(
+                {
+                    "weights": {"law": "integral", key: value},
+                    "clusters": [{"name": "c", "vllm_urls": ["http://127.0.0.1/"]}],
+                }
+            )
