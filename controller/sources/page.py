@@ -347,7 +347,10 @@ def _info_tokens(samples: Sequence[Sample], pool: Pool) -> float | None:
             return None
         if blocks <= 0 or size <= 0:
             return None
-        engines[sample.labels.get(pool.engine_label, "")] = float(blocks * size)
+        try:
+            engines[sample.labels.get(pool.engine_label, "")] = float(blocks * size)
+        except OverflowError:  # a label of 400 digits (an attack's): a pool no GPU holds,
+            return math.inf  # refused by name as out of range (``kv_tokens_problem``)
     return sum(engines.values()) if engines else None
 
 

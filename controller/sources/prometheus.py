@@ -112,16 +112,22 @@ def answer_series(body: str, url: str) -> list[tuple[dict[str, str], float]]:
                 for item in result
                 for value in [item["value"]]
             ]
-    except (TypeError, KeyError, IndexError, ValueError, AttributeError) as exc:
+    except _MALFORMED as exc:
         raise FetchParseError(url, f"malformed result: {exc}") from exc
     raise FetchParseError(url, f"unexpected result type {data.get('resultType')!r}")
+
+
+# What reading a query's answer raises where the answer is not the API's shape; a number
+# past a float's range written as a JSON integer (10^400) is one (OverflowError), found by an
+# attack that failed a shared querier's every cluster as ``internal`` with it.
+_MALFORMED = (TypeError, KeyError, IndexError, ValueError, AttributeError, OverflowError)
 
 
 def _data(body: str, url: str) -> dict[str, Any]:
     """The ``data`` of a query API answer that says ``success``."""
     try:
         answer = json.loads(body)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # JSON nested past the parser's depth too
         raise FetchParseError(url, f"not JSON: {exc}") from exc
     if not isinstance(answer, dict) or answer.get("status") != "success":
         kind = answer.get("errorType", "?") if isinstance(answer, dict) else "?"
@@ -150,7 +156,7 @@ def matrix_series(body: str, url: str) -> dict[float, list[tuple[dict[str, str],
             labels = {str(k): str(v) for k, v in (item.get("metric") or {}).items()}
             for when, value in item["values"]:
                 found.setdefault(round(float(when), 3), []).append((labels, float(value)))
-    except (TypeError, KeyError, ValueError, AttributeError) as exc:
+    except _MALFORMED as exc:
         raise FetchParseError(url, f"malformed result: {exc}") from exc
     return found
 
@@ -197,7 +203,7 @@ def range_answers(
                     continue
                 if key not in at:
                     at[key] = value
-    except (TypeError, KeyError, ValueError, AttributeError) as exc:
+    except _MALFORMED as exc:
         raise FetchParseError(url, f"malformed result: {exc}") from exc
     return {t: {name: found.get(round(t, 3), {})} for t in times}
 
@@ -222,7 +228,7 @@ def _range_pools(body: str, times: Sequence[float], label: str, url: str) -> dic
                     series = stamps[when] = at.setdefault(round(float(when), 3), ([], []))
                 series[0].append(index)
                 series[1].append(float(value))
-    except (TypeError, KeyError, ValueError, AttributeError) as exc:
+    except _MALFORMED as exc:
         raise FetchParseError(url, f"malformed result: {exc}") from exc
     done: dict[tuple[tuple[int, ...], tuple[float, ...]], tuple[dict[str, float], ...]] = {}
     found: dict[float, Answers] = {}

@@ -343,3 +343,45 @@ def test_the_integral_law_s_shape_is_bounded_where_its_arithmetic_is_finite() ->
                     "clusters": [{"name": "c", "vllm_urls": ["http://127.0.0.1/"]}],
                 }
             )
+
+
+def test_numbers_past_a_float_s_range_are_named_not_internal() -> None:
+    """Found by an attack: one pod's cache_config_info with a 400-digit num_gpu_blocks raised
+    OverflowError and failed its whole cluster as internal; a querier's answer with a JSON
+    integer of 400 digits, or nested past the parser's depth, failed every cluster of the
+    querier as internal. Now: that pod's pool is out of range by name, that query a parse
+    error."""
+    from controller.errors import FetchParseError
+    from controller.sources.prometheus import answer_series, matrix_series, range_answers
+
+    settings = build_settings({"clusters": [{"name": "c", "vllm_urls": ["http://127.0.0.1/"]}]})
+    reader = PageReader(settings.clusters[0], 2)
+    huge = "9" * 400
+    texts = [
+        f'vllm:kv_cache_usage_perc{{engine="0"}} 0.5\n'
+        f'vllm:cache_config_info{{block_size="16",engine="0",num_gpu_blocks="{blocks}"}} 1\n'
+        for blocks in (huge, "1000")
+    ]
+    pages = [
+        read_page(f"http://pod{i}/metrics", t, reader.pod_extractor) for i, t in enumerate(texts)
+    ]
+    assert all(isinstance(p, Page) for p in pages)
+    metrics = reader.read(pages, None, 0.0, 0.0)
+    assert metrics.kv_mean == 0.5 and [e.reason for e in metrics.errors] == []
+    assert [n.reason for n in metrics.notices] == [Reason.OUT_OF_RANGE]
+    body = (
+        '{"status":"success","data":{"resultType":"matrix","result":[{"metric":{"cluster":"c"},'
+        f'"values":[[100,{huge}]]}}]}}}}'
+    )
+    deep = '{"status":"success","data":' + "[" * 100_000 + "]" * 100_000 + "}"
+    for answer in (body, deep):
+        with pytest.raises(FetchParseError):
+            matrix_series(answer, "u")
+        with pytest.raises(FetchParseError):
+            range_answers("queue", answer, [100.0], "cluster", "u")
+    vector = (
+        '{"status":"success","data":{"resultType":"vector","result":[{"metric":{"cluster":"c"},'
+        f'"value":[100,{huge}]}}]}}}}'
+    )
+    with pytest.raises(FetchParseError):
+        answer_series(vector, "u")
