@@ -20,12 +20,12 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
-    HttpUrl,
     TypeAdapter,
     ValidationError,
     field_validator,
     model_validator,
 )
+from pydantic.networks import HttpUrl as AnyHttpUrl
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from controller.engines import AUTO, ENGINES, Engine, Family, Pool, parse_family
@@ -55,6 +55,22 @@ class _Group(BaseModel):
 
 
 _LABEL_NAME = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
+
+
+def _dialable(url: AnyHttpUrl) -> AnyHttpUrl:
+    """A host the HTTP client can ask for: one that encodes as a DNS name (no empty label, none
+    over 63 characters). pydantic takes ``http://a..b/``, which failed every fetch as
+    ``internal`` (UnicodeError from the IDNA codec: found by an attack)."""
+    host = url.host or ""
+    if not host.startswith("["):  # an IPv6 literal has no labels
+        try:
+            host.encode("idna")
+        except UnicodeError as exc:
+            raise ValueError(f"{host!r} is not a host name: {exc}") from None
+    return url
+
+
+HttpUrl = Annotated[AnyHttpUrl, AfterValidator(_dialable)]
 
 
 def _label_names(value: dict[str, str]) -> dict[str, str]:

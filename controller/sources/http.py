@@ -185,6 +185,8 @@ async def _request(
         raise FetchConnectError(url, f"{type(exc).__name__}: {exc}") from exc
     except aiohttp.ClientError as exc:
         raise FetchError(url, f"{type(exc).__name__}: {exc}") from exc
+    except UnicodeError as exc:  # a host the IDNA codec refuses (a name found, not configured)
+        raise FetchConnectError(url, f"not a host name: {exc}") from exc
 
 
 def _framed(response: aiohttp.ClientResponse) -> bool:

@@ -381,3 +381,14 @@ def test_promql_s_own_group_numbers_are_written_as_promql_writes_them() -> None:
     assert built["queue"] == (
         'sum by (cluster) (label_replace(x,ns="llm", "p", "$1-${2}-$3", "i", "(.*)-(.*)"))'
     )
+
+
+def test_a_host_no_resolver_can_ask_for_is_refused_at_start_up() -> None:
+    """Found by an attack: http://a..b/metrics (and a label of 70 characters) passed
+    check-config, then every fetch of the cluster failed as internal (UnicodeError from the
+    IDNA codec). IPv6 literals and punycode names are hosts."""
+    for host in ("a..b", "a" * 70 + ".x"):
+        with pytest.raises(ConfigError, match=r"clusters\[0\].vllm_urls\[0\]: .* is not a host"):
+            build_settings({"clusters": [{"name": "c", "vllm_urls": [f"http://{host}/metrics"]}]})
+    for fine in ("http://[::1]:8000/metrics", "http://xn--bcher-kva.example/metrics"):
+        build_settings({"clusters": [{"name": "c", "vllm_urls": [fine]}]})
