@@ -69,7 +69,7 @@ def source_factory(
     # One limiter for every page of every cluster: bounded, clusters served in the order
     # their fetches began (sources/limiter.py), so one big cluster's pages queue among the
     # others' instead of starving them.
-    limiter = Limiter(settings.scrape.max_concurrency)
+    limiter = Limiter(settings.scrape.max_concurrency, grace=settings.scrape.timeout / 2)
     shared = shared or SharedPages()
     queries, scrape = settings.prometheus_queries, settings.scrape
     queriers = shared_queriers(settings.queriers, queries, scrape, session)

@@ -8,7 +8,11 @@ of a tick's memory, measured in benchmarks/HISTORY.md).
 ``Limiter`` serves waiters by rank, first come first served within one: a cluster's fetch
 takes a rank when it starts (``ranked``), so its later pages go ahead of clusters that
 started after it, and clusters finish about in the order they began. Slots a cluster may
-hold are still bounded by its own semaphore, so a cluster of hanging pods holds no more.
+hold are still bounded by its own semaphore, so a cluster of hanging pods holds no more. But
+pods that hang hold their slots until their timeout, and a dozen such clusters ranked ahead
+took every slot for rounds of timeouts: a cluster's fetch that has waited ``grace`` for its
+first slot goes ahead of the ranks (a page is read in milliseconds; only a queue of held slots
+waits that long), so every cluster gets a first page in before the tick's deadline.
 """
 
 from __future__ import annotations
@@ -16,37 +20,71 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+from collections import deque
+from collections.abc import Callable
 from contextvars import ContextVar
+from dataclasses import dataclass, field
 from types import TracebackType
 
-# The rank of the fetch the current task belongs to (lower goes first); tasks a fetch starts
-# inherit it with their context.
-_RANK: ContextVar[int] = ContextVar("limiter_rank", default=0)
+
+@dataclass(eq=False, slots=True)
+class _Fetch:
+    """One cluster's fetch as the limiter sees it: its rank, whether any of its requests has
+    held a slot yet, and while none has, since when its first one waits and its waiters."""
+
+    rank: int
+    served: bool = False
+    since: float = 0.0
+    waiting: deque[asyncio.Future[None]] = field(default_factory=deque)
+
+
+# The fetch the current task belongs to (a lower rank goes first); tasks a fetch starts
+# inherit it with their context. Outside any fetch: rank 0, never promoted.
+_FETCH: ContextVar[_Fetch | None] = ContextVar("limiter_fetch", default=None)
+_OUTSIDE = _Fetch(0, served=True)
 _ranks = itertools.count(1)
 
 
 def ranked() -> None:
     """Give the current task (a cluster's fetch) the next rank: after every fetch that
     started before it."""
-    _RANK.set(next(_ranks))
+    _FETCH.set(_Fetch(next(_ranks)))
 
 
 class Limiter:
-    """At most ``size`` holders at once (``async with``); waiters by rank, then arrival."""
+    """At most ``size`` holders at once (``async with``); waiters by rank, then arrival, but
+    a fetch none of whose requests has held a slot, waiting ``grace`` seconds or more, goes
+    first: clusters of pods that hang hold their slots until their timeout, and by rank alone
+    a cluster that began after a dozen of them waited rounds of timeouts for its first page
+    and missed the tick's deadline (found by an attack), its health blamed for theirs."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(
+        self, size: int, grace: float = 1.0, clock: Callable[[], float] | None = None
+    ) -> None:
         self._free = size
-        self._waiting: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._waiting: list[tuple[int, int, asyncio.Future[None], _Fetch]] = []
         self._live = 0  # waiters not yet served or cancelled (the heap keeps cancelled ones)
         self._arrivals = itertools.count()
+        self._grace = grace
+        self._clock = clock
+        self._fresh: dict[int, _Fetch] = {}  # waiting fetches not served a slot yet, by rank
+
+    def _now(self) -> float:
+        return self._clock() if self._clock is not None else asyncio.get_running_loop().time()
 
     async def __aenter__(self) -> None:
+        fetch = _FETCH.get() or _OUTSIDE
         if self._free > 0 and self._live == 0:
             self._free -= 1
+            fetch.served = True
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._waiting, (_RANK.get(), next(self._arrivals), future))
+        heapq.heappush(self._waiting, (fetch.rank, next(self._arrivals), future, fetch))
         self._live += 1
+        if not fetch.served:
+            if fetch.rank not in self._fresh:
+                fetch.since, self._fresh[fetch.rank] = self._now(), fetch
+            fetch.waiting.append(future)
         try:
             await future
         except asyncio.CancelledError:
@@ -65,11 +103,36 @@ class Limiter:
         self._release()
 
     def _release(self) -> None:
-        """Hand the slot to the first live waiter, or free it."""
+        """Hand the slot to a fetch waiting ``grace`` for its first, else to the first live
+        waiter by rank, or free it."""
+        if self._fresh and self._starving():
+            return
         while self._waiting:
-            _, _, future = heapq.heappop(self._waiting)
+            _, _, future, fetch = heapq.heappop(self._waiting)
             if not future.done():
-                future.set_result(None)
-                self._live -= 1
+                self._grant(future, fetch)
                 return
         self._free += 1
+
+    def _starving(self) -> bool:
+        """Serve the fetch that has waited longest for its first slot, if ``grace`` or more."""
+        now = self._now()
+        while self._fresh:
+            fetch = min(self._fresh.values(), key=lambda f: f.since)
+            if now - fetch.since < self._grace:
+                return False
+            while fetch.waiting:
+                future = fetch.waiting.popleft()
+                if not future.done():
+                    self._grant(future, fetch)  # its heap entry stays, skipped as done
+                    return True
+            del self._fresh[fetch.rank]  # every waiter of it was cancelled
+        return False
+
+    def _grant(self, future: asyncio.Future[None], fetch: _Fetch) -> None:
+        future.set_result(None)
+        self._live -= 1
+        if not fetch.served:
+            fetch.served = True
+            fetch.waiting.clear()
+            self._fresh.pop(fetch.rank, None)

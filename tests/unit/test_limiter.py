@@ -87,3 +87,48 @@ async def test_a_cancelled_waiter_gives_up_its_place_and_a_slot_handed_to_it_mov
     assert log[-1] == "after"
     async with limiter:  # and the slot came back: nothing leaked
         pass
+
+
+async def test_a_fetch_waiting_grace_for_its_first_slot_goes_ahead_of_the_ranks() -> None:
+    """Found by an attack: clusters of pods that hang, ranked ahead, held every slot for
+    rounds of timeouts, and a cluster that began after them never had its one page read
+    before the tick's deadline. A fetch none of whose pages has held a slot goes first once
+    it has waited ``grace``; before that, the ranks hold."""
+    now = [0.0]
+    limiter = Limiter(2, grace=1.0, clock=lambda: now[0])
+    log: list[str] = []
+    release = {name: asyncio.Event() for name in ("h0", "h1", "h2", "h3", "g0")}
+
+    async def cluster(name: str, pages: int) -> None:
+        ranked()
+
+        async def page(i: int) -> None:
+            async with limiter:
+                log.append(f"{name}{i}")
+                await release[f"{name}{i}"].wait()
+
+        await asyncio.gather(*(page(i) for i in range(pages)))
+
+    hung = asyncio.create_task(cluster("h", 4), context=contextvars.copy_context())
+    for _ in range(5):
+        await asyncio.sleep(0)
+    good = asyncio.create_task(cluster("g", 1), context=contextvars.copy_context())
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert log == ["h0", "h1"]
+    now[0] = 0.5  # a slot comes back before grace: by rank, h's next page
+    release["h0"].set()
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert log == ["h0", "h1", "h2"]
+    now[0] = 1.5  # g has waited past grace for its first page: it goes ahead of h3
+    release["h1"].set()
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert log == ["h0", "h1", "h2", "g0"]
+    for event in release.values():
+        event.set()
+    await asyncio.wait_for(asyncio.gather(hung, good), 1)
+    assert log[-1] == "h3"
+    async with limiter, limiter:  # both slots came back: nothing leaked
+        pass
