@@ -29,6 +29,7 @@ from controller.errors import (
     FetchTruncatedError,
 )
 from controller.exposition import PageStream
+from controller.settings.files import token_problem
 from controller.sources.limiter import Limiter
 
 # The classic text format: prometheus-client >= 0.23 would rename vllm: metrics for OpenMetrics.
@@ -56,11 +57,10 @@ class TokenFile:
         stat = os.stat(self._path)
         stamp = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
         if stamp != self._stamp:
-            token = self._path.read_text(encoding="utf-8").strip()
-            if not token or not all(33 <= ord(c) < 127 for c in token):
-                # RFC 6750 tokens are visible ASCII; anything else cannot go in a header
-                raise ValueError("the token is empty or holds characters a header cannot carry")
-            self._token = token
+            text = self._path.read_text(encoding="utf-8", errors="replace")
+            if why := token_problem(text):
+                raise ValueError(why)
+            self._token = text.strip()
             self._stamp = stamp
         return f"Bearer {self._token}"
 

@@ -19,6 +19,7 @@ baselines, each URL's identity).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import NamedTuple
@@ -554,18 +555,26 @@ def _pod_total(page: ByName, family: Family, keep: Mapping[str, str] | None) -> 
     complex number)."""
     found = of_family(page, family, keep)
     values = [v for v in finite(found[1]) if v >= 0] if found else []
-    return [sum(values)] if values else []
+    total = _total(values)
+    return [total] if total is not None else []
+
+
+def _total(counts: list[float]) -> float | None:
+    """Pods' counts summed; none where they sum past a float's range (two pods at 1.7e308:
+    the utilization made of it was NaN, and the cluster never under pressure)."""
+    total = sum(counts) if counts else None
+    return total if total is not None and math.isfinite(total) else None
 
 
 def _summary(kv: _KV, waiting: list[float], running: list[float], per_pod: int | None) -> Summary:
-    queue = sum(waiting) if waiting else None
+    queue = _total(waiting)
     return Summary(
         kv_mean=sum(kv.values) / len(kv.values) if kv.values else None,
         kv_max=max(kv.values) if kv.values else None,
         kv_family=kv.family,
         queue_depth=queue,
         queue_per_pod=queue / per_pod if queue is not None and per_pod else None,
-        running=sum(running) if running else None,
+        running=_total(running),
         observed_at=kv.oldest,
         observed_newest=kv.newest,
         invalid_samples=kv.invalid,

@@ -385,3 +385,22 @@ def test_numbers_past_a_float_s_range_are_named_not_internal() -> None:
     )
     with pytest.raises(FetchParseError):
         answer_series(vector, "u")
+
+
+def test_counts_that_sum_past_a_float_s_range_are_unknown_not_infinite() -> None:
+    """Found by an attack: two pods each waiting 1.7e308 summed to infinity, the utilization
+    made of it was NaN (never under pressure), and /debug/state carried NaN and Infinity."""
+    settings = build_settings(
+        {"clusters": [{"name": "c", "vllm_urls": ["http://127.0.0.1/", "http://127.0.0.2/"]}]}
+    )
+    reader = PageReader(settings.clusters[0], 1)
+    text = (
+        'vllm:kv_cache_usage_perc{engine="0"} 0.5\n'
+        'vllm:num_requests_waiting{engine="0"} 1.7e308\n'
+        'vllm:num_requests_running{engine="0"} 1.7e308\n'
+        'vllm:num_requests_running{engine="1"} 1.7e308\n'
+    )
+    pages = [read_page(f"http://pod{i}/metrics", text, reader.pod_extractor) for i in range(2)]
+    assert all(isinstance(p, Page) for p in pages)
+    metrics = reader.read(pages, None, 0.0, 0.0)
+    assert metrics.kv_mean == 0.5 and (metrics.queue_depth, metrics.running) == (None, None)

@@ -392,3 +392,17 @@ def test_a_host_no_resolver_can_ask_for_is_refused_at_start_up() -> None:
             build_settings({"clusters": [{"name": "c", "vllm_urls": [f"http://{host}/metrics"]}]})
     for fine in ("http://[::1]:8000/metrics", "http://xn--bcher-kva.example/metrics"):
         build_settings({"clusters": [{"name": "c", "vllm_urls": [fine]}]})
+
+
+@pytest.mark.parametrize("content", [b"", b"  \n", "tökén".encode(), b"two words"])
+def test_a_token_file_no_header_can_carry_is_refused_at_start_up(
+    tmp_path: Path, content: bytes
+) -> None:
+    """Found by an attack: an empty or non-ASCII token file passed check-config, then every
+    fetch of the cluster failed as auth."""
+    token = tmp_path / "token"
+    token.write_bytes(content)
+    text = f"clusters: [{{name: a, vllm_urls: ['https://127.0.0.1:1/'], bearer_token_file: {token}}}]\n"
+    done = cli("check-config", str(write(tmp_path, text)))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"clusters[0].bearer_token_file: {token}: the token is empty or holds" in done.stderr
