@@ -205,7 +205,8 @@ async def test_a_cluster_read_through_prometheus_gets_the_same_weight(stack: Sta
 
 
 async def test_promql_failures_map_to_health_reasons(stack: Stack) -> None:
-    bad = prometheus_settings(stack, ["east"], kv_mean="avg(vllm:kv_cache_usage_perc{$selector")
+    # PromQL whose shape check-config takes (it is not a parser) and Prometheus refuses
+    bad = prometheus_settings(stack, ["east"], kv_mean="avgg(vllm:kv_cache_usage_perc{$selector})")
     broken = await promql_source(stack, bad, "east").fetch()
     assert broken.pods_answering == 0 and broken.errors[0].reason is Reason.HTTP_STATUS
     assert "bad_data" in broken.errors[0].detail
