@@ -181,12 +181,14 @@ def _count_evidence(state: _Identity, total: float | None) -> str | None:
 REPLICA_READS = 30
 # Processes remembered per replica: its own and those whose series may linger after restarts.
 _PROCESSES = 4
-# Reads in which a replica's gauges are off every page while another replica of its model
-# has requests waiting, before it no longer counts. Ray drops a dead worker's gauges after their
-# time to live (two report intervals, ~20 s) but keeps its histograms and counters on the
-# page for good; Ray Serve's router sends a request to the less loaded of two replicas drawn
-# at random (ray serve/_private/request_router/pow_2_router.py), so a live one does not sit
-# idle for long beside a sibling that queues (at low load one may: it counts, idle).
+# Reads in which a replica's gauges are off every page while its model is busy (as many
+# requests in flight at the replicas that step as the model has replicas), before it no
+# longer counts, until it steps again. Ray drops a dead worker's gauges after their time to
+# live (two report intervals, ~20 s) but keeps its histograms and counters on the page for
+# good; Ray Serve's router sends each request to the less loaded of two replicas drawn at
+# random (ray serve/_private/request_router/pow_2_router.py), so a live one with nothing in
+# flight is sent work within a few requests: six busy reads bring it tens. At low load one
+# may wait minutes for a request: it counts, idle.
 QUIET_READS = 6
 
 
@@ -197,7 +199,7 @@ class _Replica:
     pool: float | None = None  # the last pool seen of any of its processes
     gauges: dict[str, dict[str, list[Sample]]] = field(default_factory=dict)  # likewise
     unseen: int = 0  # reads since it was last on a page
-    quiet: int = 0  # reads since its gauges were last on one in which another queued
+    quiet: int = 0  # busy reads since its gauges were last on one
     own: str | None = None  # the process whose gauges were, then
 
 
@@ -212,8 +214,8 @@ class Replicas:
     recently, so it never doubles the count. vLLM sets its gauges as its engine steps: a
     replica whose gauges Ray dropped is not stepping, so nothing runs or waits there and it
     holds no blocks, and it reads so (``gauges``), whether it is idle or dead (a replaced
-    one: Ray Serve gives its successor a new id); one that stays so while another of its
-    model has requests waiting is gone (``gone``). vLLM sets its pool's gauge
+    one: Ray Serve gives its successor a new id); one that stays so while its model is busy
+    is gone until it steps (``gone``). vLLM sets its pool's gauge
     (``cache_config_info``) once, at start: a pool, once seen, is kept while the replica is
     seen (``REPLICA_READS``), for a process restarted under its id as well."""
 
@@ -249,17 +251,17 @@ class Replicas:
         return kept, kept is not None
 
     def gauges(
-        self, replica: str, process: str, samples: ByName, names: Sequence[str], queued: bool
+        self, replica: str, process: str, samples: ByName, names: Sequence[str], busy: bool
     ) -> ByName:
         """``samples`` with the gauges ``names`` as the replica is: where none is on the
         page (Ray dropped them: the engine is not stepping), each as last seen of the
         replica's process at 0, nothing running, waiting or held; where only some are, the
-        others as last seen. What is on the page is kept for next time. ``queued``: another
-        replica of its model has requests waiting in this read (``gone`` counts those)."""
+        others as last seen. What is on the page is kept for next time. ``busy``: the model
+        was busy in this read (``gone`` counts those)."""
         state = self._replicas.setdefault(replica, _Replica())
         kept = state.gauges.setdefault(process, {})
         if not any(n in samples for n in names):
-            state.quiet += queued
+            state.quiet += busy
             idle = {
                 n: [s._replace(value=0.0, timestamp=None) for s in kept[n]]
                 for n in names
@@ -272,8 +274,8 @@ class Replicas:
         return {**samples, **{n: kept[n] for n in missing}} if missing else samples
 
     def gone(self, replica: str) -> bool:
-        """Its gauges have been off every page for ``QUIET_READS`` reads in which another
-        replica of its model had requests waiting (to be asked only while one has)."""
+        """Its gauges have been off every page through ``QUIET_READS`` reads in which its
+        model was busy (and it has not stepped since)."""
         state = self._replicas.get(replica)
         return state is not None and state.quiet >= QUIET_READS
 

@@ -368,8 +368,9 @@ class PageReader:
 
         A replica whose gauges Ray dropped (vLLM sets them as its engine steps; an idle one
         stops, and Ray drops a gauge not set again) while its other series stay is read as
-        not stepping: nothing running, waiting or held (``Replicas.gauges``); it is gone only
-        once it stays so while another replica of the model has requests waiting
+        not stepping: nothing running, waiting or held (``Replicas.gauges``); it is gone
+        once it stays so through ``QUIET_READS`` reads in which the model's replicas that step
+        had as many requests in flight as the model has replicas, until it steps again
         (``Replicas.gone``)."""
         found: list[_PodKV] = []
         wrong: list[PodError] = []
@@ -377,18 +378,23 @@ class PageReader:
         refused: set[str] = set()
         gauges = [*engine.kv.names, *engine.waiting.names, *engine.running.names]
         picked: list[tuple[str, str, Page, ByName]] = []
-        queued = False  # a replica of the model that steps has requests waiting
+        ongoing = 0.0  # requests running or waiting at the replicas of the model that step
+        keep = self._keep(engine)
         for replica, mine in units.items():  # the cluster's model's (``read``)
             live = [p for p, (_, on) in mine.items() if any(n in on for n in gauges)]
             process = self._replicas.current(replica, list(mine), live)
             node, samples = mine[process]
             if process in live:
-                queued = queued or any(_pod_total(samples, engine.waiting, self._keep(engine)))
+                ongoing += sum(_pod_total(samples, engine.waiting, keep))
+                ongoing += sum(_pod_total(samples, engine.running, keep))
             picked.append((replica, process, node, samples))
+        # Ray Serve sends each request to the less loaded of two replicas drawn at random: with
+        # as many requests in flight as replicas, a live one that does not step is sent work
+        busy = ongoing >= len(picked)
         for replica, process, node, samples in picked:
-            samples = self._replicas.gauges(replica, process, samples, gauges, queued)
-            if queued and self._replicas.gone(replica):
-                continue  # not stepping beside a sibling that queues: gone
+            samples = self._replicas.gauges(replica, process, samples, gauges, busy)
+            if self._replicas.gone(replica):
+                continue  # not stepping through QUIET_READS busy reads: gone until it steps
             name, chosen = self._kv_of(samples, engine)
             if name is None:
                 continue  # never seen with its KV use: nothing to read it by yet

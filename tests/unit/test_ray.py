@@ -346,30 +346,31 @@ def test_a_fleet_whose_lines_outnumber_the_label_cache_is_read_from_it_once_grow
             assert all(a.labels is b.labels for a, b in pairs)
 
 
-def test_a_replica_that_stopped_stepping_reads_idle_and_is_gone_beside_a_queue() -> None:
+def test_a_replica_that_stopped_stepping_reads_idle_and_is_gone_while_its_model_is_busy() -> None:
     """Found by an audit on a real Ray head: Ray Serve replaced a dead replica (a-2) under a
     new id (a-9); Ray dropped a-2's gauges and kept its histogram on the page, and it was
     read from its gauges as last seen (KV 0.85, 4 waiting) for good. A replica not stepping
-    holds nothing: it reads idle, and once it has stayed so for ``QUIET_READS`` while a
-    sibling queues (Ray Serve would have sent it work) it is gone. A review found the first
-    fix (gone after a minute beside any sibling that stepped) dropped a live replica at low
-    load and swung the cluster's capacity: beside siblings that do not queue it counts."""
+    holds nothing: it reads idle, and once it has stayed so through ``QUIET_READS`` reads in
+    which its model had as many requests in flight as replicas (Ray Serve would have sent it
+    work) it is gone until it steps. Two reviews shaped the rule: gone after a minute beside
+    any sibling that stepped dropped a live replica at low load; gone only beside a queue
+    came back whenever the queue cleared, and never went where load ran high without one."""
     r = reader(A)
-    a1 = Replica(A, Load(kv=0.5, waiting=1, blocks=20_000), "a-1", "01" * 28)
+    a1 = Replica(A, Load(kv=0.8, running=6, blocks=20_000), "a-1", "01" * 28)
     a2 = Replica(A, Load(kv=0.85, waiting=4, blocks=30_000), "a-2", "02" * 28)
-    a9 = Replica(A, Load(kv=0.1, blocks=30_000), "a-9", "09" * 28)
+    a9 = Replica(A, Load(kv=0.8, running=6, blocks=30_000), "a-9", "09" * 28)
     assert read(r, [node([a1, a2])]).replicas == 2
     dead = replace(a2, info=False, gauges=False)
     for _ in range(QUIET_READS - 1):
         kept = read(r, [node([a1, dead, a9])])
-        assert (kept.replicas, kept.queue_depth, kept.kv_max) == (3, 1.0, 0.5)  # idle, not 0.85
-        assert kept.kv_mean == pytest.approx(0.2)
+        assert (kept.replicas, kept.queue_depth, kept.kv_max) == (3, 0.0, 0.8)  # idle, not 0.85
     after = read(r, [node([a1, dead, a9])])
-    assert (after.replicas, after.queue_depth) == (2, 1.0)
-    assert after.kv_mean == pytest.approx(0.3) and after.kv_tokens == (20_000 + 30_000) * 16
+    assert (after.replicas, after.kv_mean, after.kv_tokens) == (2, 0.8, (20_000 + 30_000) * 16)
+    calmer = [replace(x, load=Load(kv=0.2, blocks=x.load.blocks)) for x in (a1, a9)]
+    assert read(r, [node([calmer[0], dead, calmer[1]])]).replicas == 2  # gone until it steps
 
-    calm = reader(A)  # the siblings step and nobody queues: low load, a-2 idle counts
-    quiet = replace(a1, load=Load(kv=0.3, blocks=20_000))
+    calm = reader(A)  # one request in flight for two replicas: low load, a-2 idle counts
+    quiet = replace(a1, load=Load(kv=0.3, running=1, blocks=20_000))
     read(calm, [node([quiet, a2])])
     for _ in range(3 * QUIET_READS):
         metrics = read(calm, [node([quiet, dead])])
