@@ -69,7 +69,10 @@ def source_factory(
     # One limiter for every page of every cluster: bounded, clusters served in the order
     # their fetches began (sources/limiter.py), so one big cluster's pages queue among the
     # others' instead of starving them.
-    limiter = Limiter(settings.scrape.max_concurrency, grace=settings.scrape.timeout / 2)
+    # a first page waits at most half a request's timeout, and never past a quarter of the
+    # interval (a timeout near the interval would leave no time after it in the tick)
+    grace = min(settings.scrape.timeout / 2, settings.interval / 4)
+    limiter = Limiter(settings.scrape.max_concurrency, grace=grace)
     shared = shared or SharedPages()
     queries, scrape = settings.prometheus_queries, settings.scrape
     queriers = shared_queriers(settings.queriers, queries, scrape, session)

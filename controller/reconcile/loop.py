@@ -203,9 +203,12 @@ class Reconciler:
             self._conditions.observe(
                 "weighing raised", ("weigh", found.key), "error", target=found.key, exc_info=exc
             )
-            note = f"the law raised {type(exc).__name__}: held as it is (the log has the traceback)"
+            note = (
+                f"the law raised {type(exc).__name__}: held as it is, but for unhealthy "
+                "clusters' share, handed to the healthy (the log has the traceback)"
+            )
             held = Decision(None, {}, Mode.NO_DATA, False, (note,), law=self._settings.weights.law)
-            return Plan(found, target, dict(target.weights), held)
+            return Plan(found, target, weights.drained(target, inputs), held)
         self._conditions.clear(("weigh", found.key))
         return Plan(found, target, desired, decision)
 

@@ -53,6 +53,9 @@ def file_problems(settings: Settings) -> list[str]:
                 token=True,
             )
             readable(f"clusters[{i}].prometheus.ca_file", c.prometheus.ca_file, ca=True)
+    for i, q in enumerate(settings.queriers):  # found by a review: they were not checked
+        readable(f"queriers[{i}].bearer_token_file", q.bearer_token_file, token=True)
+        readable(f"queriers[{i}].ca_file", q.ca_file, ca=True)
     readable("kubernetes.kubeconfig", settings.kubernetes.kubeconfig)
     readable("server.tls_cert_file", settings.server.tls_cert_file)
     readable("server.tls_key_file", settings.server.tls_key_file)

@@ -63,7 +63,6 @@ class Limiter:
     ) -> None:
         self._free = size
         self._waiting: list[tuple[int, int, asyncio.Future[None], _Fetch]] = []
-        self._live = 0  # waiters not yet served or cancelled (the heap keeps cancelled ones)
         self._arrivals = itertools.count()
         self._grace = grace
         self._clock = clock
@@ -74,13 +73,12 @@ class Limiter:
 
     async def __aenter__(self) -> None:
         fetch = _FETCH.get() or _OUTSIDE
-        if self._free > 0 and self._live == 0:
+        if self._free > 0 and not self._queued():
             self._free -= 1
             fetch.served = True
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         heapq.heappush(self._waiting, (fetch.rank, next(self._arrivals), future, fetch))
-        self._live += 1
         if not fetch.served:
             if fetch.rank not in self._fresh:
                 fetch.since, self._fresh[fetch.rank] = self._now(), fetch
@@ -88,9 +86,7 @@ class Limiter:
         try:
             await future
         except asyncio.CancelledError:
-            if future.cancelled():
-                self._live -= 1
-            else:
+            if not future.cancelled():
                 self._release()  # handed a slot as it was cancelled: pass it on
             raise
 
@@ -129,9 +125,17 @@ class Limiter:
             del self._fresh[fetch.rank]  # every waiter of it was cancelled
         return False
 
+    def _queued(self) -> bool:
+        """A waiter not yet served or cancelled is queued. Read off the heap, cancelled and
+        served entries at its top dropped: a count kept beside it went stale between a
+        waiter's cancellation and its task running again, and a slot freed then left a
+        newcomer queued behind it with nobody to wake it (found by a review)."""
+        while self._waiting and self._waiting[0][2].done():
+            heapq.heappop(self._waiting)
+        return bool(self._waiting)
+
     def _grant(self, future: asyncio.Future[None], fetch: _Fetch) -> None:
         future.set_result(None)
-        self._live -= 1
         if not fetch.served:
             fetch.served = True
             fetch.waiting.clear()

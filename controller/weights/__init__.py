@@ -43,6 +43,25 @@ __all__ = [
 ]
 
 
+def drained(target: Target, signals: Mapping[str, Signals | None]) -> dict[str, int]:
+    """What ``target`` should hold when its law cannot decide (it raised: a bug): the weights
+    in force, but none left on a mapped ref whose cluster is unhealthy (no signals), its
+    share handed to the healthy ones in proportion to theirs. Unchanged where no healthy ref
+    holds any weight (never a write that sends all traffic nowhere), or a pause holds it."""
+    held = dict(target.weights)
+    if target.paused is not None:
+        return held
+    mapped = {r.name: r.cluster for r in target.refs if r.cluster is not None}
+    down = {n for n, c in mapped.items() if signals.get(c) is None}
+    up = {n: held.get(n, 0) for n in mapped if n not in down}
+    least = target.minimum  # the schema's lowest weight, where it has one
+    moving = sum(max(0, held.get(n, 0) - least) for n in down)
+    if not moving or sum(up.values()) <= 0:
+        return held
+    spread = proportional(up, sum(up.values()) + moving)
+    return {**held, **{n: min(held.get(n, 0), least) for n in down}, **spread}
+
+
 def budget(target: Target) -> int:
     """What the mapped refs of ``target`` share between them, on the object's scale.
 

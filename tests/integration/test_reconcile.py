@@ -444,7 +444,8 @@ async def test_a_law_that_raises_holds_its_target_and_weighs_the_others(
 ) -> None:
     """A bug in the law for one target is that target's alone: held as it is (mode no_data,
     counted under stage weigh, a condition with its traceback), and the other target is
-    weighed the same tick, where an exception in the list of plans failed the tick for all."""
+    weighed the same tick, where an exception in the list of plans failed the tick for all.
+    Held, but not on a dead cluster (a review): b refuses, and x's share of it goes to a."""
     from controller import weights as weights_module
 
     real = weights_module.weigh
@@ -467,6 +468,11 @@ async def test_a_law_that_raises_holds_its_target_and_weighs_the_others(
     loop = build_loop(settings, sources, _TwoTargets(), journal=False)
     with capture_logs() as logs:
         report = await loop.reconciler.tick()
+    assert report.targets["ExternalModel/ns/x"].outcome.applied == {"a": 50, "b": 50}
+    sources[1].next = ClusterMetrics.failed("b", time.time(), Reason.REFUSED, "refused")
+    with capture_logs():
+        drained = await loop.reconciler.tick()
+    assert drained.targets["ExternalModel/ns/x"].outcome.applied == {"a": 100, "b": 0}
     x, y = report.targets["ExternalModel/ns/x"], report.targets["ExternalModel/ns/y"]
     assert str(x.outcome.decision.mode) == "no_data" and x.outcome.write is Write.NONE
     assert "the law raised ZeroDivisionError" in x.outcome.decision.notes[0]
@@ -475,4 +481,4 @@ async def test_a_law_that_raises_holds_its_target_and_weighs_the_others(
     samples = loop.registry.get_sample_value(
         "weight_controller_reconcile_errors_total", {"stage": "weigh"}
     )
-    assert samples == 1.0
+    assert samples == 2.0  # both ticks

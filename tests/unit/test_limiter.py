@@ -132,3 +132,30 @@ async def test_a_fetch_waiting_grace_for_its_first_slot_goes_ahead_of_the_ranks(
     assert log[-1] == "h3"
     async with limiter, limiter:  # both slots came back: nothing leaked
         pass
+
+
+async def test_a_slot_freed_while_a_cancelled_waiter_has_not_run_again_is_taken() -> None:
+    """Found by a review: a waiter cancelled after a holder's wake-up was queued, the holder
+    released its slot before the waiter's task ran again, and the count of waiters was still
+    up: the holder's next request queued behind the free slot, with nobody to wake it."""
+    limiter = Limiter(1)
+    go = asyncio.Event()
+
+    async def holder() -> str:
+        async with limiter:
+            await go.wait()
+        async with limiter:  # the next request, right after releasing
+            return "second slot"
+
+    async def waiter() -> None:
+        async with limiter:
+            pass
+
+    held = asyncio.create_task(holder())
+    await asyncio.sleep(0)
+    doomed = asyncio.create_task(waiter())
+    await asyncio.sleep(0)
+    go.set()  # the holder's wake-up is queued first...
+    doomed.cancel()  # ...then the waiter's future is cancelled, its task to run later
+    assert await asyncio.wait_for(held, 1) == "second slot"
+    await asyncio.gather(doomed, return_exceptions=True)

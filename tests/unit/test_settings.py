@@ -406,3 +406,19 @@ def test_a_token_file_no_header_can_carry_is_refused_at_start_up(
     done = cli("check-config", str(write(tmp_path, text)))
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert f"clusters[0].bearer_token_file: {token}: the token is empty or holds" in done.stderr
+
+
+def test_a_querier_s_token_and_ca_files_are_checked_at_start_up(tmp_path: Path) -> None:
+    """Found by a review: a shared querier's empty token file and missing CA bundle passed
+    check-config, then every query of every cluster behind it failed (auth; a traceback)."""
+    token = tmp_path / "token"
+    token.write_bytes(b"")
+    text = (
+        "queriers: [{name: hub, url: 'https://127.0.0.1:1/', "
+        f"bearer_token_file: {token}, ca_file: /nonexistent/ca.pem}}]\n"
+        "clusters: [{name: a, prometheus: {querier: hub, cluster: a}}]\n"
+    )
+    done = cli("check-config", str(write(tmp_path, text)))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"queriers[0].bearer_token_file: {token}: the token is empty" in done.stderr
+    assert "queriers[0].ca_file: cannot read /nonexistent/ca.pem" in done.stderr
