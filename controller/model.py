@@ -118,8 +118,7 @@ class CapacityFrom(StrEnum):
     REPLICAS = "replicas"  # the Ray Serve replicas on the Ray nodes' pages that answered
     # Estimated where the pages publish no pool (``signals.on_one_basis``): its running
     # requests × the tokens a running request holds on the target's clusters that publish
-    # theirs, over its own KV use; or, before it has load to measure, its pods × their
-    # smallest pod.
+    # theirs, over its own KV use (before it has load to measure: LEARNED_PER_POD).
     MEASURED = "measured"
     # KV_BLOCKS, some replicas' pools as last seen: Ray drops a gauge that is not set again
     # (vLLM sets its pool's once, at start), so a Ray Serve replica's is kept while it lives.

@@ -19,12 +19,12 @@ Nothing is filled in: a step the record has no share at is absent, and said so.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from controller.errors import FetchError
+from controller.settings.queries import quoted
 from controller.sources.answers import Series
 from controller.sources.prometheus import Querier
 
@@ -164,9 +164,9 @@ async def _measured(
     """``target``'s record from the querier that holds it, with what the controller measured
     of it there: its realised share and its actuation delay."""
     querier = held.querier
-    quoted = json.dumps(target)  # a PromQL string: Go's escapes are JSON's
-    realised = await querier.series_over(REALISED.format(target=quoted), start, end, step)
-    delays = await querier.series_over(DELAY.format(target=quoted), start, end, step)
+    key = quoted(target)
+    realised = await querier.series_over(REALISED.format(target=key), start, end, step)
+    delays = await querier.series_over(DELAY.format(target=key), start, end, step)
     missing = [held.unread] if held.unread else []
     for what, read in (("its realised share", realised), ("its delay", delays)):
         errors = [a for a in read.values() if isinstance(a, FetchError)]

@@ -25,7 +25,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic.networks import HttpUrl as AnyHttpUrl
+from pydantic.networks import HttpUrl as _PydanticHttpUrl
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from controller.engines import AUTO, ENGINES, Engine, Family, Pool, parse_family
@@ -57,7 +57,7 @@ class _Group(BaseModel):
 _LABEL_NAME = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
 
 
-def _dialable(url: AnyHttpUrl) -> AnyHttpUrl:
+def _dialable(url: _PydanticHttpUrl) -> _PydanticHttpUrl:
     """A host the HTTP client can ask for: one that encodes as a DNS name (no empty label, none
     over 63 characters). pydantic takes ``http://a..b/``, which failed every fetch as
     ``internal`` (UnicodeError from the IDNA codec: found by an attack)."""
@@ -70,7 +70,7 @@ def _dialable(url: AnyHttpUrl) -> AnyHttpUrl:
     return url
 
 
-HttpUrl = Annotated[AnyHttpUrl, AfterValidator(_dialable)]
+HttpUrl = Annotated[_PydanticHttpUrl, AfterValidator(_dialable)]
 
 
 def _label_names(value: dict[str, str]) -> dict[str, str]:

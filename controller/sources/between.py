@@ -196,8 +196,8 @@ QUIET_READS = 6
 class _Replica:
     processes: list[str] = field(default_factory=list)  # in the order first seen
     pools: dict[str, float] = field(default_factory=dict)  # by process: its pool, last seen
-    pool: float | None = None  # the last pool seen of any of its processes
     gauges: dict[str, dict[str, list[Sample]]] = field(default_factory=dict)  # likewise
+    pool: float | None = None  # the last pool seen of any of its processes
     unseen: int = 0  # reads since it was last on a page
     quiet: int = 0  # busy reads since its gauges were last on one
     own: str | None = None  # the process whose gauges were, then

@@ -113,8 +113,8 @@ class Limiter:
     def _starving(self) -> bool:
         """Serve the fetch that has waited longest for its first slot, if ``grace`` or more."""
         now = self._now()
-        while self._fresh:
-            fetch = min(self._fresh.values(), key=lambda f: f.since)
+        while self._fresh:  # oldest first: each is added as its first waiter comes
+            fetch = next(iter(self._fresh.values()))
             if now - fetch.since < self._grace:
                 return False
             while fetch.waiting:
