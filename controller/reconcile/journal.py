@@ -48,7 +48,7 @@ class Journal:
             self._control(target)
         for target in current.targets.values():
             self._write(target, current)
-        for prefix in ("fail static", "control", "write"):
+        for prefix in ("fail static", "control", "write", "weigh"):
             self._conditions.retain((prefix,), {(prefix, key) for key in current.targets})
         summary = self._summary_due()
         self._statuses(previous, current, summary)

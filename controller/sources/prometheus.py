@@ -105,10 +105,10 @@ def answer_series(body: str, url: str) -> list[tuple[dict[str, str], float]]:
     result: Any = data.get("result")
     try:
         if data.get("resultType") == "scalar":
-            return [({}, float(result[1]))]
+            return [({}, _value(result[1]))]
         if data.get("resultType") == "vector":
             return [
-                ({str(k): str(v) for k, v in (item.get("metric") or {}).items()}, float(value[1]))
+                ({str(k): str(v) for k, v in (item.get("metric") or {}).items()}, _value(value[1]))
                 for item in result
                 for value in [item["value"]]
             ]
@@ -121,6 +121,15 @@ def answer_series(body: str, url: str) -> list[tuple[dict[str, str], float]]:
 # past a float's range written as a JSON integer (10^400) is one (OverflowError), found by an
 # attack that failed a shared querier's every cluster as ``internal`` with it.
 _MALFORMED = (TypeError, KeyError, IndexError, ValueError, AttributeError, OverflowError)
+
+
+def _value(text: Any) -> float:
+    """A sample's value as the query API writes it, a string ("0.5", "NaN", "+Inf"): a JSON
+    ``true`` read as 1.0 where a KV use is read (found by an attack), so anything else is
+    malformed."""
+    if not isinstance(text, str):
+        raise TypeError(f"a value that is not a string: {text!r}")
+    return float(text)
 
 
 def _data(body: str, url: str) -> dict[str, Any]:

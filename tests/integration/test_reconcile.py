@@ -429,11 +429,14 @@ async def test_a_cluster_that_dies_leaves_when_no_routed_request_arrived_anywher
 
 
 class _TwoTargets:
-    """Two targets over clusters a and b, x and y; every write is done."""
+    """Targets over clusters a and b, x and y (``names``); every write is done."""
+
+    def __init__(self) -> None:
+        self.names: tuple[str, ...] = ("x", "y")
 
     async def discover(self) -> Discovery:
         one = object_target({"a": 50, "b": 50})
-        return Discovery(tuple(replace(one, name=n, uid=n) for n in ("x", "y")))
+        return Discovery(tuple(replace(one, name=n, uid=n) for n in self.names))
 
     async def write(self, target: Target, desired: Mapping[str, int], why: str) -> WriteResult:
         return WriteResult(Write.DONE, target.holding(desired))
@@ -465,7 +468,8 @@ async def test_a_law_that_raises_holds_its_target_and_weighs_the_others(
     sources = [ScriptedSource(n) for n in "ab"]
     for source in sources:
         source.next = ClusterMetrics(source.name, time.time(), 0.01, 1, 1, kv_mean=0.3, kv_max=0.3)
-    loop = build_loop(settings, sources, _TwoTargets(), journal=False)
+    publisher = _TwoTargets()
+    loop = build_loop(settings, sources, publisher)
     with capture_logs() as logs:
         report = await loop.reconciler.tick()
     assert report.targets["ExternalModel/ns/x"].outcome.applied == {"a": 50, "b": 50}
@@ -482,3 +486,8 @@ async def test_a_law_that_raises_holds_its_target_and_weighs_the_others(
         "weight_controller_reconcile_errors_total", {"stage": "weigh"}
     )
     assert samples == 2.0  # both ticks
+    publisher.names = ("y",)  # x is deleted: its condition ends with it
+    with capture_logs() as later:
+        await loop.reconciler.tick()
+    ended = [e for e in later if e["event"] == "condition ended"]
+    assert [e["condition"] for e in ended] == ["weighing raised"]

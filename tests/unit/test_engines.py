@@ -404,3 +404,20 @@ def test_counts_that_sum_past_a_float_s_range_are_unknown_not_infinite() -> None
     assert all(isinstance(p, Page) for p in pages)
     metrics = reader.read(pages, None, 0.0, 0.0)
     assert metrics.kv_mean == 0.5 and (metrics.queue_depth, metrics.running) == (None, None)
+
+
+def test_an_instant_answer_s_value_that_is_not_a_string_is_malformed() -> None:
+    """Found by an attack: a querier answering ``true`` for a value was read as KV 1.0; the
+    query API writes every value as a string."""
+    from controller.errors import FetchParseError
+    from controller.sources.prometheus import answer_series
+
+    for value in ("true", "1", "null"):
+        body = (
+            '{"status":"success","data":{"resultType":"vector","result":[{"metric":{"c":"a"},'
+            f'"value":[100,{value}]}}]}}}}'
+        )
+        with pytest.raises(FetchParseError, match="not a string"):
+            answer_series(body, "u")
+    fine = body.replace("null", '"0.5"')
+    assert answer_series(fine, "u") == [({"c": "a"}, 0.5)]
