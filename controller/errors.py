@@ -12,6 +12,7 @@ WeightControllerError
     ├── FetchAuthError
     ├── FetchRedirectError
     ├── FetchTooLargeError
+    ├── FetchTooManySamplesError
     ├── FetchContentTypeError
     └── FetchParseError
 """
@@ -103,6 +104,10 @@ class FetchRedirectError(FetchError):
 
 class FetchTooLargeError(FetchError):
     reason = Reason.TOO_LARGE
+
+
+class FetchTooManySamplesError(FetchError):
+    reason = Reason.TOO_MANY_SAMPLES
 
 
 class FetchParseError(FetchError):

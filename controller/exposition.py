@@ -715,6 +715,7 @@ class PageStream:
         self._pending = 0
         self._skipping = False
         self.result = Extraction(fold=fold)
+        self._folded = 0  # lines the fold has summed (``taken``)
         self.head = ""
         self.tail = ""  # the page's last few characters (``ends_with_eof``)
         self.size = 0
@@ -751,7 +752,16 @@ class PageStream:
         for start in range(0, len(text), PIECE):
             self._piece(text[start : start + PIECE])
             if fold is not None and len(fold.values) >= FOLD_BATCH:
+                self._folded += len(fold.values)
                 fold.settle()
+
+    @property
+    def taken(self) -> int:
+        """The wanted samples read so far, folded ones too (a page's size in what it costs to
+        hold: ``http.get_page`` caps it)."""
+        fold = self.result.fold
+        held = sum(map(len, self.result.grouped.values()))
+        return held + self._folded + (len(fold.values) if fold is not None else 0)
 
     def _piece(self, text: str) -> None:
         if not text:

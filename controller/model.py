@@ -89,6 +89,7 @@ class Reason(StrEnum):
     CONTENT_TYPE = "content_type"  # not a metrics format, or a body its type contradicts
     TRUNCATED = "truncated"
     TOO_LARGE = "too_large"
+    TOO_MANY_SAMPLES = "too_many_samples"  # more wanted samples than scrape.max_page_samples
     OUT_OF_RANGE = "out_of_range"
     # Read past on a usable page (``ClusterMetrics.notices``): a series repeated on the page
     # (kept at its first sample), lines whose value would be wrong (a NaN timestamp, an le

@@ -567,6 +567,16 @@ class ScrapeSettings(_Group):
         description="A /metrics page larger than this is refused while reading: far above a "
         "busy vLLM page, far below what would hurt the process.",
     )
+    max_page_samples: int = Field(
+        default=20000,
+        ge=1000,
+        le=10_000_000,
+        description="A page with more wanted samples than this is refused while reading "
+        "(too_many_samples), as Prometheus's sample_limit fails a scrape: each costs about a "
+        "kilobyte while its page is read, so a page of a few megabytes of tiny series would "
+        "hold over a hundred. A vLLM pod's page holds ~250, a Ray node's of 16 replicas ~450, "
+        "an EPP's ~40 for each model and target model (LoRA adapter) it serves.",
+    )
     max_concurrency: int = Field(
         default=32,
         ge=1,

@@ -26,6 +26,7 @@ from controller.errors import (
     FetchRefusedError,
     FetchTimeoutError,
     FetchTooLargeError,
+    FetchTooManySamplesError,
     FetchTruncatedError,
 )
 from controller.exposition import PageStream
@@ -79,8 +80,9 @@ def ssl_context(ca_file: Path | None, insecure: bool) -> ssl.SSLContext | bool:
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
-    """How to GET one URL: its timeout, size cap, credentials and TLS settings, and the
-    limiter shared by every endpoint of the process (how many requests may run at once)."""
+    """How to GET one URL: its timeout, size caps (bytes, and a page's wanted samples),
+    credentials and TLS settings, and the limiter shared by every endpoint of the process
+    (how many requests may run at once)."""
 
     url: str
     timeout: float
@@ -88,6 +90,7 @@ class Endpoint:
     token: TokenFile | None = None
     tls: ssl.SSLContext | bool = True
     limiter: Limiter | None = None
+    max_samples: int | None = None  # a page's (``get_page``); None: no cap (queriers' JSON)
     # Parsed once: yarl keeps a small cache of parsed strings, which a fleet of distinct pod
     # URLs misses on every request (~14 µs a page; benchmarks/HISTORY.md).
     target: URL | str = field(init=False, repr=False, compare=False)
@@ -111,8 +114,23 @@ async def get_page(
     session: aiohttp.ClientSession, endpoint: Endpoint, accept: str, stream: PageStream
 ) -> PageStream:
     """A 200 response fed into ``stream`` as it arrives (the page is never held whole), read
-    by the format its ``Content-Type`` names."""
-    await _get(session, endpoint, accept, stream.feed, stream.declare)
+    by the format its ``Content-Type`` names. A page with more wanted samples than
+    ``endpoint.max_samples`` is refused as soon as a piece takes it past (Prometheus's
+    ``sample_limit`` fails such a scrape whole, docs/configuration/configuration.md): its
+    samples cost ~1 KB each while held, so a few megabytes of tiny series would hold over a
+    hundred, the body cap alone bounds text, not what it becomes."""
+    limit = endpoint.max_samples
+    if limit is None:
+        await _get(session, endpoint, accept, stream.feed, stream.declare)
+        return stream
+
+    def feed(text: str) -> None:
+        stream.feed(text)
+        if stream.taken > limit:
+            detail = f"more than {limit} wanted samples (scrape.max_page_samples)"
+            raise FetchTooManySamplesError(endpoint.url, detail)
+
+    await _get(session, endpoint, accept, feed, stream.declare)
     return stream
 
 

@@ -160,8 +160,10 @@ class ScrapeSource:
             cluster.tls_insecure_skip_verify,
             timeout,
             scrape.max_body_bytes,
+            scrape.max_page_samples,
         )
         self._timeout, self._max_bytes, self._limiter = timeout, scrape.max_body_bytes, limiter
+        self._max_samples = scrape.max_page_samples
         self._name = cluster.name
         self._vllm = {str(url): self._endpoint(url, self._token) for url in cluster.vllm_urls}
         self._epp = self._endpoint(cluster.epp_url, self._epp_token) if cluster.epp_url else None
@@ -177,7 +179,13 @@ class ScrapeSource:
 
     def _endpoint(self, url: object, credential: TokenFile | None) -> Endpoint:
         return Endpoint(
-            str(url), self._timeout, self._max_bytes, credential, self._tls, self._limiter
+            str(url),
+            self._timeout,
+            self._max_bytes,
+            credential,
+            self._tls,
+            self._limiter,
+            self._max_samples,
         )
 
     @property

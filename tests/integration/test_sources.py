@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import time
+import tracemalloc
 from collections.abc import AsyncIterator, Awaitable, Callable
 from itertools import pairwise
 from pathlib import Path
@@ -486,6 +487,49 @@ async def test_one_pod_down_keeps_the_others(serve: Serve, session: aiohttp.Clie
     assert metrics.kv_mean == 0.3
     assert (metrics.pods_scraped, metrics.pods_answering) == (2, 1)
     assert [e.reason for e in metrics.errors] == [Reason.HTTP_STATUS]
+
+
+def _series_flood(size: int) -> bytes:
+    """``size`` bytes of tiny wanted series, each its own (a label counting up): the page a
+    broken exporter or a hostile pod serves, ~120,000 samples in 9 MB."""
+    lines, total, i = [v1_page([0.3])], 0, 0
+    while total < size:
+        line = f'vllm:num_requests_waiting{{engine="{i}",model_name="m"}} 1\n'
+        lines.append(line)
+        total, i = total + len(line), i + 1
+    return "".join(lines).encode()
+
+
+@pytest.mark.parametrize("cap", [None, 1000], ids=["default", "floor"])
+async def test_a_flood_of_tiny_series_is_refused_before_it_is_held(
+    serve: Serve, session: aiohttp.ClientSession, cap: int | None
+) -> None:
+    """9 MB of tiny series, under the body cap, would hold ~110 MB as samples (~1 KB each):
+    refused while reading once past ``scrape.max_page_samples``, by name, the pod beside it
+    read, and the peak of what the fetch allocates a small part of that."""
+    body = _series_flood(9 * 1024 * 1024)
+
+    async def flood(_: web.Request) -> web.Response:
+        return web.Response(body=body, content_type="text/plain")
+
+    server = await serve({"/flood": flood, "/ok": text_handler(v1_page([0.4]))})
+    scrape = {"max_body_bytes": 16 * 1024 * 1024, **({"max_page_samples": cap} if cap else {})}
+    urls = [server.url("/flood"), server.url("/ok")]
+    src = source(session, timeout=5.0, vllm_urls=urls, scrape=scrape)
+    tracemalloc.start()
+    try:
+        metrics = await src.fetch()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    (error,) = metrics.errors
+    limit = cap or ScrapeSettings().max_page_samples
+    assert (error.url, error.reason) == (urls[0], Reason.TOO_MANY_SAMPLES)
+    assert (
+        f"more than {limit} wanted samples" in error.detail and "max_page_samples" in error.detail
+    )
+    assert (metrics.pods_answering, metrics.kv_mean) == (1, 0.4)
+    assert peak < 40 * 1024 * 1024, peak  # read whole, the samples alone held ~110 MB
 
 
 async def test_a_nan_in_the_new_kv_name_falls_back_to_the_old_name_for_that_series(

@@ -24,6 +24,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 KV = 'vllm:kv_cache_usage_perc{engine="0",model_name="m"}'
 GOOD = f"# TYPE vllm:kv_cache_usage_perc gauge\n{KV} 0.3\n"
 MAX_BODY = 64 * 1024
+MAX_SAMPLES = 1000  # scrape.max_page_samples's floor
+SERIES_FLOOD = "".join(f'vllm:num_requests_running{{engine="{i}"}} 1\n' for i in range(1200))
 TOKEN_NOW = ["first-token"]
 FUTURE_MS = 4_102_444_800_000  # 2100-01-01, in the page's milliseconds
 
@@ -124,6 +126,8 @@ ROWS: list[tuple[str, Handler | str, str | None]] = [
     ("cut-mid-value", cut(f"{KV} 0."), "truncated"),
     ("empty", page(""), "truncated"),
     ("oversized", page(GOOD + "# pad " + "x" * MAX_BODY + "\n"), "too_large"),
+    # under the body cap, but more tiny series than scrape.max_page_samples (set at its floor)
+    ("series-flood", page(GOOD + SERIES_FLOOD), "too_many_samples"),
     (
         "gzip-bomb",
         raw(gzip.compress(b"# " + b"0" * (20 * MAX_BODY) + b"\n"), **{"Content-Encoding": "gzip"}),
@@ -190,7 +194,12 @@ async def run_matrix(tmp: Path) -> dict[str, Any]:
     config = {
         "interval": "2s",
         "clusters": clusters,
-        "scrape": {"timeout": "1s", "max_body_bytes": MAX_BODY, "min_latency_requests": 1},
+        "scrape": {
+            "timeout": "1s",
+            "max_body_bytes": MAX_BODY,
+            "max_page_samples": MAX_SAMPLES,
+            "min_latency_requests": 1,
+        },
         "server": {"bind": f"127.0.0.1:{free_port()}"},
         "log": {"format": "json"},
     }
