@@ -329,6 +329,10 @@ class Target:
     # metadata.annotations exactly as read (None: the object has none): a write tests that
     # they are unchanged, so a pause or pin a person set meanwhile refuses it
     annotations: Mapping[str, Any] | None = None
+    # ExternalModel: metadata.labels exactly as read (None: it has none), which opted it in
+    # (``kubernetes.label_selector``): a write tests them too, so one taken out of the
+    # controller's hands since the read is never written
+    labels: Mapping[str, Any] | None = None
     last_applied: Mapping[str, int] | None = None
     # (manager, time) of each managedFields entry that changed the object itself (not a
     # subresource such as status): who may have edited the weights, and when

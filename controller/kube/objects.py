@@ -164,6 +164,7 @@ def _target(
         resource_version=str(meta.get("resourceVersion", "")),
         refs=tuple(refs),
         annotations=_as_read(meta.get("annotations")),
+        labels=_as_read(meta.get("labels")) if kind == "ExternalModel" else None,
         last_applied=_last_applied(annotations, last_applied_key(rule)),
         writers=_writers(obj),
         rule=rule,
@@ -174,10 +175,10 @@ def _target(
     )
 
 
-def _as_read(annotations: Any) -> dict[str, Any] | None:
-    """The annotations as the API server holds them, for a patch to ``test``: a copy, never
-    coerced (a value changed here would make every write a conflict)."""
-    return None if annotations is None else dict(annotations)
+def _as_read(mapping: Any) -> dict[str, Any] | None:
+    """Annotations or labels as the API server holds them, for a patch to ``test``: a copy,
+    never coerced (a value changed here would make every write a conflict)."""
+    return None if mapping is None else dict(mapping)
 
 
 def _paused(annotations: Mapping[str, str]) -> str | None:
@@ -387,11 +388,12 @@ def _escape(key: str) -> str:
 
 def weight_patch(target: Target, desired: Mapping[str, int], stamp: str) -> list[Json]:
     """A JSON Patch that ``test``s each ref's name at its index, the weight it was read with,
-    and the annotations as read (or, where there were none, the resourceVersion), before
-    setting the new weights — if the list was reordered, someone changed a weight, or a person
-    paused or pinned the object since it was read, the API server rejects the whole patch
-    (422) and the loop re-reads and weighs again, instead of giving a weight to the wrong
-    provider or overwriting a hand edit or a pause blind — and records what we applied."""
+    and the annotations as read (or, where there were none, the resourceVersion), and an
+    ExternalModel's labels as read (its opt-in), before setting the new weights — if the list
+    was reordered, someone changed a weight, or a person paused, pinned or un-labelled the
+    object since it was read, the API server rejects the whole patch (422) and the loop
+    re-reads and weighs again, instead of giving a weight to the wrong provider or
+    overwriting a hand edit, a pause or an opt-out blind — and records what we applied."""
     ops: list[Json] = []
     for ref in target.refs:
         if ref.name not in desired:
@@ -401,6 +403,12 @@ def weight_patch(target: Target, desired: Mapping[str, int], stamp: str) -> list
             ops.append({"op": "test", "path": ref.path + "/weight", "value": ref.weight})
         if desired[ref.name] != ref.weight:
             ops.append({"op": "add", "path": ref.path + "/weight", "value": desired[ref.name]})
+    if target.labels is not None:  # still opted in as it was read (a watch may lag)
+        ops.append({"op": "test", "path": "/metadata/labels", "value": target.labels})
+    elif target.kind == "ExternalModel" and target.annotations is not None:
+        # no labels to test (a selector that takes objects without): nothing changed at all
+        rv = target.resource_version
+        ops.append({"op": "test", "path": "/metadata/resourceVersion", "value": rv})
     record = json.dumps({"weights": dict(sorted(desired.items())), "time": stamp})
     key = last_applied_key(target.rule)
     if target.annotations is not None:

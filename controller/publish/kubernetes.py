@@ -124,16 +124,12 @@ class KubernetesPublisher:
             return WriteResult(Write.FAILED, target, str(exc), exc.reason)
 
     async def _reread(self, target: Target) -> WriteResult:
-        """After a conflict: the object as it is now (``CONFLICT``), or why there is none."""
-        group, version, plural = _gvp(target)
+        """After a conflict: the object as it is now (``CONFLICT``), or why there is none (an
+        ExternalModel no longer opted in is gone for us: read through the label selector, as
+        discovery lists it, and never written again from a watch that lags)."""
         try:
-            obj = await self._call(
-                f"get {plural} {target.namespace}/{target.name}",
-                lambda: self._custom.get_namespaced_custom_object(
-                    group, version, target.namespace, plural, target.name
-                ),
-            )
-            fresh = await self.discovery.parse(obj, target)
+            obj = await self._fresh(target)
+            fresh = await self.discovery.parse(obj, target) if obj is not None else None
         except APINotFoundError:
             fresh = None
         except APIError as exc:
@@ -152,6 +148,35 @@ class KubernetesPublisher:
             )
         self.discovery.remember(fresh)
         return WriteResult(Write.CONFLICT, fresh)
+
+    async def _fresh(self, target: Target) -> Mapping[str, Any] | None:
+        """``target``'s object as the API server holds it now; an ExternalModel only while
+        ``kubernetes.label_selector`` still selects it (the server judges the selector)."""
+        group, version, plural = _gvp(target)
+        where = f"{target.namespace}/{target.name}"
+        if target.kind == "HTTPRoute":  # configured by name, not opted in by label
+            return await self._call(
+                f"get {plural} {where}",
+                lambda: self._custom.get_namespaced_custom_object(
+                    group, version, target.namespace, plural, target.name
+                ),
+            )
+        listed = await self._call(
+            f"list {plural} {where} ({self._kube.label_selector})",
+            lambda: self._custom.list_namespaced_custom_object(
+                group,
+                version,
+                target.namespace,
+                plural,
+                label_selector=self._kube.label_selector,
+                field_selector=f"metadata.name={target.name}",
+            ),
+        )
+        items = listed.get("items") or [] if isinstance(listed, Mapping) else []
+        if not items:
+            log.info("target no longer opted in or gone", target=target.key)
+            return None
+        return items[0]  # type: ignore[no-any-return]
 
     async def _patch(self, target: Target, desired: Mapping[str, int], why: str) -> Target:
         target = await self._after_own_writes(target)

@@ -983,6 +983,52 @@ async def test_a_pause_set_after_the_read_is_never_written_over(
     assert view.decision.mode.value == "paused"  # decided again from the fresh read
 
 
+@pytest.mark.parametrize("watch", [False, True], ids=["listed", "stalled-watch"])
+async def test_a_model_opted_out_after_the_read_is_never_written(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet, watch: bool
+) -> None:
+    """A person takes the model out of the controller's hands (removes the opt-in label)
+    between its read and its patch, or while the watch it reads through has stalled silently:
+    the patch's test of the labels as read refuses each attempt, and the re-read, through the
+    label selector as discovery lists, finds it no longer ours. Not one write lands."""
+    from controller.kube.objects import MANAGED_LABEL
+
+    seed(apiserver, [("east", 50), ("west", 50)])
+    sims["east"].kv = 0.97
+
+    def unlabel() -> None:
+        apiserver.edit(
+            CRD,
+            "externalmodels",
+            NS,
+            "llama",
+            "oncall",
+            lambda obj: obj["metadata"]["labels"].pop(MANAGED_LABEL),
+        )
+
+    kube: dict[str, Any] = {"watch": watch}
+    if watch:
+        apiserver.watch_fault = "silent"  # the watch says nothing from its start
+        kube["watch_idle"] = 60  # and is not dropped while the test runs
+    else:
+        apiserver.before("PATCH", "externalmodels", unlabel)
+    async with Controller(settings_for(sims, kubernetes=kube), serve=False, api=api) as c:
+        if watch:
+            await c.once()  # listed, then written: ours until the label goes
+            unlabel()
+            written = weights_of(apiserver)
+        report = await c.once()
+        await ticks(c, 3)
+    obj = apiserver.get(CRD, "externalmodels", NS, "llama")
+    assert obj is not None and MANAGED_LABEL not in obj["metadata"]["labels"]
+    if watch:  # the stale cache offers it every tick; every patch is refused
+        assert weights_of(apiserver) == written != {"east": 50, "west": 50}
+    else:
+        assert weights_of(apiserver) == {"east": 50, "west": 50}
+        assert LAST_APPLIED not in (obj["metadata"].get("annotations") or {})
+        assert "ExternalModel/maas-system/llama" not in report.targets  # gone for us
+
+
 async def test_two_rules_of_one_route_are_written_in_one_tick(
     apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
 ) -> None:

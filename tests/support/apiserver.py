@@ -5,7 +5,9 @@ conventions (https://kubernetes.io/docs/reference/using-api/api-concepts/):
 
 - Paths: ``/api/v1/namespaces/{ns}/{plural}[/{name}]`` (core, e.g. events) and
   ``/apis/{group}/{version}/namespaces/{ns}/{plural}[/{name}]`` (leases, custom resources).
-- GET of one object; LIST with ``labelSelector`` equality terms (``a=b,c=d``), returning a
+- GET of one object; LIST with ``labelSelector`` equality terms (``a=b,c=d``) and
+  ``fieldSelector`` on ``metadata.name``/``metadata.namespace`` (what every kind, custom
+  resources too, can be selected by; another field is a ``400 BadRequest``), returning a
   ``{kind}List`` with ``metadata.resourceVersion``.
 - POST creates; ``metadata.generateName`` gets a random suffix; an existing name is
   ``409 AlreadyExists``.
@@ -276,7 +278,7 @@ class FakeAPIServer:
             return await self._watch(request, (prefix, plural, ns), selector)
         if request.method == "GET":
             self.listed.append((plural, ns))
-            return self._list(prefix, plural, ns, selector)
+            return self._list(prefix, plural, ns, selector, request.query.get("fieldSelector"))
         if request.method == "POST":
             return self._create(
                 prefix, plural, ns, body, request.query.get("fieldManager", "unknown")
@@ -543,13 +545,19 @@ class FakeAPIServer:
         self.requests.append((method, request.path, request.content_type, body))
         return body
 
-    def _list(self, prefix: str, plural: str, ns: str, selector: str) -> web.Response:
+    def _list(
+        self, prefix: str, plural: str, ns: str, selector: str, fields: str | None = None
+    ) -> web.Response:
         terms = [t.split("=", 1) for t in selector.split(",") if t]
+        wanted = [t.split("=", 1) for t in (fields or "").split(",") if t]
+        if unknown := [f for f, _ in wanted if f not in ("metadata.name", "metadata.namespace")]:
+            return status(400, "BadRequest", f'field label not supported: "{unknown[0]}"')
         items = [
             copy.deepcopy(obj)
             for (p, pl, n, _), obj in sorted(self.objects.items())
             if (p, pl, n) == (prefix, plural, ns)
             and all((obj["metadata"].get("labels") or {}).get(k) == v for k, v in terms)
+            and all(obj["metadata"].get(f.removeprefix("metadata.")) == v for f, v in wanted)
         ]
         kind = KINDS.get(plural, "Object") + "List"
         return web.json_response(
