@@ -302,6 +302,11 @@ def with_flags(settings: Settings, args: argparse.Namespace) -> Settings:
             }
         )
     if args.leader_elect:
+        from controller.settings.checks import leader_problems
+
+        dumped = settings.model_dump(mode="json")
+        if problems := leader_problems(dumped["kubernetes"], dumped["leader_election"], True):
+            raise ConfigError([f"{p} (--leader-elect)" for p in problems])
         election = election.model_copy(update={"enabled": True})
     served = settings.server
     binds = {"bind": args.metrics_bind_address, "probe_bind": args.health_probe_bind_address}

@@ -8,7 +8,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from controller.engines import AUTO, ENGINES
-from controller.settings.durations import INTERVAL, MAX_STALENESS, SCRAPE_TIMEOUT, seconds
+from controller.settings.durations import (
+    API_TIMEOUT,
+    INTERVAL,
+    MAX_STALENESS,
+    RENEW_DEADLINE,
+    RETRY_PERIOD,
+    SCRAPE_TIMEOUT,
+    seconds,
+)
 
 
 def cross_field_problems(data: Mapping[str, Any]) -> list[str]:
@@ -35,6 +43,7 @@ def cross_field_problems(data: Mapping[str, Any]) -> list[str]:
     problems += _engine_problems(data, clusters)
     kubernetes = data.get("kubernetes") or {}
     problems += _needs_kubernetes(kubernetes, data.get("leader_election"), clusters)
+    problems += leader_problems(kubernetes, data.get("leader_election"))
     routes = kubernetes.get("httproutes") if isinstance(kubernetes, dict) else None
     for index, route in enumerate(routes or []):
         backends = route.get("backends") if isinstance(route, dict) else None
@@ -45,6 +54,29 @@ def cross_field_problems(data: Mapping[str, Any]) -> list[str]:
                     f"no cluster named {cluster_name!r}"
                 )
     return problems
+
+
+def leader_problems(kubernetes: object, election: object, enabled: bool = False) -> list[str]:
+    """With leader election on (in the file, or ``enabled``: ``--leader-elect``), a leader
+    writes only with a whole ``api_timeout`` of its lease left (``publish.kubernetes``), and
+    its lease runs ``renew_deadline`` from a renewal begun every ``retry_period``: unless
+    ``api_timeout + retry_period < renew_deadline`` it may hold the Lease and never write
+    (nor let another replica)."""
+    kube = kubernetes if isinstance(kubernetes, dict) else {}
+    lease = election if isinstance(election, dict) else {}
+    if not (enabled or lease.get("enabled") is True):
+        return []
+    timeout = seconds(kube.get("api_timeout", API_TIMEOUT))
+    renew = seconds(lease.get("renew_deadline", RENEW_DEADLINE))
+    retry = seconds(lease.get("retry_period", RETRY_PERIOD))
+    if timeout is None or renew is None or retry is None or timeout + retry < renew:
+        return []
+    return [
+        f"kubernetes.api_timeout: {timeout:g}s with leader_election.retry_period {retry:g}s "
+        f"must stay under leader_election.renew_deadline {renew:g}s: a leader writes only "
+        "with a whole API timeout of its lease left, so it would hold the Lease and never "
+        "write (lower api_timeout, or raise renew_deadline and lease_duration)"
+    ]
 
 
 def _needs_kubernetes(

@@ -1,6 +1,6 @@
 """Durations as settings take them, and the defaults other settings are derived from.
 
-``500ms``, ``10s``, ``2m``, ``1h`` or a bare number of seconds. The two defaults here are read
+``500ms``, ``10s``, ``2m``, ``1h`` or a bare number of seconds. The defaults here are read
 by the schema (as field defaults) and by the cross-field checks (on raw, unvalidated data), so
 each is written once.
 """
@@ -22,6 +22,13 @@ half the interval when the interval is shorter)."""
 
 MAX_STALENESS = 60.0
 """Data older than this is stale: a minute of a 10 s interval is six ticks without news."""
+
+API_TIMEOUT = 5.0
+"""Per Kubernetes API call: a server slower than this counts as down."""
+
+RENEW_DEADLINE, RETRY_PERIOD = 10.0, 2.0
+"""Leader election: the leader stops writing when it could not renew for ``RENEW_DEADLINE``;
+it renews every ``RETRY_PERIOD``."""
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}

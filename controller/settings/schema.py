@@ -31,8 +31,11 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from controller.engines import AUTO, ENGINES, Engine, Family, Pool, parse_family
 from controller.settings import checks
 from controller.settings.durations import (
+    API_TIMEOUT,
     INTERVAL,
     MAX_STALENESS,
+    RENEW_DEADLINE,
+    RETRY_PERIOD,
     SCRAPE_TIMEOUT,
     Duration,
     parse_duration,
@@ -925,7 +928,10 @@ class KubernetesSettings(_Group):
     )
     context: str | None = Field(default=None, description="kubeconfig context to use.")
     api_timeout: Duration = Field(
-        default=5.0, description="Per API call; an API server slower than this counts as down."
+        default=API_TIMEOUT,
+        description="Per API call; an API server slower than this counts as down. With leader "
+        "election, api_timeout + retry_period must stay under renew_deadline: the leader "
+        "writes only with a whole API timeout of its lease left.",
     )
     write_retries: int = Field(
         default=3,
@@ -986,11 +992,11 @@ class LeaderSettings(_Group):
         description="How long followers wait after the last renewal before taking over.",
     )
     renew_deadline: Duration = Field(
-        default=10.0,
+        default=RENEW_DEADLINE,
         description="The leader stops writing if it could not renew for this long; shorter "
         "than lease_duration, so it stops before anyone else can start.",
     )
-    retry_period: Duration = Field(default=2.0, description="How often to renew or try.")
+    retry_period: Duration = Field(default=RETRY_PERIOD, description="How often to renew or try.")
 
     @model_validator(mode="after")
     def _ordered(self) -> Self:

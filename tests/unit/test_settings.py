@@ -212,6 +212,12 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
     )
 
 
+LEADER = (
+    "kubernetes.api_timeout: 8s with leader_election.retry_period 2s must stay under "
+    "leader_election.renew_deadline 10s: a leader writes only with a whole API timeout of its "
+    "lease left, so it would hold the Lease and never write (lower api_timeout, or raise "
+    "renew_deadline and lease_duration)"
+)
 CHECKS = [
     # (config text, a line that must appear) — each exits 2 with one line per problem
     (
@@ -247,6 +253,11 @@ CHECKS = [
         "prometheus_queries: {running: 'sum(x{a=\"b)\"}$selector}[5m]))'}\n",
         "prometheus_queries.running: its } at column 23 closes nothing",
     ),
+    (  # the leader would hold the Lease and never write: a stranger's attack
+        "clusters: [{name: a, vllm_urls: ['http://127.0.0.1:1/']}]\n"
+        "kubernetes: {api_timeout: 8s}\nleader_election: {enabled: true}\n",
+        LEADER,
+    ),
     (  # $quantile is the latency quantile's alone
         "clusters: [{name: a, prometheus: {url: 'http://127.0.0.1:1/'}}]\n"
         "prometheus_queries: {kv_max: 'quantile by ($by) ($quantile, x$selector)'}\n",
@@ -254,6 +265,22 @@ CHECKS = [
         "$and_by, $window, $lookback; write a literal $ as $$)",
     ),
 ]
+
+
+def test_run_with_leader_elect_refuses_a_timeout_no_lease_leaves_room_for(
+    tmp_path: Path,
+) -> None:
+    """``--leader-elect`` turns election on where the file did not: checked then, as the
+    file's setting is, before anything starts."""
+    text = (
+        "clusters: [{name: a, vllm_urls: ['http://127.0.0.1:1/']}]\n"
+        "kubernetes: {api_timeout: 8s}\nserver: {bind: '127.0.0.1:0'}\n"
+    )
+    path = write(tmp_path, text)
+    assert cli("check-config", str(path)).returncode == 0  # no election in the file: fine
+    done = cli("run", "--config", str(path), "--leader-elect")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [f"config error: {LEADER} (--leader-elect)"]
 
 
 @pytest.mark.parametrize(("text", "line"), CHECKS)
