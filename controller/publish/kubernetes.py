@@ -173,7 +173,7 @@ class KubernetesPublisher:
             ),
         )
         items = listed.get("items") or [] if isinstance(listed, Mapping) else []
-        return items[0] if items else None  # type: ignore[no-any-return]
+        return items[0] if items else None
 
     async def _patch(self, target: Target, desired: Mapping[str, int], why: str) -> Target:
         target = await self._after_own_writes(target)
