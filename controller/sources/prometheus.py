@@ -75,7 +75,15 @@ class Windows:
     def of(cls, queries: PrometheusQueries, push_interval: float) -> Windows:
         configured = seconds(queries.window) or 60.0  # the pattern admits "0m": never 0
         rate = max(configured, 4 * push_interval)
-        return cls(f"{rate:g}s", f"{2 * push_interval:g}s")
+        return cls(promql_duration(rate), promql_duration(2 * push_interval))
+
+
+def promql_duration(value: float) -> str:
+    """Seconds as PromQL writes a duration: whole units only (``model.ParseDuration``'s
+    ``[0-9]+(ms|s|…)``), so ``2.5`` is ``2500ms`` and ``1.2e6`` is ``1200000s`` (``2.5s`` and
+    ``1.2e+06s``, as ``:g`` wrote them, are a 400 on every query); at least ``1ms``."""
+    ms = max(1, round(value * 1000))
+    return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
 
 
 def queries_for(

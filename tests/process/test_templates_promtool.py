@@ -6,9 +6,11 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 from controller.settings.queries import PrometheusQueries, render
+from controller.sources.prometheus import Windows, queries_for
 from tests.support.prometheus import binary
 
 
@@ -90,3 +92,30 @@ def test_the_templates_on_promtool_both_spellings_and_each_sample_s_own_time(
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("push_interval", [1.25, 0.5, 7.3, 300000.0])
+def test_every_query_a_push_interval_gives_is_promql_prometheus_parses(
+    tmp_path: Path, push_interval: float
+) -> None:
+    """A stranger's attack: ``push_interval: 1.25s`` rendered ``$lookback`` as ``2.5s`` and
+    ``300000`` the rate window as ``1.2e+06s``, neither a PromQL duration (whole units
+    only): Prometheus answered every query 400, every tick, and check-config had passed.
+    Every query a querier sends, held to promtool's own parser (``check rules``)."""
+    queries = PrometheusQueries()
+    windows = Windows.of(queries, push_interval)
+    built = queries_for(queries, {"cluster": "a"}, "cluster", windows, ',cluster=~"a|b"')
+    rules = [{"record": f"check:{name}", "expr": text} for name, text in sorted(built.items())]
+    (tmp_path / "rules.yml").write_text(
+        yaml.safe_dump({"groups": [{"name": "queries", "rules": rules}]}, width=100_000)
+    )
+    done = subprocess.run(
+        [binary("promtool"), "check", "rules", "rules.yml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"SUCCESS: {len(rules)} rules found" in done.stdout
