@@ -4,10 +4,50 @@ refuses to start on them (one line each) instead of failing later mid-tick."""
 
 from __future__ import annotations
 
+import errno
+import os
 import ssl
+import stat
 from pathlib import Path
 
 from controller.settings.schema import Settings
+
+# A bearer token is a few kilobytes (a projected service-account token ~1 KB, an OIDC one a
+# few); a file larger than this is not one, and would go in every request's header.
+TOKEN_MAX_BYTES = 64 * 1024
+# What any other file the settings name may be (a system CA bundle is ~200 KB).
+FILE_MAX_BYTES = 16 * 1024 * 1024
+
+
+def read_regular(path: Path, limit: int) -> bytes:
+    """A regular file's bytes, at most ``limit`` of them, or an OSError saying why not. Opened
+    without blocking and judged on what was opened (``fstat``): a FIFO with no writer blocked
+    ``check-config`` for ever, and would block the event loop that reads a token (found by an
+    attack); a device or a directory is no file either. Follows symlinks (a projected token
+    is one)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file (a FIFO, device or directory)")
+        if info.st_size > limit:
+            raise OSError(errno.EFBIG, f"larger than {limit} bytes")
+        with os.fdopen(os.dup(fd), "rb") as file:
+            data = file.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:  # it grew since
+        raise OSError(errno.EFBIG, f"larger than {limit} bytes")
+    return data
+
+
+def read_token(path: Path) -> str:
+    """A bearer token file's text (``read_regular``), or why it cannot be one: an OSError, or a
+    ValueError (``token_problem``)."""
+    text = read_regular(path, TOKEN_MAX_BYTES).decode("utf-8", "replace")
+    if why := token_problem(text):
+        raise ValueError(why)
+    return text.strip()
 
 
 def token_problem(text: str) -> str | None:
@@ -30,9 +70,9 @@ def file_problems(settings: Settings) -> list[str]:
         if path is None:
             return
         try:
-            read = path.read_bytes()
+            read = read_regular(path, TOKEN_MAX_BYTES if token else FILE_MAX_BYTES)
             if ca:
-                ssl.create_default_context(cafile=str(path))
+                ssl.create_default_context(cadata=read.decode("utf-8", "replace"))
         except OSError as exc:
             problems.append(f"{where}: cannot read {path}: {exc.strerror or exc}")
             return

@@ -60,20 +60,37 @@ class _Group(BaseModel):
 _LABEL_NAME = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
 
 
-def _dialable(url: _PydanticHttpUrl) -> _PydanticHttpUrl:
-    """A host the HTTP client can ask for: one that encodes as a DNS name (no empty label, none
-    over 63 characters). pydantic takes ``http://a..b/``, which failed every fetch as
-    ``internal`` (UnicodeError from the IDNA codec: found by an attack)."""
-    host = url.host or ""
-    if not host.startswith("["):  # an IPv6 literal has no labels
+def _host_name(host: str) -> str:
+    """A host a client can ask for: one that encodes as a DNS name (no empty label, none over
+    63 characters), or an IPv6 literal. The IDNA codec raised UnicodeError on every fetch or
+    lookup of ``a..b`` (``internal``: found by attacks on URLs, then on ``pods.dns``)."""
+    if not host.startswith("[") and ":" not in host:  # an IPv6 literal has no labels
         try:
             host.encode("idna")
         except UnicodeError as exc:
             raise ValueError(f"{host!r} is not a host name: {exc}") from None
+    return host
+
+
+def _dialable(url: _PydanticHttpUrl) -> _PydanticHttpUrl:
+    _host_name(url.host or "")
     return url
 
 
 HttpUrl = Annotated[_PydanticHttpUrl, AfterValidator(_dialable)]
+HostName = Annotated[str, AfterValidator(_host_name)]
+
+
+def _host_port(value: str) -> str:
+    """``host:port`` (``[v6]:port``), the port a UDP port can be, the host a host name."""
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"{value!r} is not host:port with a port of 1-65535")
+    _host_name(host.removeprefix("[").removesuffix("]") if host.startswith("[") else host)
+    return value
+
+
+HostPort = Annotated[str, AfterValidator(_host_port)]
 
 
 def _label_names(value: dict[str, str]) -> dict[str, str]:
@@ -295,7 +312,7 @@ class PodDiscovery(_Group):
     headless Service (like Prometheus's ``dns_sd_configs``), or from the EndpointSlices of a
     Service in the controller's own cluster (through the Kubernetes client it already has)."""
 
-    dns: str | None = Field(
+    dns: HostName | None = Field(
         default=None,
         description="A name whose A/AAAA records are the pods: a headless Service "
         "(clusterIP: None), e.g. vllm-llama.llm.svc.cluster.local, or a multi-cluster "
@@ -314,9 +331,8 @@ class PodDiscovery(_Group):
         description="How often the pods are looked up again (a record's TTL, when shorter, "
         "wins): new pods are read within this long of appearing.",
     )
-    nameserver: str | None = Field(
+    nameserver: HostPort | None = Field(
         default=None,
-        pattern=r"^[^:]+:\d+$",
         description="host:port of the DNS server to ask instead of the system resolver (a "
         "split-horizon setup, or tests).",
     )

@@ -30,7 +30,7 @@ from controller.errors import (
     FetchTruncatedError,
 )
 from controller.exposition import PageStream
-from controller.settings.files import token_problem
+from controller.settings.files import read_token
 from controller.sources.limiter import Limiter
 
 # The classic text format: prometheus-client >= 0.23 would rename vllm: metrics for OpenMetrics.
@@ -58,10 +58,7 @@ class TokenFile:
         stat = os.stat(self._path)
         stamp = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
         if stamp != self._stamp:
-            text = self._path.read_text(encoding="utf-8", errors="replace")
-            if why := token_problem(text):
-                raise ValueError(why)
-            self._token = text.strip()
+            self._token = read_token(self._path)  # never blocks: a FIFO is refused
             self._stamp = stamp
         return f"Bearer {self._token}"
 

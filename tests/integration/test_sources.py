@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import os
 import time
 import tracemalloc
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -579,6 +580,13 @@ async def test_a_token_that_cannot_be_read_is_an_auth_fault_without_the_token(
     token.unlink()
     (error,) = (await src.fetch()).errors
     assert error.reason is Reason.AUTH and "No such file" in error.detail
+    os.mkfifo(token)  # no writer: a blocking read would hold the event loop for ever
+    (error,) = (await asyncio.wait_for(src.fetch(), 5)).errors
+    assert error.reason is Reason.AUTH and "not a regular file" in error.detail
+    token.unlink()
+    token.write_text("x" * 70_000)  # no token: it would go in every request's header
+    (error,) = (await src.fetch()).errors
+    assert error.reason is Reason.AUTH and "larger than 65536 bytes" in error.detail
 
 
 def test_a_token_over_plain_http_or_credentials_in_a_url_are_refused_at_start_up() -> None:

@@ -200,8 +200,6 @@ def test_check_config_prints_normalised_settings(tmp_path: Path) -> None:
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    import os
-
     return subprocess.run(
         [sys.executable, "-m", "controller", *args],
         capture_output=True,
@@ -433,6 +431,41 @@ def test_a_token_file_no_header_can_carry_is_refused_at_start_up(
     done = cli("check-config", str(write(tmp_path, text)))
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert f"clusters[0].bearer_token_file: {token}: the token is empty or holds" in done.stderr
+
+
+def test_a_fifo_or_a_huge_file_where_a_token_goes_is_refused_without_blocking(
+    tmp_path: Path,
+) -> None:
+    """Found by an attack: check-config read a FIFO token file and waited for ever for a
+    writer (``run`` would too); a 20 MB token passed and went into every request."""
+    fifo, huge = tmp_path / "fifo", tmp_path / "huge"
+    os.mkfifo(fifo)
+    huge.write_text("x" * 70_000)
+    for path, why in ((fifo, "not a regular file"), (huge, "larger than 65536 bytes")):
+        url = "https://127.0.0.1:1/"
+        text = f"clusters: [{{name: a, vllm_urls: ['{url}'], bearer_token_file: {path}}}]\n"
+        done = cli("check-config", str(write(tmp_path, text)))  # cli's own timeout bounds it
+        assert done.returncode == 2 and "Traceback" not in done.stderr
+        assert f"clusters[0].bearer_token_file: cannot read {path}: {why}" in done.stderr
+
+
+def test_a_host_or_nameserver_no_resolver_can_ask_for_is_refused_at_start_up(
+    tmp_path: Path,
+) -> None:
+    """Found by an attack: ``pods.dns: a..b.svc`` (or a label over 63 characters) and a
+    nameserver port of 99999 passed check-config, then raised on every tick (``internal``)."""
+    cases = [
+        ("{dns: 'a..b.svc'}", "pods.dns: 'a..b.svc' is not a host name"),
+        (f"{{dns: '{'a' * 64}.svc'}}", "is not a host name"),
+        ("{dns: x.svc, nameserver: '127.0.0.1:99999'}", "is not host:port with a port of"),
+        ("{dns: x.svc, nameserver: 'a..b:53'}", "pods.nameserver: 'a..b' is not a host name"),
+    ]
+    for pods, line in cases:
+        done = cli("check-config", str(write(tmp_path, f"clusters: [{{name: a, pods: {pods}}}]\n")))
+        assert done.returncode == 2 and "Traceback" not in done.stderr
+        assert line in done.stderr, done.stderr
+    fine = "clusters: [{name: a, pods: {dns: x.svc, nameserver: '[::1]:53'}}]\n"
+    assert cli("check-config", str(write(tmp_path, fine))).returncode == 0
 
 
 def test_a_querier_s_token_and_ca_files_are_checked_at_start_up(tmp_path: Path) -> None:
