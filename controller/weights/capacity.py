@@ -11,7 +11,11 @@ utilization: a faster GPU finishes requests sooner, so the same traffic holds le
   ``capacity_goal``, which sheds the hot cluster by how much more than its size it carries,
   and by more where its arrivals show traffic the weights do not move (``follows``); such a
   cluster's load is also read from its arrivals (``arrival_loads``), which, unlike KV use,
-  do not saturate.
+  do not saturate. Where some cluster carries traffic the weights do not move (``fair_shares``),
+  a hot cluster is not shed below the share that evens out load (``even_shares``; for one with
+  traffic of its own, its fair share while that is steady, ``steady_fair``), or what it holds
+  if less (``held_to``): at the fleet's even load, a reading at ``pressure`` is a Poisson
+  burst, and shedding it hands the cluster with traffic of its own points it sheds again.
 - At rest: hold; step towards capacity shares (``rest_goal``, whose cap on gainers holds) only
   when a ref is ``rebalance`` points or more below its share and its cluster is clearly less
   used than the others (``APART``): a returning cluster, a share set by hand. A cluster whose
@@ -60,6 +64,11 @@ LOCAL = 0.8
 MAX_LOAD = 1.5
 # The fast path: two readings in a row within this much of ``pressure`` are under pressure.
 RISING = 0.05
+# ``steady_fair``: a hot cluster with traffic of its own is shed no lower than its fair share
+# only while it holds from this many points below that share to this many above it (further
+# below, the share is stale: its own traffic rose; further above, it has not been placed there)
+# and its arrivals now show no more of that traffic than the window, within this many σ.
+FAIR_BELOW, FAIR_ABOVE, FAIR_SIGMAS = 4.0, 6.0, 2.0
 
 
 def load(signals: Signals) -> tuple[float, float, float]:
@@ -326,13 +335,15 @@ def decide(
     must = forced(previous, names, params.floor)
     pressing = False
     goal = dict(base)
+    fair = fair_shares(healthy, base, served or {})
     if hot and cool:
         goal = capacity_goal(healthy, base, hot)
+        floors = {**even_shares(healthy, fair), **steady_fair(healthy, base, fair)}
+        goal = held_to(goal, base, hot, floors)
         pressing = any(goal[n] <= base[n] - params.deadband for n in hot)
     apart = False
     notes: tuple[str, ...] = ()
     if not pressing:
-        fair = fair_shares(healthy, base, served or {})
         notes = tuple(
             f"{n}: {100 * extra:.0f}% of arrivals do not follow the weights: at rest it gains "
             f"no further than its fair share, {share:.1f}"
@@ -459,4 +470,86 @@ def rooms(
         busy = load_of(max(filtered, now))
         share = base.get(name, 0.0)
         result[name] = max(0.0, share * (limit / busy - 1.0)) if busy > 0 else float(TOTAL)
+    return result
+
+
+def even_shares(
+    healthy: Mapping[str, Signals], fair: Mapping[str, tuple[float, float]]
+) -> dict[str, float]:
+    """Where some cluster carries traffic the weights do not move (``fair``, from
+    ``fair_shares``): the share (0..100) of each other cluster that evens out load, what the
+    fair shares leave split by capacity (what the oracle would give it, read from the
+    arrivals over ``weights.realised_window``). Nothing where no cluster has a fair share."""
+    if not fair:
+        return {}
+    why = factors(healthy)
+    left = TOTAL - sum(share for _, share in fair.values())
+    others = {n: f["capacity_share"] for n, f in why.items() if n not in fair}
+    capacity = sum(others.values())
+    if left <= 0 or capacity <= 0:
+        return {}
+    return {n: left * c / capacity for n, c in others.items()}
+
+
+def steady_fair(
+    healthy: Mapping[str, Signals],
+    base: Mapping[str, float],
+    fair: Mapping[str, tuple[float, float]],
+) -> dict[str, float]:
+    """The fair share of each cluster with traffic of its own (``fair``) where it can be
+    trusted as a floor: the cluster holds from ``FAIR_BELOW`` points below it to
+    ``FAIR_ABOVE`` above, and this tick's arrivals show no more of its own traffic than the
+    window did, beyond ``FAIR_SIGMAS`` of counting noise. A window still holding calm minutes
+    puts the share too high when that traffic rises (a spike): the cluster is then hot below
+    its share, or its arrivals say so."""
+    if not fair:
+        return {}
+    arrived = {n: s.arrived for n, s in healthy.items()}
+    if any(a is None for a in arrived.values()):
+        return {}
+    total = sum(a or 0.0 for a in arrived.values())
+    followers = [n for n in healthy if n not in fair]
+    weight = sum(base.get(n, 0.0) for n in followers) / TOTAL
+    if total < MIN_ARRIVALS or weight <= 0:
+        return {}
+    routed = sum(arrived[n] or 0.0 for n in followers) / weight  # all the weights route now
+    result = {}
+    for name, (extra, share) in fair.items():
+        held = base.get(name, 0.0)
+        if not share - FAIR_BELOW <= held <= share + FAIR_ABOVE:
+            continue
+        a = arrived[name] or 0.0
+        own = max(0.0, a - held / TOTAL * routed)
+        if own / total <= extra + FAIR_SIGMAS * max(1.0, a) ** 0.5 / total:
+            result[name] = share
+    return result
+
+
+def held_to(
+    goal: Mapping[str, float],
+    base: Mapping[str, float],
+    hot: Sequence[str],
+    floors: Mapping[str, float],
+) -> dict[str, float]:
+    """``goal`` with no hot cluster shed below its floor (``floors``), or below what it holds
+    if that is less; what it keeps is taken back from the gainers in proportion to their
+    gains, so the goals still sum to 100."""
+    result = dict(goal)
+    kept = 0.0
+    for name in hot:
+        if name not in floors:
+            continue
+        least = min(base.get(name, 0.0), floors[name])
+        if result[name] < least:
+            kept += least - result[name]
+            result[name] = least
+    if kept <= 0:
+        return result
+    gains = {n: v - base.get(n, 0.0) for n, v in result.items() if v > base.get(n, 0.0)}
+    total = sum(gains.values())
+    if total <= 0:
+        return dict(goal)
+    scale = max(0.0, 1.0 - kept / total)
+    for name, gain in gains.items():
+        result[name] = base.get(name, 0.0) + gain * scale
     return result

@@ -215,15 +215,18 @@ def test_a_hot_cluster_with_local_load_overloads_at_most_half_again_the_seen_flo
 @pytest.mark.parametrize("delay", DELAYS)
 def test_constant_local_load_is_held_near_its_fair_share(runs: list[Outcome], delay: float) -> None:
     """b always carries local traffic worth 60% of it. The target (#45: ≤ 6 writes/h, ≤ 2
-    reversals/h, overload ≤ 1.5× ``seen``'s) is not met: a and c, at ~70%, read KV at
-    ``pressure`` with a queue every few minutes on noise alone, and each such reading moves
-    traffic. Held here to what the law meets since the rest step stopped handing b back its
-    capacity share (3 seeds, 2026-12-06: 30, 36 and 22 writes/h at 5, 10 and 30 s, against
-    42, 38 and 28 before; overload 1.6–1.9× ``seen``'s)."""
-    assert median(runs, "local-heavy", "ours", delay, lambda s: s.writes_per_hour) <= 36
+    reversals/h, overload ≤ 1.5× ``seen``'s) is met only in part: at ~70% every cluster reads
+    KV at ``pressure`` with a queue every few minutes on noise alone. Since a hot cluster is
+    shed no lower than the share that evens out load (``capacity.even_shares``, b's own
+    ``steady_fair``), such a reading no longer hands b points it sheds again: 3 seeds,
+    2026-12-07, 8 writes/h and 6–8 reversals/h at every delay (30, 36 and 22 writes/h and
+    36–62 reversals/h before), overload 1.47–1.52× ``seen``'s (1.6–1.9×). Held here to
+    that."""
+    assert median(runs, "local-heavy", "ours", delay, lambda s: s.writes_per_hour) <= 10
+    assert median(runs, "local-heavy", "ours", delay, lambda s: s.reversals_per_hour) <= 10
     ours = median(runs, "local-heavy", "ours", delay, lambda s: s.overload_cluster_s)
     seen = median(runs, "local-heavy", "seen", delay, lambda s: s.overload_cluster_s)
-    assert ours <= 2 * seen
+    assert ours <= 1.6 * seen
 
 
 @pytest.mark.parametrize("delay", DELAYS)

@@ -18,11 +18,14 @@ from controller.weights.capacity import (
     REST_LIMIT,
     arrival_loads,
     capacity_goal,
+    even_shares,
     fair_shares,
+    held_to,
     hot_clusters,
     load_of,
     rest_goal,
     rooms,
+    steady_fair,
     unmoved,
 )
 from controller.weights.steps import forced
@@ -186,6 +189,54 @@ def test_local_traffic_that_has_ended_no_longer_holds_its_cluster_down() -> None
         ended, {"a": 49, "b": 2, "c": 49}, LOCAL_BASE, P, False, LOCAL_WINDOW
     )
     assert decision.changed and decision.weights is not None and decision.weights["b"] > 8
+
+
+def test_a_noisy_reading_on_a_follower_does_not_hand_points_to_the_cluster_with_its_own() -> None:
+    """#45, local-heavy: with b's own traffic counted, a and c at their even shares carry ~70%
+    each, and a Poisson burst reads a at ``pressure``. Shedding a by its reading handed b
+    points its own traffic then made it shed again (a cycle of ~30 writes/h). a is shed no
+    lower than the share that evens out load, what b's fair share leaves split by capacity."""
+    fair = fair_shares(local_fleet(), LOCAL_BASE, LOCAL_WINDOW)
+    even = even_shares(local_fleet(), fair)
+    assert set(even) == {"a", "c"}
+    assert even["a"] == pytest.approx((100 - fair["b"][1]) / 2)
+    assert sum(even.values()) + fair["b"][1] == pytest.approx(100)
+    # a holds its even share and reads hot on a burst: its goal is not below that share
+    base = {"a": even["a"], "b": fair["b"][1], "c": even["c"]}
+    burst = {**local_fleet(), "a": replace(sig(0.86, queue=2.0), arrived=40.0)}
+    plain = capacity_goal(burst, base, ["a"])
+    assert plain["a"] < base["a"] - 1  # the reading alone sheds it
+    held = held_to(plain, base, ["a"], even)
+    assert held["a"] == pytest.approx(base["a"])
+    assert sum(held.values()) == pytest.approx(100)
+    assert all(held[n] <= max(plain[n], base[n]) + 1e-9 for n in held)  # gains taken back
+
+
+def test_a_hot_cluster_is_held_to_what_it_holds_when_that_is_below_its_floor() -> None:
+    goal = {"a": 20.0, "b": 30.0, "c": 50.0}
+    base = {"a": 25.0, "b": 35.0, "c": 40.0}
+    held = held_to(goal, base, ["a", "b"], {"a": 40.0, "b": 10.0})
+    # a: its floor 40 is above what it holds, so it keeps 25; b: its goal is above its floor
+    assert held["a"] == pytest.approx(25.0) and held["b"] == pytest.approx(30.0)
+    assert held["c"] == pytest.approx(45.0) and sum(held.values()) == pytest.approx(100)
+    assert held_to(goal, base, ["a"], {}) == goal  # no floor, no change
+
+
+def test_a_cluster_s_fair_share_floors_it_only_while_it_holds_near_it_and_its_traffic_is_steady() -> (
+    None
+):
+    fleet = local_fleet()
+    fair = fair_shares(fleet, LOCAL_BASE, LOCAL_WINDOW)
+    share = fair["b"][1]
+    near = {**LOCAL_BASE, "b": share}
+    assert steady_fair(fleet, near, fair) == {"b": pytest.approx(share)}
+    # far below its share: the share is stale (b's own traffic rose), no floor
+    assert steady_fair(fleet, {**LOCAL_BASE, "b": share - 5}, fair) == {}
+    # never placed near it (a first shed from far above): no floor
+    assert steady_fair(fleet, {**LOCAL_BASE, "b": share + 7}, fair) == {}
+    # this tick's arrivals show much more of b's own traffic than the window (a spike)
+    spike = {**fleet, "b": replace(fleet["b"], arrived=90.0)}
+    assert steady_fair(spike, near, fair) == {}
 
 
 def test_a_rest_step_keeps_the_cap_it_computed() -> None:
