@@ -410,8 +410,8 @@ async def _status(
     while True:
         try:
             state = await fetch_state(url, token_file=access[0], ca_file=access[1])
-        except (aiohttp.ClientError, TimeoutError, OSError, ssl.SSLError) as exc:
-            error = exc or type(exc).__name__
+        except (aiohttp.ClientError, TimeoutError, OSError, ssl.SSLError, ValueError) as exc:
+            error = exc or type(exc).__name__  # ValueError: a token file that holds no token
             print(f"error: cannot read {url}{STATE_PATH}: {error}", file=sys.stderr)
             return EXIT_RUNTIME
         if watch is not None and output == "table":

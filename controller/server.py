@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.aiohttp import make_aiohttp_handler
 
 from controller.render import state_json
+from controller.settings.files import regular
 from controller.state import Snapshot
 
 # The loop is alive if it finished a stage within this many intervals (each stage ends by its
@@ -302,6 +303,8 @@ class ServingCertificate:
         stamp = (self._cert.stat().st_mtime, self._key.stat().st_mtime)
         if stamp == self._stamp:
             return False
+        regular(self._cert)  # a FIFO swapped in would block the event loop's reload
+        regular(self._key)
         self.context.load_cert_chain(str(self._cert), str(self._key))
         self._stamp = stamp
         return True

@@ -13,6 +13,7 @@ import aiohttp
 
 from controller.logs import mask_url
 from controller.render import health_words
+from controller.settings.files import read_token
 
 STATE_PATH = "/debug/state"
 DISCOVERED_SHOWN = 8
@@ -46,7 +47,7 @@ def _access(
 ) -> tuple[dict[str, str], ssl.SSLContext | bool]:
     headers = {}
     if token_file is not None:  # small files, read once per call
-        headers["Authorization"] = f"Bearer {token_file.read_text().strip()}"
+        headers["Authorization"] = f"Bearer {read_token(token_file)}"
     tls: ssl.SSLContext | bool = True
     if ca_file is not None:
         tls = ssl.create_default_context(cafile=str(ca_file))

@@ -41,6 +41,13 @@ def read_regular(path: Path, limit: int) -> bytes:
     return data
 
 
+def regular(path: Path) -> None:
+    """An OSError unless ``path`` is a regular file now (``stat``, which never blocks): for
+    files another library opens by their path (a serving certificate reloaded)."""
+    if not stat.S_ISREG(path.stat().st_mode):
+        raise OSError(errno.EINVAL, "not a regular file (a FIFO, device or directory)")
+
+
 def read_token(path: Path) -> str:
     """A bearer token file's text (``read_regular``), or why it cannot be one: an OSError, or a
     ValueError (``token_problem``)."""
@@ -71,8 +78,9 @@ def file_problems(settings: Settings) -> list[str]:
             return
         try:
             read = read_regular(path, TOKEN_MAX_BYTES if token else FILE_MAX_BYTES)
-            if ca:
-                ssl.create_default_context(cadata=read.decode("utf-8", "replace"))
+            if ca:  # a regular file: loaded by its path, as the run loads it (comments in any
+                # encoding, which ``cadata`` refuses as a str)
+                ssl.create_default_context(cafile=str(path))
         except OSError as exc:
             problems.append(f"{where}: cannot read {path}: {exc.strerror or exc}")
             return

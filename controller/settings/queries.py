@@ -31,6 +31,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from controller.engines import ENGINES, VLLM, Engine, Family, Pool, spellings
 from controller.families import EPP_LATENCY
 
+# A rate window, or a querier's push interval, longer than a week reads nothing a default
+# Prometheus (15 days of retention) still holds in most of its ticks; past ~292 years PromQL
+# refuses the duration outright ("duration out of range"), a 400 on every query.
+MAX_WINDOW = 7 * 86400
+
 # ``string.Template``'s pattern, but a ``$`` before a digit, or before ``{digits}``, matches
 # none of its groups and stays as text (``invalid`` is what raises).
 _PLACEHOLDERS = r"""
@@ -319,6 +324,11 @@ class PrometheusQueries(BaseModel):
     @classmethod
     def _renders(cls, value: str, info: ValidationInfo) -> str:
         quantile = info.field_name == "latency_quantile"
-        if info.field_name != "window" and (why := renders(value, quantile)) is not None:
+        if info.field_name == "window":
+            amount, unit = int(value.rstrip("msh")), value.lstrip("0123456789")
+            if amount * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[unit] > MAX_WINDOW:
+                raise ValueError(f"longer than {MAX_WINDOW // 86400} days: Prometheus keeps 15")
+            return value
+        if (why := renders(value, quantile)) is not None:
             raise ValueError(why)
         return value

@@ -41,7 +41,7 @@ from controller.settings.durations import (
     parse_duration,
     seconds,
 )
-from controller.settings.queries import PrometheusQueries, default_templates
+from controller.settings.queries import MAX_WINDOW, PrometheusQueries, default_templates
 
 ENV_PREFIX = "WEIGHT_CONTROLLER_"
 MIN_INTERVAL, MAX_INTERVAL = 0.1, 3600.0
@@ -60,15 +60,29 @@ class _Group(BaseModel):
 _LABEL_NAME = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
 
 
+def _ip(host: str) -> bool:
+    """``host`` is an IP address (an IPv6 one with or without its brackets)."""
+    try:
+        ipaddress.ip_address(host.removeprefix("[").removesuffix("]"))
+    except ValueError:
+        return False
+    return True
+
+
 def _host_name(host: str) -> str:
-    """A host a client can ask for: one that encodes as a DNS name (no empty label, none over
-    63 characters), or an IPv6 literal. The IDNA codec raised UnicodeError on every fetch or
-    lookup of ``a..b`` (``internal``: found by attacks on URLs, then on ``pods.dns``)."""
-    if not host.startswith("[") and ":" not in host:  # an IPv6 literal has no labels
-        try:
-            host.encode("idna")
-        except UnicodeError as exc:
-            raise ValueError(f"{host!r} is not a host name: {exc}") from None
+    """A host a client can ask for: an IP address, or a name that encodes as a DNS name (no
+    empty label, none over 63 characters) of letters, digits, ``-``, ``_`` and dots. The IDNA
+    codec raised UnicodeError on every fetch or lookup of ``a..b`` (``internal``: found by
+    attacks on URLs, then on ``pods.dns``); ``localhost:8000`` where a name goes found
+    nothing, said nowhere."""
+    if _ip(host):
+        return host
+    try:
+        encoded = host.encode("idna")
+    except UnicodeError as exc:
+        raise ValueError(f"{host!r} is not a host name: {exc}") from None
+    if not re.fullmatch(rb"[A-Za-z0-9_.-]+", encoded):
+        raise ValueError(f"{host!r} is not a host name: only letters, digits, '-', '_', dots")
     return host
 
 
@@ -81,16 +95,19 @@ HttpUrl = Annotated[_PydanticHttpUrl, AfterValidator(_dialable)]
 HostName = Annotated[str, AfterValidator(_host_name)]
 
 
-def _host_port(value: str) -> str:
-    """``host:port`` (``[v6]:port``), the port a UDP port can be, the host a host name."""
+def _ip_port(value: str) -> str:
+    """``ip:port`` (``[v6]:port``), the port a UDP port can be: an address, not a name (a
+    name is what the server is asked to resolve, and its answers are matched to the address
+    they came from)."""
     host, _, port = value.rpartition(":")
     if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise ValueError(f"{value!r} is not host:port with a port of 1-65535")
-    _host_name(host.removeprefix("[").removesuffix("]") if host.startswith("[") else host)
+        raise ValueError(f"{value!r} is not ip:port with a port of 1-65535")
+    if not _ip(host):
+        raise ValueError(f"{value!r}: {host!r} is not an IP address")
     return value
 
 
-HostPort = Annotated[str, AfterValidator(_host_port)]
+IPPort = Annotated[str, AfterValidator(_ip_port)]
 
 
 def _label_names(value: dict[str, str]) -> dict[str, str]:
@@ -228,6 +245,7 @@ class Querier(_Group):
     )
     push_interval: Duration = Field(
         default=30.0,
+        le=MAX_WINDOW / 4,
         description="How often a cluster's samples reach the querier: a Prometheus's scrape "
         "interval, ACM observability's collection interval (5m by default). Gauges are read "
         "over twice this, rates over at least four times it, and health.max_staleness must "
@@ -271,6 +289,7 @@ class PrometheusSource(_Group):
     )
     push_interval: Duration = Field(
         default=30.0,
+        le=MAX_WINDOW / 4,
         description="With url: how often the cluster's samples reach that querier (see "
         "queriers[].push_interval).",
     )
@@ -331,9 +350,9 @@ class PodDiscovery(_Group):
         description="How often the pods are looked up again (a record's TTL, when shorter, "
         "wins): new pods are read within this long of appearing.",
     )
-    nameserver: HostPort | None = Field(
+    nameserver: IPPort | None = Field(
         default=None,
-        description="host:port of the DNS server to ask instead of the system resolver (a "
+        description="ip:port of the DNS server to ask instead of the system resolver (a "
         "split-horizon setup, or tests).",
     )
     max_pods: int = Field(

@@ -96,11 +96,16 @@ def _question(ident: int, name: str, rtype: int) -> bytes:
 
 
 def _encode(name: str) -> bytes:
-    labels = [label for label in name.rstrip(".").split(".") if label]
-    if not labels or any(len(label) > 63 for label in labels) or len(name) > 253:
+    """``name`` in a question's wire form, its labels as IDNA writes them (``bücher`` as
+    ``xn--bcher-kva``, as the system resolver asks for it)."""
+    try:
+        ascii_name = name.rstrip(".").encode("idna")
+    except UnicodeError:
+        raise DNSError(f"{name!r} is not a DNS name") from None
+    labels = [label for label in ascii_name.split(b".") if label]
+    if not labels or any(len(label) > 63 for label in labels) or len(ascii_name) > 253:
         raise DNSError(f"{name!r} is not a DNS name")
-    out = b"".join(bytes([len(label)]) + label.encode("ascii") for label in labels)
-    return out + b"\x00"
+    return b"".join(bytes([len(label)]) + label for label in labels) + b"\x00"
 
 
 def parse_answer(data: bytes, ident: int, rtype: int, limit: int) -> tuple[list[str], float | None]:

@@ -235,6 +235,21 @@ async def test_pods_behind_a_headless_name_come_and_go_without_a_restart(
     assert [e.reason for e in blind.errors] == [Reason.DISCOVERY]
 
 
+async def test_a_name_in_another_script_is_asked_for_as_idna_writes_it(
+    pods: Pods, nameserver: DNSServer
+) -> None:
+    """A review: ``bücher.llm.svc`` passed the check (it encodes as IDNA) and the system
+    resolver asks for it as ``xn--bcher-kva``, but the nameserver's question was encoded as
+    ASCII and raised UnicodeEncodeError out of the fetch on every tick."""
+    await pods.add("127.0.0.2", 0.2)
+    nameserver.records["xn--bcher-kva.llm.svc"] = ["127.0.0.2"]
+    discovery = {"dns": "bücher.llm.svc", "port": pods.port, "nameserver": nameserver.address}
+    settings = settings_for([{"name": "a", "pods": discovery}])
+    async with aiohttp.ClientSession() as session:
+        found = await ScrapeSource(settings.clusters[0], settings.scrape, 1.0, session).fetch()
+    assert (found.pods_answering, found.errors) == (1, ())
+
+
 def test_status_lists_the_pods_discovery_found() -> None:
     from controller.status import render
 

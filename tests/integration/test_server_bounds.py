@@ -5,6 +5,7 @@ unreachable and wrote ~60 MB of logs in 34 s."""
 from __future__ import annotations
 
 import asyncio
+import os
 import ssl
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -164,6 +165,19 @@ def test_the_bind_flags_override_the_file_and_are_checked_as_it_is() -> None:
     given.health_probe_bind_address = "0.0.0.0:8081"
     served = with_flags(settings, given).server
     assert (served.bind, served.probe_bind) == ("0.0.0.0:9443", "0.0.0.0:8081")
+
+
+def test_a_fifo_swapped_in_for_the_serving_certificate_is_refused_not_waited_on(
+    tmp_path: Path,
+) -> None:
+    """A review: the certificate is reloaded on the event loop when its files change; one
+    replaced by a FIFO (no writer) blocked the reload, and with it the probes and the ticks."""
+    cert, key = self_signed(tmp_path)
+    serving = server.ServingCertificate(cert, key)
+    cert.unlink()
+    os.mkfifo(cert)
+    with pytest.raises(OSError, match="not a regular file"):
+        serving.reload()  # at once: nothing opened the FIFO
 
 
 async def test_a_tls_handshake_never_started_is_counted_and_cut_at_the_header_deadline(
