@@ -328,8 +328,25 @@ class Controller:
             await self._session.close()
 
     async def once(self) -> TickReport:
+        """One tick. With leader election on (``once --apply``), it writes only holding the
+        Lease, as a replica of ``run`` would: taken for the tick if no other replica renewed
+        it lately, then given back; else the writes are ``follower``'s, and said why."""
         assert self.reconciler is not None, "use inside 'async with'"
-        return await self.reconciler.tick()
+        if self.leader is None:
+            return await self.reconciler.tick()
+        margin = self.settings.kubernetes.api_timeout
+        if not (await self.leader.try_once() and self.leader.is_leader(margin)):
+            election = self.settings.leader_election
+            log.warning(
+                "not the leader: nothing will be written",
+                lease=f"{election.namespace}/{election.lease_name}",
+                holder=self.leader.holder,
+                identity=self.leader.identity,
+            )
+        try:
+            return await self.reconciler.tick()
+        finally:
+            await self.leader.release()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Reconcile until ``stop`` is set, then give the tick in flight a short grace."""

@@ -103,6 +103,17 @@ class LeaderElector:
                 pass
         await self.release()
 
+    async def try_once(self) -> bool:
+        """One try, for a single tick (``once --apply``): leading after it? A Lease another
+        replica renewed lately stays theirs, as in ``run``; ``release`` gives it back."""
+        await self._attempt()
+        return self.is_leader()
+
+    @property
+    def holder(self) -> str | None:
+        """Who held the Lease when it was last read (``None``: no one, or never read)."""
+        return self._observed[0] if self._observed is not None else None
+
     async def _attempt(self) -> None:
         """One try. A leader's is bounded by what is left of its fence (so a renewal keeps
         being retried until ``renew_deadline``, never cut short at ``retry_period``); a

@@ -966,7 +966,8 @@ class KubernetesSettings(_Group):
         default=API_TIMEOUT,
         description="Per API call; an API server slower than this counts as down. With leader "
         "election, api_timeout + retry_period must stay under renew_deadline: the leader "
-        "writes only with a whole API timeout of its lease left.",
+        "writes only with a whole API timeout of its lease left (and a renewal's own round "
+        "trips come out of what is left: keep a margin for a slow API server).",
     )
     write_retries: int = Field(
         default=3,

@@ -409,6 +409,35 @@ async def leading(api: client.ApiClient, identity: str = "a") -> AsyncIterator[A
         await task
 
 
+@pytest.mark.parametrize("held", [False, True], ids=["lease-free", "lease-held"])
+async def test_once_apply_with_election_writes_only_holding_the_lease(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet, held: bool
+) -> None:
+    """A review: with election on in the file (as the manifests' config has it), ``once
+    --apply`` never started the elector, so every write was ``follower``'s and nothing said
+    why. It now takes the Lease for its tick if no replica renewed it lately (and gives it
+    back), or says who holds it and writes nothing."""
+    seed(apiserver, [("east", 50), ("west", 50)])
+    sims["east"].kv = 0.97
+    election = {"enabled": True, "identity": "by-hand", "lease_duration": 15}
+    settings = settings_for(sims, leader_election=election)
+    async with contextlib.AsyncExitStack() as stack:
+        if held:
+            await stack.enter_async_context(leading(api, "replica-0"))
+        with capture_logs() as logs:
+            async with Controller(settings, serve=False, dry_run=False, api=api) as c:
+                report = await c.once()
+    write = report.targets["ExternalModel/maas-system/llama"].outcome.write.value
+    said = [e for e in logs if e["event"] == "not the leader: nothing will be written"]
+    lease = apiserver.get("coordination.k8s.io/v1", "leases", "maas-system", "weight-controller")
+    if held:
+        assert (write, weights_of(apiserver)) == ("follower", {"east": 50, "west": 50})
+        assert [e["holder"] for e in said] == ["replica-0"]
+    else:
+        assert write == "done" and weights_of(apiserver)["west"] > 50 and not said
+        assert lease is not None and not lease["spec"].get("holderIdentity")  # given back
+
+
 @pytest.mark.looptime
 async def test_two_electors_race_and_exactly_one_leads(
     apiserver: FakeAPIServer, api: client.ApiClient
