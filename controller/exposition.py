@@ -74,6 +74,15 @@ _CACHE_LIMIT = 16384
 # fit); a text longer than _CACHED_CHARS is not kept.
 _CACHE_BYTES = 4 * 1024 * 1024
 _CACHED_CHARS = 4096
+# A wanted sample with more labels than this refuses its page, as Prometheus's scrape_config
+# label_limit fails a scrape (a Ray replica's series has 11 and its bucket's 12, vLLM's 2 or
+# 3): a label costs ~150 bytes parsed, so 3,300 samples of 400 short labels, 10 MB of text
+# under every other cap, held 204 MiB (found by a review).
+MAX_LABELS = 32
+# ... and a label set of more than this many is never kept (nor a head that refers to one):
+# parsed each time it is seen, it costs time, never memory. The caches' budgets count text,
+# and a set of many short labels holds ~20 times its text.
+_CACHED_LABELS = 16
 # A generation grows (doubling) while what it drops keeps coming back, up to this many times
 # its first size: 64 MiB of text a generation. Pods of one deployment share their lines, but
 # a Ray node's page names its node, workers and replicas, so a fleet of them wants ~470
@@ -489,7 +498,8 @@ class Extractor:
         known = (self._canonical[named.group()], labels)
         if known[0] in self._buckets and labels.derived()[1] is None:
             return None  # not a bucket: _read skips each such line and says why
-        self._heads.keep(head, known)
+        if len(labels) <= _CACHED_LABELS:  # a head holds its label set alive
+            self._heads.keep(head, known)
         return known
 
     def _read(self, line: str, result: Extraction) -> Sample | None:
@@ -551,10 +561,13 @@ class Extractor:
         try:
             shortcut = self._bucket_labels(text) if split else None
             labels = shortcut or _parse_labels(text[1:-1])
+            if len(labels) > MAX_LABELS:
+                raise ValueError(f"more than {MAX_LABELS} labels ({len(labels)})")
         except ValueError as exc:
             self._refused = (text, str(exc))
             raise
-        self._labels.keep(text, labels)
+        if len(labels) <= _CACHED_LABELS:
+            self._labels.keep(text, labels)
         return labels
 
     @property

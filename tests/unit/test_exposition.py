@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
+from controller import exposition
 from controller.engines import VLLM
 from controller.errors import FetchError
 from controller.exposition import (
@@ -778,3 +779,22 @@ def test_a_page_fed_in_any_pieces_reads_as_a_whole() -> None:
         read = page_of("http://pod/metrics", stream)
         assert read.samples == whole.by_name()
         assert stream.result.invalid_lines == 0 and stream.ended
+
+
+def test_a_label_set_of_many_labels_is_read_but_never_kept_and_too_many_refused() -> None:
+    """More than ``_CACHED_LABELS`` labels: read, not kept (a set of many short labels holds
+    ~20 times the text the caches' budgets count); more than ``MAX_LABELS``: the line is
+    refused, as Prometheus's ``label_limit`` refuses a scrape."""
+    extractor = Extractor(gauges=["g"])
+    many = ",".join(f'l{i}="v"' for i in range(exposition._CACHED_LABELS + 1))
+    before = extractor.cached_entries
+    (sample,) = extractor.extract(f"g{{{many}}} 1\n").samples
+    assert len(sample.labels) == exposition._CACHED_LABELS + 1
+    assert extractor.cached_entries == before
+    few = ",".join(f'l{i}="v"' for i in range(exposition._CACHED_LABELS))
+    extractor.extract(f"g{{{few}}} 1\n")
+    assert extractor.cached_entries > before
+    too_many = ",".join(f'l{i}="v"' for i in range(exposition.MAX_LABELS + 1))
+    refused = extractor.extract(f"g{{{too_many}}} 1\n")
+    assert refused.samples == [] and refused.invalid_lines == 1
+    assert refused.first_error is not None and "more than 32 labels (33)" in refused.first_error
