@@ -309,7 +309,7 @@ def map_providers(
             namespace = str(meta.get("namespace", ""))
             own = f"{namespace}/{name}" if namespace else name
             try:
-                cluster = cluster_from_annotations(own, annotations, tokens or {})
+                cluster = cluster_from_annotations(own, annotations, tokens or {}, namespace)
             except UnknownTokenError as exc:
                 problems.append(f"ExternalProvider {name}: {exc}")
                 continue
@@ -348,11 +348,12 @@ class UnknownTokenError(ValueError):
 
 
 def cluster_from_annotations(
-    name: str, annotations: Mapping[str, str], tokens: Mapping[str, Path]
+    name: str, annotations: Mapping[str, str], tokens: Mapping[str, Path], namespace: str = ""
 ) -> ClusterSettings:
-    """A cluster an ExternalProvider defines. Its tokens are named, never given as paths: only
-    files the operator listed in ``kubernetes.annotation_urls.tokens`` can be sent, and over
-    plain http only to Services of this cluster (``token_over_cluster_network``)."""
+    """A cluster an ExternalProvider of ``namespace`` defines. Its tokens are named, never
+    given as paths: only files the operator listed in ``kubernetes.annotation_urls.tokens``
+    for that namespace (``namespace/name``, or ``*/name`` for any) can be sent, and over plain
+    http only to Services of this cluster (``token_over_cluster_network``)."""
     urls = annotations.get(VLLM_URLS_ANNOTATION, "").replace(",", " ").split()
     files: dict[str, Path] = {}
     for setting, key in (
@@ -362,13 +363,17 @@ def cluster_from_annotations(
         wanted = annotations.get(key, "").strip()
         if not wanted:
             continue
-        if wanted not in tokens:
-            known = ", ".join(sorted(tokens)) or "none"
+        found = tokens.get(f"{namespace}/{wanted}") or tokens.get(f"*/{wanted}")
+        if found is None:
+            mine = sorted(
+                k.partition("/")[2] for k in tokens if k.partition("/")[0] in (namespace, "*")
+            )
             raise UnknownTokenError(
                 f"{key} names token {wanted[:64]!r}, which kubernetes.annotation_urls.tokens "
-                f"does not define (defined: {known})"
+                f"does not define for namespace {namespace!r} (defined for it: "
+                f"{', '.join(mine) or 'none'})"
             )
-        files[setting] = tokens[wanted]
+        files[setting] = found
     return ClusterSettings.model_validate(
         {
             "name": name,

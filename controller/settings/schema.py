@@ -58,6 +58,7 @@ class _Group(BaseModel):
 
 
 _LABEL_NAME = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
+_NAMESPACE = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"  # a DNS-1123 label, as Kubernetes names one
 
 
 def _ip(host: str) -> bool:
@@ -922,9 +923,28 @@ class AnnotationURLSettings(_Group):
         default_factory=dict,
         description="Token files an ExternalProvider's annotations may name (…/bearer-token, "
         "…/epp-bearer-token: a name from here, never a path), mounted from Secrets like a "
-        "configured cluster's. An annotation cannot make the controller send any other file, "
-        "its own service-account token included.",
+        "configured cluster's, each keyed namespace/name: only that namespace's providers "
+        "may name it (*/name: any namespace's, which sends it wherever any of them points). "
+        "An annotation cannot make the controller send any other file, its own "
+        "service-account token included.",
     )
+
+    @field_validator("tokens")
+    @classmethod
+    def _scoped(cls, value: dict[str, Path]) -> dict[str, Path]:
+        """Each token keyed by the namespace whose providers may name it: one any namespace
+        could name, team B's provider sent team A's token to team B's own Service (found by
+        an attack)."""
+        for key in value:
+            namespace, _, name = key.partition("/")
+            known = namespace == "*" or re.fullmatch(_NAMESPACE, namespace) is not None
+            if not (name and known and "/" not in name):
+                raise ValueError(
+                    f"{key!r}: key it namespace/name, the namespace whose ExternalProviders may "
+                    f"name it ('team-a/{name or key}'), or */name for any namespace's, which "
+                    "sends it wherever any of their providers points"
+                )
+        return value
 
     @field_validator("allow")
     @classmethod

@@ -6,9 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from controller.kube import objects
 
-TOKENS = {"east-epp": Path("/var/run/secrets/spokes/east-token")}
+TOKENS = {"llm/east-epp": Path("/var/run/secrets/spokes/east-token")}
 
 
 def provider(name: str, **annotations: str) -> dict[str, Any]:
@@ -18,7 +20,8 @@ def provider(name: str, **annotations: str) -> dict[str, Any]:
         "epp_token": objects.EPP_TOKEN_ANNOTATION,
         "pods": objects.VLLM_URLS_ANNOTATION,
     }
-    return {"metadata": {"name": name, "annotations": {keys[k]: v for k, v in annotations.items()}}}
+    notes = {keys[k]: v for k, v in annotations.items()}
+    return {"metadata": {"name": name, "namespace": "llm", "annotations": notes}}
 
 
 def test_a_named_token_goes_to_an_in_cluster_epp_over_http() -> None:
@@ -29,7 +32,7 @@ def test_a_named_token_goes_to_an_in_cluster_epp_over_http() -> None:
     )
     assert found.problems == ()
     (cluster,) = found.defined
-    assert cluster.epp_bearer_token_file == TOKENS["east-epp"]
+    assert cluster.epp_bearer_token_file == TOKENS["llm/east-epp"]
     assert cluster.token_over_cluster_network and cluster.bearer_token_file is None
 
 
@@ -42,7 +45,7 @@ def test_a_token_is_named_never_given_as_a_path() -> None:
         )
         assert found.defined == ()
         assert "kubernetes.annotation_urls.tokens does not define" in found.problems[0]
-        assert "(defined: east-epp)" in found.problems[0]
+        assert "for namespace 'llm' (defined for it: east-epp)" in found.problems[0]
 
 
 def test_a_named_token_never_goes_over_http_out_of_the_cluster() -> None:
@@ -60,3 +63,26 @@ def test_without_a_token_annotation_nothing_is_sent() -> None:
     (cluster,) = found.defined
     assert cluster.bearer_token_file is None and cluster.epp_bearer_token_file is None
     assert not cluster.token_over_cluster_network
+
+
+def test_a_token_goes_only_to_the_namespace_it_is_keyed_for() -> None:
+    """An attack: team B's provider named team A's token and pointed its EPP URL at team B's
+    own Service, which received team A's token every tick."""
+    theirs = provider("east", epp="http://collector.team-b.svc:9090/metrics", epp_token="east-epp")
+    theirs["metadata"]["namespace"] = "team-b"
+    found = objects.map_providers([theirs], set(), tokens=TOKENS)
+    assert found.defined == ()
+    assert "does not define for namespace 'team-b' (defined for it: none)" in found.problems[0]
+    shared = {"*/east-epp": TOKENS["llm/east-epp"]}  # the operator said: any namespace's
+    (cluster,) = objects.map_providers([theirs], set(), tokens=shared).defined
+    assert cluster.epp_bearer_token_file == shared["*/east-epp"]
+
+
+def test_a_token_keyed_without_its_namespace_is_refused_at_start_up() -> None:
+    from pydantic import ValidationError
+
+    from controller.settings import AnnotationURLSettings
+
+    with pytest.raises(ValidationError, match=r"key it namespace/name.*'team-a/east-epp'"):
+        AnnotationURLSettings(tokens={"east-epp": Path("/t")})
+    AnnotationURLSettings(tokens={"llm/east-epp": Path("/t"), "*/hub": Path("/u")})
