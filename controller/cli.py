@@ -450,14 +450,21 @@ def _when(flag: str, text: str) -> float:
     from datetime import UTC, datetime
 
     try:
-        return float(text)
+        found = float(text)
     except ValueError:
         pass
+    else:  # nan, inf and 1e300 are no time: a traceback, or memory for every step to them
+        if not 0 <= found < _LAST_TIME:
+            raise ConfigError([f"{flag} {text!r}: not a time (unix seconds, 0 to 9999-12-31)"])
+        return found
     try:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         raise ConfigError([f"{flag} {text!r}: not unix seconds or an RFC 3339 time"]) from None
     return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+
+
+_LAST_TIME = 253402300800.0  # 10000-01-01T00:00:00Z, past RFC 3339's last year
 
 
 def _step(text: str) -> float:

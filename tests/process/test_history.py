@@ -322,6 +322,35 @@ def replay_cli(
     return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
 
 
+def test_a_time_that_is_none_or_a_window_too_long_to_hold_is_refused_before_reading(
+    tmp_path: Path,
+) -> None:
+    """An attack: ``--start nan`` was a 38-line traceback, ``--start 0 --end 1e11`` ran out
+    of memory building its steps, a year at 10 s after a minute and 2.4 GB. Each is one
+    line, exit 2, before any query (the querier here answers nothing)."""
+    config = tmp_path / "hub.yaml"
+    querier = {"name": "hub", "url": f"http://127.0.0.1:{free_port()}"}
+    clusters = [{"name": "east", "prometheus": {"querier": "hub", "cluster": "east"}}]
+    config.write_text(yaml.safe_dump({"queriers": [querier], "clusters": clusters}))
+    argv = [sys.executable, "-m", "controller", "replay", "--config", str(config)]
+    cases = {
+        ("nan", "1700000000"): "--start 'nan': not a time",
+        ("1700000000", "inf"): "--end 'inf': not a time",
+        ("0", "100000000000"): "more than 300,000",
+        ("1700000000", str(1700000000 + 366 * 86400)): "ticks at 10s, more than 300,000",
+    }
+    for (start, end), why in cases.items():
+        done = subprocess.run(
+            [*argv, "--start", start, "--end", end],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1 and why in lines[0], done.stderr
+
+
 async def test_a_replay_that_cannot_run_says_why_in_one_line_and_exits_2(
     backfilled: tuple[Prometheus, float], tmp_path: Path
 ) -> None:
