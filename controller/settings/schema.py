@@ -614,7 +614,9 @@ class ScrapeSettings(_Group):
         "(too_many_samples), as Prometheus's sample_limit fails a scrape: each costs about a "
         "kilobyte while its page is read, so a page of a few megabytes of tiny series would "
         "hold over a hundred. A vLLM pod's page holds ~250, a Ray node's of 16 replicas ~450, "
-        "an EPP's ~40 for each model and target model (LoRA adapter) it serves.",
+        "an EPP's ~40 for each model and target model (LoRA adapter) it serves. It bounds a "
+        "querier's answer too, in series (its pool query has one a pod of every cluster it "
+        "serves).",
     )
     max_concurrency: int = Field(
         default=32,

@@ -129,6 +129,40 @@ async def test_a_failing_query_fails_only_what_it_feeds(serve: Serve) -> None:
     assert blind["targets"]["configured"]["mode"] == "no_data"
 
 
+class FloodingHub(HubThanos):
+    """A hub whose pool query answers 25,000 tiny series (~2 MB, under the byte cap), and
+    which notes the parameters it is asked with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.params: list[dict[str, str]] = []
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.params.append(dict(request.query))
+        if request.query["query"].startswith("count by (job, instance, ReplicaId"):
+            flood = [{"metric": {"instance": str(i)}, "value": [1.0, "1"]} for i in range(25_000)]
+            data = {"resultType": "vector", "result": flood}
+            return web.json_response({"status": "success", "data": data})
+        return await super().handle(request)
+
+
+async def test_an_answer_of_too_many_series_is_refused_before_it_is_parsed(serve: Serve) -> None:
+    """An attack: 10 MB of tiny series under the byte cap took 12-19 s of the event loop a
+    tick to parse, and 600-800 MB; the probes failed and another querier's clusters timed
+    out. An answer of more series than ``scrape.max_page_samples`` fails its query alone,
+    by name. And Thanos is asked never to answer in part (``partial_response=false``)."""
+    hub = FloodingHub()
+    server = await serve({"/api/v1/query": hub.handle})
+    async with Controller(hub_settings(server.url("")), serve=False) as controller:
+        report = report_json(await controller.once())
+    east = report["clusters"]["east"]
+    assert east["healthy"] is True and east["vram_utilization"] == 0.2  # the rest is read
+    (error,) = east["errors"]
+    assert error["reason"] == "too_many_samples" and "kv_pools" in error["url"]
+    assert "25000 series, more than 20000 (scrape.max_page_samples)" in error["detail"]
+    assert all(p.get("partial_response") == "false" for p in hub.params)
+
+
 class HostileHub(HubThanos):
     """A hub whose pod counts no cluster can have, and a 3 MB string where one KV value
     belongs (#40: the 1e12 became 96 points of capacity; the string was copied whole into
