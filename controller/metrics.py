@@ -159,6 +159,20 @@ class ControllerMetrics:
         self.invalid_samples.labels(cluster)
         self.duplicate_samples.labels(cluster)
 
+    def remove_cluster(self, cluster: str) -> None:
+        """A cluster no longer read (an ExternalProvider that defined it gone or renamed):
+        its series go with it, else a tenant renaming its providers grows /metrics without
+        end (found by an attack: 230 KB to 1.5 MB with 51 clusters live)."""
+        per_cluster = (self.scrape_errors, self.scrape_pages, self.health_transitions)
+        for metric in (*per_cluster, self.invalid_samples, self.duplicate_samples):
+            metric.remove_by_labels({"cluster": cluster})
+        self._pages.pop(cluster, None)
+
+    def remove_target(self, target: str) -> None:
+        """A target gone (its object deleted, or no longer opted in): its series with it."""
+        for metric in (self.target_writes, self.schema_rejections):
+            metric.remove_by_labels({"target": target})
+
     def add_target(self, target: str) -> None:
         for result in Write:
             if result not in (Write.NONE, Write.FOLLOWER):

@@ -66,6 +66,7 @@ class Fleet:
         self._defined = defined
 
     def _forget(self, name: str) -> None:
+        self._metrics.remove_cluster(name)
         self._sources.pop(name, None)
         self._last.pop(name, None)
         self._health.pop(name, None)

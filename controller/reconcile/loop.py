@@ -321,6 +321,7 @@ class Reconciler:
         }
         for key in self._memory.keys() - views.keys():
             del self._memory[key]
+            self._metrics.remove_target(key)
         only = next(iter(views.values())) if len(views) == 1 else None
         shares = _cluster_shares(only.outcome) if only else {}
         duration = time.perf_counter() - began

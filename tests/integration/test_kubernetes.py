@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes_asyncio import client
+from prometheus_client import generate_latest
 from structlog.testing import capture_logs
 
 from controller import weights
@@ -342,6 +343,33 @@ async def test_providers_can_define_clusters_by_annotation(
             assert f"{NS}/remote-llm" in controller.snapshot.report.clusters
     final = weights_of(apiserver)
     assert final["east"] > final["remote-llm"]
+
+
+async def test_a_cluster_or_target_that_goes_takes_its_series_with_it(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
+) -> None:
+    """An attack: providers renamed every tick (51 clusters live) grew /metrics from 230 KB
+    to 1.5 MB, and 300 models written then deleted left 1,800 series with no target behind
+    them. A cluster no longer referenced, and a target gone, drop their labelled series."""
+    async with Fleet([SimCluster("remote", kv=0.9)]) as extra:
+        urls = {VLLM_URLS_ANNOTATION: ",".join(extra["remote"].vllm_urls())}
+        apiserver.put_object(CRD, "externalproviders", provider("east"))
+        apiserver.put_object(CRD, "externalproviders", provider("remote-llm", urls))
+        apiserver.put_object(
+            CRD, "externalmodels", model("llama", [("east", 50), ("remote-llm", 50)])
+        )
+        settings = settings_for(sims, kubernetes={"annotation_urls": {"allow_loopback": True}})
+        async with Controller(settings, serve=False, api=api) as controller:
+            await ticks(controller, 2)
+            text = generate_latest(controller.registry).decode()
+            assert f'cluster="{NS}/remote-llm"' in text and 'target="ExternalModel/' in text
+            del apiserver.objects[(CRD, "externalmodels", NS, "llama")]
+            del apiserver.objects[(CRD, "externalproviders", NS, "remote-llm")]
+            await ticks(controller, 2)
+            text = generate_latest(controller.registry).decode()
+    assert f'cluster="{NS}/remote-llm"' not in text
+    assert 'target="ExternalModel/maas-system/llama"' not in text
+    assert 'cluster="east"' in text  # a configured cluster keeps its own
 
 
 async def test_httproute_backend_weights(
