@@ -39,6 +39,8 @@ LIVENESS_INTERVALS = 3
 MAX_CONNECTIONS = 256
 HEADER_TIMEOUT = 10.0
 IDLE_TIMEOUT = 65.0
+# At the limit, a connection idle after its answer for this long may be closed for a new one.
+IDLE_GRACE = 1.0
 
 
 class Connections:
@@ -57,8 +59,9 @@ class Connections:
         header_timeout: float = HEADER_TIMEOUT,
         on_change: Callable[[int], None] = lambda open_now: None,
         on_close: Callable[[str], None] = lambda reason: None,
+        idle_grace: float = IDLE_GRACE,
     ) -> None:
-        self.limit, self.header_timeout = limit, header_timeout
+        self.limit, self.header_timeout, self.idle_grace = limit, header_timeout, idle_grace
         self._on_change, self._on_close = on_change, on_close
         self._open: dict[_Bounded, None] = {}  # in the order they were accepted
         self._by_transport: dict[object, _Bounded] = {}  # its raw and its TLS transport
@@ -78,19 +81,37 @@ class Connections:
         """At the limit, the oldest connection that has not sent a whole request yet (a
         stalled handshake, a slow client) is closed for the new one, so clients that hold
         slots without a request cannot keep the probes or a scrape out for their header
-        deadline; ``False`` when every open one has been answered."""
+        deadline; else the one idle longest, kept alive after its answer for ``idle_grace``
+        or more (256 clients that each sent one request and stayed idle kept every probe out
+        for the idle timeout, renewable: found by an attack; a client kept alive reconnects
+        for its next request, as Prometheus does); ``False`` when every open one is busy."""
         oldest = next((b for b in self._open if b.waiting), None)
         if oldest is None:
-            return False
+            now = asyncio.get_running_loop().time()
+            idle = [b for b in self._open if b.idle_since is not None]
+            longest = min(idle, key=lambda b: b.idle_since or now, default=None)
+            if longest is None or longest.idle_since is None:
+                return False
+            if now - longest.idle_since < self.idle_grace:
+                return False
+            oldest = longest
         self._on_close("limit")
         oldest.abort()
         return True
 
     def answered(self, transport: object) -> None:
-        """A whole request arrived on ``transport``: its header deadline no longer applies."""
+        """A whole request arrived on ``transport``: its header deadline no longer applies,
+        and it is busy until ``idle``."""
         bounded = self._by_transport.get(transport)
         if bounded is not None:
             bounded.answered()
+            bounded.idle_since = None
+
+    def idle(self, transport: object) -> None:
+        """``transport``'s request was handled: from now, it is kept alive idle."""
+        bounded = self._by_transport.get(transport)
+        if bounded is not None:
+            bounded.idle_since = asyncio.get_running_loop().time()
 
     def _opened(self, transport: object, bounded: _Bounded) -> None:
         self._open[bounded] = None
@@ -131,6 +152,7 @@ class _Bounded(asyncio.Protocol):
         self._deadline: asyncio.TimerHandle | None = None
         self._handshake: asyncio.Task[None] | None = None
         self._made = False  # aiohttp's protocol has its connection
+        self.idle_since: float | None = None  # kept alive after an answer, since (loop time)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -259,8 +281,12 @@ CONNECTIONS = web.AppKey("connections", Connections)
 async def _mark_answered(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
-    request.app[CONNECTIONS].answered(request.transport)
-    return await handler(request)
+    connections = request.app[CONNECTIONS]
+    connections.answered(request.transport)
+    try:
+        return await handler(request)
+    finally:
+        connections.idle(request.transport)
 
 
 # Paths that show what the controller sees and decides: behind authentication when it is on.

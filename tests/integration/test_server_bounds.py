@@ -41,9 +41,11 @@ async def counted() -> Counted:
 
 
 async def serving(
-    counted: Counted, limit: int, header_timeout: float
+    counted: Counted, limit: int, header_timeout: float, idle_grace: float = server.IDLE_GRACE
 ) -> AsyncIterator[tuple[server.Serving, int]]:
-    connections = server.Connections(limit, header_timeout, counted.change, counted.close)
+    connections = server.Connections(
+        limit, header_timeout, counted.change, counted.close, idle_grace
+    )
     app = server.make_app(CollectorRegistry(), Snapshot(), 10.0, connections=connections)
     serving, port = await server.start(app, "127.0.0.1", 0)
     try:
@@ -89,8 +91,8 @@ async def test_past_the_limit_the_oldest_without_a_request_makes_room(
 async def test_past_the_limit_of_answered_clients_a_new_one_is_closed_at_once(
     counted: Counted,
 ) -> None:
-    """Every slot held by a client that sent its request (keep-alive): none is taken from
-    it, the newcomer is closed."""
+    """Every slot held by a client that sent its request (keep-alive) within ``idle_grace``
+    of its answer: none is taken from it, the newcomer is closed."""
     async for _, port in serving(counted, limit=2, header_timeout=60):
         sessions = [aiohttp.ClientSession() for _ in range(2)]
         try:
@@ -101,6 +103,28 @@ async def test_past_the_limit_of_answered_clients_a_new_one_is_closed_at_once(
             assert await closed_by_server(reader)
             writer.close()
             assert counted.closed == ["limit"]
+        finally:
+            for session in sessions:
+                await session.close()
+
+
+async def test_past_the_limit_the_client_idle_longest_after_its_answer_makes_room(
+    counted: Counted,
+) -> None:
+    """An attack: 256 clients each sent one request and stayed idle (keep-alive), and every
+    probe on both ports was closed unanswered for the idle timeout, renewable with one
+    request a minute. At the limit, the client idle longest past ``idle_grace`` makes room."""
+    async for _, port in serving(counted, limit=2, header_timeout=60, idle_grace=0.05):
+        sessions = [aiohttp.ClientSession() for _ in range(2)]
+        try:
+            for session in sessions:  # each keeps its connection alive after its answer
+                assert await get(session, port) == 200
+            await asyncio.sleep(0.1)  # past the grace
+            async with aiohttp.ClientSession() as probe:
+                assert await get(probe, port) == 200
+            assert counted.closed == ["limit"]
+            for session in sessions:  # the one closed reconnects for its next request
+                assert await get(session, port) == 200
         finally:
             for session in sessions:
                 await session.close()
