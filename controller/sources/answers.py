@@ -208,6 +208,11 @@ def _empty(query: str, asked: Asked) -> PodError:
     return PodError(f"{asked.base} ({query})", Reason.MISSING_METRIC, detail)
 
 
+# More requests waiting or running than any cluster holds: a thousand pods of a thousand
+# each, a hundredfold (an attack's 1e300 queue moved traffic as if it were one).
+MAX_IN_FLIGHT = 1e8
+
+
 def _checked(
     values: dict[str, float | None], asked: Asked
 ) -> tuple[dict[str, float | None], list[PodError]]:
@@ -219,6 +224,18 @@ def _checked(
     if pods is not None and not 0 <= pods <= MAX_PODS and (why := pod_count_problem(pods, "pods")):
         refused.append(PodError(f"{asked.base} (pods)", Reason.OUT_OF_RANGE, why))
         values = {**values, "pods": None}
+    for query in ("queue", "running"):  # below 0 is none (``_count``); 1e300 is no count
+        count = values.get(query)
+        if count is not None and not count <= MAX_IN_FLIGHT and count >= 0:
+            why = f"{query}={count:g}: more requests than a cluster holds ({MAX_IN_FLIGHT:,.0f})"
+            refused.append(PodError(f"{asked.base} ({query})", Reason.OUT_OF_RANGE, why))
+            values = {**values, query: None}
+    for query in ("p50", "p90"):  # a NaN (no requests) is unknown; below 0, no latency
+        seconds = values.get(query)
+        if seconds is not None and seconds < 0:
+            why = f"{query}={seconds:g}: a latency below 0"
+            refused.append(PodError(f"{asked.base} ({query})", Reason.OUT_OF_RANGE, why))
+            values = {**values, query: None}
     for query, counted in (("kv_pools", POOL_PODS), ("kv_tokens", TOKEN_PODS)):
         tokens = values.get(query)
         if tokens is None or 0 < tokens <= MAX_KV_TOKENS_PER_POD:  # within any pod's cache
@@ -278,10 +295,15 @@ def _count(value: float | None) -> float | None:
     return value if value is not None and value >= 0 else None
 
 
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
 def _latency(v: Mapping[str, float | None], min_requests: float) -> Latency | None:
     requests = v.get("latency_requests")
     if requests is None:
         return None
     if requests < min_requests:
         return Latency(None, None, None, requests=requests, family="promql")
-    return Latency(v.get("p50"), v.get("p90"), None, requests=requests, family="promql")
+    p50, p90 = (_finite(v.get(q)) for q in ("p50", "p90"))
+    return Latency(p50, p90, None, requests=requests, family="promql")

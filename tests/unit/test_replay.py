@@ -7,7 +7,7 @@ import math
 import pytest
 
 from controller.errors import ConfigError, FetchError, FetchParseError, FetchTimeoutError
-from controller.model import IMPLICIT_TARGET, ClusterMetrics
+from controller.model import IMPLICIT_TARGET, ClusterMetrics, Reason
 from controller.replay import History, Response, moved, recorded_split, run, table
 from controller.settings import Settings, build_settings
 from controller.sources.answers import Answers, Asked, Series, cluster_metrics
@@ -79,6 +79,22 @@ def test_a_share_cut_to_a_seventh_moves_the_routed_load_with_it() -> None:
     given = recorded()  # moved leaves what it was given as it was
     moved(given, {"east": 0.14, "west": 2.0})
     assert given == recorded()
+
+
+def test_counts_and_latencies_no_cluster_can_have_are_refused_by_name() -> None:
+    """An attack: a querier's queue of 1e300 moved traffic as if it were one, and a p90 of
+    -5 s was exported as the cluster's latency, healthy."""
+    answers = recorded()
+    answers["queue"] = {"east": 1e300}
+    answers["p50"], answers["p90"] = {"east": float("nan")}, {"east": -5.0}
+    found = east(answers)
+    assert found.queue_depth is None and found.latency is not None
+    assert (found.latency.p50, found.latency.p90) == (None, None)  # NaN: none; below 0: refused
+    refused = {e.url.rpartition(" ")[2]: e for e in found.errors}
+    assert set(refused) == {"(queue)", "(p90)"}
+    assert all(e.reason is Reason.OUT_OF_RANGE for e in refused.values())
+    assert "more requests than a cluster holds" in refused["(queue)"].detail
+    assert found.kv_mean == 0.6  # the rest is read
 
 
 def test_more_traffic_than_the_cache_holds_waits_in_the_queue() -> None:
