@@ -63,9 +63,12 @@ def source_factory(
     api: kube_client.ApiClient | None = None,
     pools: PoolResolver | None = None,
     shared: SharedPages | None = None,
+    querying: aiohttp.ClientSession | None = None,
 ) -> Callable[[ClusterSettings], ClusterMetricsSource]:
     """``shared``: where a page several clusters read is fetched once a tick (a Ray node's,
-    one cluster per model); one of its own when not given."""
+    one cluster per model); one of its own when not given. ``querying``: the session PromQL
+    sources ask through, apart from the pages' (``_query_connector``); ``session`` if not
+    given."""
     # One limiter for every page of every cluster: bounded, clusters served in the order
     # their fetches began (sources/limiter.py), so one big cluster's pages queue among the
     # others' instead of starving them.
@@ -75,12 +78,13 @@ def source_factory(
     limiter = Limiter(settings.scrape.max_concurrency, grace=grace)
     shared = shared or SharedPages()
     queries, scrape = settings.prometheus_queries, settings.scrape
-    queriers = shared_queriers(settings.queriers, queries, scrape, session)
+    querying = querying or session
+    queriers = shared_queriers(settings.queriers, queries, scrape, querying)
     engines = settings.engine_table()
 
     def make(cluster: ClusterSettings) -> ClusterMetricsSource:
         if cluster.prometheus is not None:
-            return prometheus_source(cluster, queries, scrape, session, queriers, clock)
+            return prometheus_source(cluster, queries, scrape, querying, queriers, clock)
         timeout = settings.cluster_timeout(cluster)
         slices = slice_lister(api, settings.kubernetes.api_timeout) if api is not None else None
         return ScrapeSource(
@@ -100,16 +104,41 @@ def source_factory(
 
 
 def _connector(settings: Settings) -> aiohttp.TCPConnector:
-    # As many connections as requests may run at once (scrape.max_concurrency), kept alive
-    # where the server allows (an EPP, Prometheus); a few more for PromQL sources and the
-    # Kubernetes client. vLLM closes an idle connection after 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE),
-    # so at a 10 s interval each of its pages opens one.
+    # As many connections as pages may be read at once (scrape.max_concurrency), kept alive
+    # where the server allows (an EPP), and a few more; PromQL sources have their own
+    # (``_query_connector``), the Kubernetes client its own session. vLLM closes an idle
+    # connection after 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE), so at a 10 s interval each of its
+    # pages opens one.
     # An idle connection is kept for two intervals, so a pod that keeps it that long (vLLM
     # with VLLM_HTTP_TIMEOUT_KEEP_ALIVE above the interval) is read on it next tick
     # (benchmarks/HISTORY.md measures what that saves).
     limit = settings.scrape.max_concurrency + 8
     return aiohttp.TCPConnector(
         limit=limit, limit_per_host=0, ttl_dns_cache=60, keepalive_timeout=2 * settings.interval
+    )
+
+
+def _query_connector(settings: Settings) -> aiohttp.TCPConnector:
+    """PromQL sources' own connections, apart from the pages': 32 pods that hang held every
+    connection of a shared pool, and a sane querier's queries timed out waiting for one
+    (found by an attack). Unbounded here, bounded by the config: a querier asks its eleven
+    queries once a round, a cluster with its own querier the same."""
+    return aiohttp.TCPConnector(
+        limit=0, limit_per_host=0, ttl_dns_cache=60, keepalive_timeout=2 * settings.interval
+    )
+
+
+def _session(connector: aiohttp.TCPConnector) -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(
+        connector=connector,
+        headers={"User-Agent": "weight-controller"},
+        # every request runs under its own deadline (sources.http); aiohttp's default
+        # (300 s) would only add a second timer to each
+        timeout=aiohttp.ClientTimeout(total=None),
+        # Stateless, as Prometheus's scrapes are: an OpenShift route sets a sticky-session
+        # cookie by default, and sent back it would pin every later read of that route to
+        # one pod behind it. No jar also spares a lookup per request (benchmarks/HISTORY.md).
+        cookie_jar=aiohttp.DummyCookieJar(),
     )
 
 
@@ -151,7 +180,8 @@ class Controller:
         self.metrics.interval.set(settings.interval)
         self._clock = clock
         self._serve = serve
-        self._session: aiohttp.ClientSession | None = None
+        self._session: aiohttp.ClientSession | None = None  # pages
+        self._querying: aiohttp.ClientSession | None = None  # PromQL sources
         self._runner: server.Serving | None = None
         self._probe_runner: server.Serving | None = None
         self.probe_port: int | None = None
@@ -165,26 +195,24 @@ class Controller:
         self._cert_watch: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Controller:
-        self._session = aiohttp.ClientSession(
-            connector=_connector(self.settings),
-            headers={"User-Agent": "weight-controller"},
-            # every request runs under its own deadline (sources.http); aiohttp's default
-            # (300 s) would only add a second timer to each
-            timeout=aiohttp.ClientTimeout(total=None),
-            # Stateless, as Prometheus's scrapes are: an OpenShift route sets a sticky-session
-            # cookie by default, and sent back it would pin every later read of that route to
-            # one pod behind it. No jar also spares a lookup per request (benchmarks/HISTORY.md).
-            cookie_jar=aiohttp.DummyCookieJar(),
-        )
+        self._session = _session(_connector(self.settings))
+        self._querying = _session(_query_connector(self.settings))
         try:
             await self._connect_kubernetes()
             self._pools = self._pool_resolver()
         except BaseException:
             await self._session.close()
+            await self._querying.close()
             raise
         self._warn_about_opt_outs()
         make_source = source_factory(
-            self.settings, self._session, self._clock, self._api, self._pools, self._shared
+            self.settings,
+            self._session,
+            self._clock,
+            self._api,
+            self._pools,
+            self._shared,
+            self._querying,
         )
         self.reconciler = Reconciler(
             self.settings,
@@ -326,6 +354,8 @@ class Controller:
             await self._api.close()
         if self._session is not None:
             await self._session.close()
+        if self._querying is not None:
+            await self._querying.close()
 
     async def once(self) -> TickReport:
         """One tick. With leader election on (``once --apply``), it writes only holding the

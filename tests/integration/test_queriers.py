@@ -4,6 +4,7 @@ server speaking the Prometheus HTTP API (the real Prometheus is in tests/process
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -161,6 +162,47 @@ async def test_an_answer_of_too_many_series_is_refused_before_it_is_parsed(serve
     assert error["reason"] == "too_many_samples" and "kv_pools" in error["url"]
     assert "25000 series, more than 20000 (scrape.max_page_samples)" in error["detail"]
     assert all(p.get("partial_response") == "false" for p in hub.params)
+
+
+async def test_pods_that_hang_and_a_slow_querier_never_starve_a_sane_querier(
+    serve: Serve,
+) -> None:
+    """An attack: 32 pods that hang held the page slots of a shared connection pool and a
+    slow hub 11 more; a sane querier's queries then waited for a connection until their
+    timeout, every tick. PromQL sources have connections of their own."""
+
+    async def hang(_: web.Request) -> web.Response:
+        await asyncio.sleep(30)
+        return web.Response(text="")
+
+    async def slow(request: web.Request) -> web.Response:
+        await asyncio.sleep(30)
+        return await HubThanos().handle(request)
+
+    hub = HubThanos()
+    pods = await serve({"/hang": hang, "/slow/api/v1/query": slow})
+    good = await serve({"/api/v1/query": hub.handle})
+    hanging = [pods.url(f"/hang?p={i}") for i in range(8)]
+    settings = build_settings(
+        {
+            "interval": 4,
+            "queriers": [
+                {"name": "hub", "url": good.url(""), "push_interval": "30s"},
+                {"name": "slow", "url": pods.url("/slow"), "push_interval": "30s"},
+            ],
+            "clusters": [
+                *({"name": f"pods{i}", "vllm_urls": hanging} for i in range(2)),
+                {"name": "stuck", "prometheus": {"querier": "slow", "cluster": "stuck"}},
+                *({"name": n, "prometheus": {"querier": "hub"}} for n in CLUSTERS),
+            ],
+            "scrape": {"timeout": 1, "max_concurrency": 4, "min_latency_requests": 1},
+        }
+    )
+    async with Controller(settings, serve=False) as controller:
+        report = report_json(await controller.once())
+    assert all(report["clusters"][n]["errors"] == [] for n in CLUSTERS), report["clusters"]
+    assert report["clusters"]["east"]["vram_utilization"] == 0.2
+    assert report["clusters"]["pods0"]["healthy"] is False  # its own pods, its own fault
 
 
 class HostileHub(HubThanos):
