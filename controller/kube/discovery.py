@@ -248,7 +248,7 @@ class TargetDiscovery:
     def _mapping(self, providers: list[dict[str, Any]]) -> ProviderMapping:
         urls = self._kube.annotation_urls
         mapping = objects.map_providers(
-            providers, self._configured, self._refuse, urls.tokens, urls.max_urls
+            providers, self._configured, self._refuse, urls.tokens, urls.max_urls, urls.max_clusters
         )
         for problem in mapping.problems:
             self._problem("ignoring provider annotations", ("provider", problem), problem=problem)

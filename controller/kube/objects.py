@@ -283,14 +283,17 @@ def map_providers(
     refuse: Callable[[str], str | None] = lambda url: None,
     tokens: Mapping[str, Path] | None = None,
     max_urls: int = 64,
+    max_clusters: int = 32,
 ) -> ProviderMapping:
-    """Provider name → cluster. ``refuse`` says why a metrics URL from an annotation may not
-    be fetched (see ``controller.addresses``); such a provider defines no cluster, is a
-    problem, and its URLs are never fetched."""
+    """Provider name → cluster, for one namespace's providers. ``refuse`` says why a metrics
+    URL from an annotation may not be fetched (see ``controller.addresses``); such a provider
+    defines no cluster, is a problem, and its URLs are never fetched. At most
+    ``max_clusters`` providers define a cluster (by name); the rest are one problem."""
     clusters: dict[str, str] = {}
     defined: list[ClusterSettings] = []
     problems: list[str] = []
-    for provider in providers:
+    beyond: list[str] = []
+    for provider in sorted(providers, key=lambda p: str(p.get("metadata", {}).get("name", ""))):
         meta = provider.get("metadata", {})
         name = str(meta.get("name", ""))
         annotations = _annotations(provider)
@@ -308,6 +311,9 @@ def map_providers(
             # of the same name are two clusters, never one read from either's pages.
             namespace = str(meta.get("namespace", ""))
             own = f"{namespace}/{name}" if namespace else name
+            if len(defined) >= max_clusters:
+                beyond.append(own)
+                continue
             try:
                 cluster = cluster_from_annotations(own, annotations, tokens or {}, namespace)
             except UnknownTokenError as exc:
@@ -334,6 +340,11 @@ def map_providers(
             clusters[name] = own
         elif name in configured:
             clusters[name] = name
+    if beyond:  # one namespace's objects must not take the tick from the others' clusters
+        problems.append(
+            f"{len(beyond)} ExternalProvider(s) beyond kubernetes.annotation_urls.max_clusters "
+            f"({max_clusters}) of their namespace define no cluster, first {beyond[0]}"
+        )
     return ProviderMapping(clusters, tuple(defined), tuple(problems))
 
 

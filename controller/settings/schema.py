@@ -921,6 +921,14 @@ class AnnotationURLSettings(_Group):
         "provider (a team's list must not take the tick from the others; for a large "
         "deployment list its EPP, or configure the cluster with pods discovery).",
     )
+    max_clusters: int = Field(
+        default=32,
+        ge=1,
+        le=4096,
+        description="Clusters one namespace's ExternalProviders may define (by name; the rest "
+        "define none, said in one line): 150 of one namespace whose pods hung held every page "
+        "slot through the tick, and another team's clusters missed its deadline.",
+    )
     tokens: dict[str, Path] = Field(
         default_factory=dict,
         description="Token files an ExternalProvider's annotations may name (…/bearer-token, "

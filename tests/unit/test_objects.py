@@ -86,3 +86,15 @@ def test_a_token_keyed_without_its_namespace_is_refused_at_start_up() -> None:
     with pytest.raises(ValidationError, match=r"key it namespace/name.*'team-a/east-epp'"):
         AnnotationURLSettings(tokens={"east-epp": Path("/t")})
     AnnotationURLSettings(tokens={"llm/east-epp": Path("/t"), "*/hub": Path("/u")})
+
+
+def test_one_namespace_defines_at_most_max_clusters_and_the_rest_in_one_line() -> None:
+    """An attack: 150 providers of one namespace whose pods hang held every page slot through
+    the tick, and another team's clusters missed its deadline; 2,000 defined 2,003 clusters
+    unsaid. The first ``max_clusters`` by name define theirs; the rest are one problem."""
+    many = [provider(f"p{i:03}", epp=f"http://epp-{i}.llm.svc:9090/metrics") for i in range(40)]
+    found = objects.map_providers(list(reversed(many)), set(), max_clusters=32)
+    assert [c.name for c in found.defined] == [f"llm/p{i:03}" for i in range(32)]
+    (problem,) = found.problems
+    assert problem.startswith("8 ExternalProvider(s) beyond kubernetes.annotation_urls")
+    assert problem.endswith("first llm/p032")
