@@ -365,7 +365,12 @@ class Controller:
         if self.leader is None:
             return await self.reconciler.tick()
         margin = self.settings.kubernetes.api_timeout
-        if not (await self.leader.try_once() and self.leader.is_leader(margin)):
+        stop, renewing = asyncio.Event(), None
+        if await self.leader.try_once() and self.leader.is_leader(margin):
+            # renewed through the tick, as ``run`` renews it: a slow tick's writes came after
+            # the fence, and were ``follower``'s unsaid (a review)
+            renewing = asyncio.create_task(self.leader.run(stop), name="leader-election")
+        else:
             election = self.settings.leader_election
             log.warning(
                 "not the leader: nothing will be written",
@@ -376,7 +381,11 @@ class Controller:
         try:
             return await self.reconciler.tick()
         finally:
-            await self.leader.release()
+            stop.set()
+            if renewing is not None:
+                await renewing  # and released
+            else:
+                await self.leader.release()
 
     async def run(self, stop: asyncio.Event) -> None:
         """Reconcile until ``stop`` is set, then give the tick in flight a short grace."""

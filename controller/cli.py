@@ -461,7 +461,10 @@ def _when(flag: str, text: str) -> float:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         raise ConfigError([f"{flag} {text!r}: not unix seconds or an RFC 3339 time"]) from None
-    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+    found = (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+    if not 0 <= found < _LAST_TIME:  # year 1, or 9999-12-31T23:00-01:00 (a review)
+        raise ConfigError([f"{flag} {text!r}: not a time from 1970 to 9999-12-31 (UTC)"])
+    return found
 
 
 _LAST_TIME = 253402300800.0  # 10000-01-01T00:00:00Z, past RFC 3339's last year

@@ -144,8 +144,8 @@ class ControllerMetrics:
         self.server_closed = new.counter(
             "server_connections_closed_total",
             "Connections our server closed itself, by reason: limit (too many open: the oldest "
-            "without a request made room, or the newcomer was closed), header_timeout (no TLS "
-            "handshake and whole request in time).",
+            "without a request, else the one idle longest after its answer, made room, or the "
+            "newcomer was closed), header_timeout (no TLS handshake and whole request in time).",
             "reason",
         )
         for reason in ("limit", "header_timeout"):

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import socket
 import time
 from collections.abc import Callable
@@ -104,8 +105,12 @@ class LeaderElector:
         await self.release()
 
     async def try_once(self) -> bool:
-        """One try, for a single tick (``once --apply``): leading after it? A Lease another
-        replica renewed lately stays theirs, as in ``run``; ``release`` gives it back."""
+        """One try, for a single tick (``once --apply``), under an identity of this process's
+        own: ``kubectl exec`` into the leading pod inherits its identity, and under it the
+        running leader's Lease read as ours to renew, then to release (a review). Leading
+        after it? A Lease another replica renewed lately stays theirs, as in ``run``; ``run``
+        renews it through the tick, ``release`` gives it back."""
+        self.identity = f"{self.identity}-once-{os.getpid()}"
         await self._attempt()
         return self.is_leader()
 

@@ -62,12 +62,14 @@ _NAMESPACE = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"  # a DNS-1123 label, as Kuber
 
 
 def _ip(host: str) -> bool:
-    """``host`` is an IP address (an IPv6 one with or without its brackets)."""
+    """``host`` is an IP address: v4, or v6 bare or in one pair of brackets (``[::1]``; a
+    review found ``[127.0.0.1]`` and ``::1]`` taken, then found nothing)."""
+    bracketed = host.startswith("[") and host.endswith("]")
     try:
-        ipaddress.ip_address(host.removeprefix("[").removesuffix("]"))
+        found = ipaddress.ip_address(host[1:-1] if bracketed else host)
     except ValueError:
         return False
-    return True
+    return found.version == 6 or not bracketed
 
 
 def _host_name(host: str) -> str:
@@ -92,8 +94,18 @@ def _dialable(url: _PydanticHttpUrl) -> _PydanticHttpUrl:
     return url
 
 
+def _dns_name(name: str) -> str:
+    """A name a resolver can be asked for (``pods.dns``): a host name (``_host_name``), no
+    bracketed address, at most 253 characters as asked (longer, the system resolver found
+    nothing and said nothing)."""
+    _host_name(name)
+    if name.startswith("[") or len(name.rstrip(".").encode("idna")) > 253:
+        raise ValueError(f"{name[:64]!r} is not a DNS name: a bracket, or over 253 characters")
+    return name
+
+
 HttpUrl = Annotated[_PydanticHttpUrl, AfterValidator(_dialable)]
-HostName = Annotated[str, AfterValidator(_host_name)]
+HostName = Annotated[str, AfterValidator(_dns_name)]
 
 
 def _ip_port(value: str) -> str:

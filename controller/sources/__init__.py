@@ -14,6 +14,12 @@ from controller.model import ClusterMetrics
 # model, so ~1.5e8 tokens; a billion is beyond any pod.
 MAX_PODS = 150_000
 MAX_KV_TOKENS_PER_POD = 1e9
+# Requests waiting or running in one cluster: a thousand pods of a thousand each, a
+# hundredfold (a queue of 1e300, from a querier or a page, moved traffic as if it were one:
+# found by an attack, then on pages by a review). A latency quantile past a day is no
+# request's either.
+MAX_IN_FLIGHT = 1e8
+MAX_LATENCY = 86400.0
 
 
 def pod_count_problem(value: float, what: str) -> str | None:

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from controller.errors import FetchError
 from controller.model import CapacityFrom, ClusterMetrics, Latency, PodError, Reason
 from controller.sources import (
+    MAX_IN_FLIGHT,
     MAX_KV_TOKENS_PER_POD,
+    MAX_LATENCY,
     MAX_PODS,
     kv_tokens_problem,
     pod_count_problem,
@@ -208,11 +210,6 @@ def _empty(query: str, asked: Asked) -> PodError:
     return PodError(f"{asked.base} ({query})", Reason.MISSING_METRIC, detail)
 
 
-# More requests waiting or running than any cluster holds: a thousand pods of a thousand
-# each, a hundredfold (an attack's 1e300 queue moved traffic as if it were one).
-MAX_IN_FLIGHT = 1e8
-
-
 def _checked(
     values: dict[str, float | None], asked: Asked
 ) -> tuple[dict[str, float | None], list[PodError]]:
@@ -232,7 +229,11 @@ def _checked(
             values = {**values, query: None}
     for query in ("p50", "p90"):  # a NaN (no requests) is unknown; below 0, no latency
         seconds = values.get(query)
-        if seconds is not None and seconds < 0:
+        if seconds is not None and not seconds <= MAX_LATENCY and seconds == seconds:
+            why = f"{query}={seconds:g}: a latency past a day"
+            refused.append(PodError(f"{asked.base} ({query})", Reason.OUT_OF_RANGE, why))
+            values = {**values, query: None}
+        elif seconds is not None and seconds < 0:
             why = f"{query}={seconds:g}: a latency below 0"
             refused.append(PodError(f"{asked.base} ({query})", Reason.OUT_OF_RANGE, why))
             values = {**values, query: None}

@@ -39,7 +39,7 @@ from controller.families import (
 from controller.histograms import Fold, Folded, Layouts
 from controller.model import CapacityFrom, ClusterMetrics, Latency, PodError, Reason
 from controller.settings import ClusterSettings
-from controller.sources import kv_tokens_problem, pod_count_problem
+from controller.sources import MAX_IN_FLIGHT, kv_tokens_problem, pod_count_problem
 from controller.sources.between import (
     REPLICA_READS,
     Continuity,
@@ -558,9 +558,9 @@ def _mean_of(page: Page, families: Sequence[str], keep: Mapping[str, str] | None
 def _pod_total(page: ByName, family: Family, keep: Mapping[str, str] | None) -> list[float]:
     """A pod's total for an additive gauge (summed over its engine processes), or nothing if
     absent; a count below 0 is none (an attack's page made the integral law's queue penalty a
-    complex number)."""
+    complex number), and so is one past ``MAX_IN_FLIGHT`` (1e300 read as a queue)."""
     found = of_family(page, family, keep)
-    values = [v for v in finite(found[1]) if v >= 0] if found else []
+    values = [v for v in finite(found[1]) if 0 <= v <= MAX_IN_FLIGHT] if found else []
     total = _total(values)
     return [total] if total is not None else []
 

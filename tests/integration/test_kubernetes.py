@@ -437,30 +437,37 @@ async def leading(api: client.ApiClient, identity: str = "a") -> AsyncIterator[A
         await task
 
 
-@pytest.mark.parametrize("held", [False, True], ids=["lease-free", "lease-held"])
+@pytest.mark.parametrize(
+    "held", [None, "replica-0", "by-hand"], ids=["lease-free", "lease-held", "same-identity"]
+)
 async def test_once_apply_with_election_writes_only_holding_the_lease(
-    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet, held: bool
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet, held: str | None
 ) -> None:
     """A review: with election on in the file (as the manifests' config has it), ``once
     --apply`` never started the elector, so every write was ``follower``'s and nothing said
     why. It now takes the Lease for its tick if no replica renewed it lately (and gives it
-    back), or says who holds it and writes nothing."""
+    back), or says who holds it and writes nothing. Run by ``kubectl exec`` in the leading
+    pod it shares that replica's identity: it neither writes beside it nor releases its
+    Lease (a review found two leaders after)."""
     seed(apiserver, [("east", 50), ("west", 50)])
     sims["east"].kv = 0.97
     election = {"enabled": True, "identity": "by-hand", "lease_duration": 15}
     settings = settings_for(sims, leader_election=election)
     async with contextlib.AsyncExitStack() as stack:
         if held:
-            await stack.enter_async_context(leading(api, "replica-0"))
+            await stack.enter_async_context(leading(api, held))
         with capture_logs() as logs:
             async with Controller(settings, serve=False, dry_run=False, api=api) as c:
                 report = await c.once()
+        lease = apiserver.get(
+            "coordination.k8s.io/v1", "leases", "maas-system", "weight-controller"
+        )
     write = report.targets["ExternalModel/maas-system/llama"].outcome.write.value
     said = [e for e in logs if e["event"] == "not the leader: nothing will be written"]
-    lease = apiserver.get("coordination.k8s.io/v1", "leases", "maas-system", "weight-controller")
     if held:
         assert (write, weights_of(apiserver)) == ("follower", {"east": 50, "west": 50})
-        assert [e["holder"] for e in said] == ["replica-0"]
+        assert [e["holder"] for e in said] == [held]
+        assert lease is not None and lease["spec"]["holderIdentity"] == held  # still theirs
     else:
         assert write == "done" and weights_of(apiserver)["west"] > 50 and not said
         assert lease is not None and not lease["spec"].get("holderIdentity")  # given back

@@ -134,25 +134,31 @@ class FloodingHub(HubThanos):
     """A hub whose pool query answers 25,000 tiny series (~2 MB, under the byte cap), and
     which notes the parameters it is asked with."""
 
-    def __init__(self) -> None:
+    def __init__(self, keyless: bool = False) -> None:
         super().__init__()
         self.params: list[dict[str, str]] = []
+        self.keyless = keyless
 
     async def handle(self, request: web.Request) -> web.Response:
         self.params.append(dict(request.query))
         if request.query["query"].startswith("count by (job, instance, ReplicaId"):
             flood = [{"metric": {"instance": str(i)}, "value": [1.0, "1"]} for i in range(25_000)]
+            # and 45,000 series without a "metric" key, or with it escaped: not counted by key
+            flood += [{"value": [1.0, "1"]} for _ in range(45_000 if self.keyless else 0)]
             data = {"resultType": "vector", "result": flood}
             return web.json_response({"status": "success", "data": data})
         return await super().handle(request)
 
 
-async def test_an_answer_of_too_many_series_is_refused_before_it_is_parsed(serve: Serve) -> None:
+@pytest.mark.parametrize("keyless", [False, True], ids=["metric-keys", "and-keyless"])
+async def test_an_answer_of_too_many_series_is_refused_before_it_is_parsed(
+    serve: Serve, keyless: bool
+) -> None:
     """An attack: 10 MB of tiny series under the byte cap took 12-19 s of the event loop a
     tick to parse, and 600-800 MB; the probes failed and another querier's clusters timed
     out. An answer of more series than ``scrape.max_page_samples`` fails its query alone,
     by name. And Thanos is asked never to answer in part (``partial_response=false``)."""
-    hub = FloodingHub()
+    hub = FloodingHub(keyless)
     server = await serve({"/api/v1/query": hub.handle})
     async with Controller(hub_settings(server.url("")), serve=False) as controller:
         report = report_json(await controller.once())
@@ -160,7 +166,8 @@ async def test_an_answer_of_too_many_series_is_refused_before_it_is_parsed(serve
     assert east["healthy"] is True and east["vram_utilization"] == 0.2  # the rest is read
     (error,) = east["errors"]
     assert error["reason"] == "too_many_samples" and "kv_pools" in error["url"]
-    assert "25000 series, more than 20000 (scrape.max_page_samples)" in error["detail"]
+    series = 47_500 if keyless else 25_000  # two objects a series with its labels, one without
+    assert f"~{series} series, more than 20000 (scrape.max_page_samples)" in error["detail"]
     assert all(p.get("partial_response") == "false" for p in hub.params)
 
 

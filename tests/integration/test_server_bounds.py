@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aiohttp
 import pytest
 import structlog
 from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 from structlog.testing import capture_logs
 
 from controller import server
@@ -128,6 +131,49 @@ async def test_past_the_limit_the_client_idle_longest_after_its_answer_makes_roo
         finally:
             for session in sessions:
                 await session.close()
+
+
+class _Big(Collector):
+    """One family whose help text is 16 MB: a /metrics page larger than kernel buffers."""
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily("big", "x" * (16 << 20), value=1.0)
+
+
+async def test_an_answer_still_being_written_is_never_cut_to_make_room(
+    counted: Counted,
+) -> None:
+    """A review: the connection was marked idle when the handler returned, before aiohttp
+    wrote the body, so a newcomer at the limit cut a slow scrape of 25 MB at 3.7 MB. A
+    connection with an answer still going out is busy: the newcomer is closed instead."""
+    registry = CollectorRegistry()
+    registry.register(_Big())
+    connections = server.Connections(1, 60, counted.change, counted.close, idle_grace=0.05)
+    app = server.make_app(registry, Snapshot(), 10.0, connections=connections)
+    serving, port = await server.start(app, "127.0.0.1", 0)
+    try:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32768)  # a scraper reading slowly
+        sock.connect(("127.0.0.1", port))
+        sock.setblocking(False)
+        reader, writer = await asyncio.open_connection(sock=sock, limit=2**16)
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+        got = len(await reader.read(65536))
+        await asyncio.sleep(0.2)  # past the grace, the rest of the answer still going out
+        probe_reader, probe = await asyncio.open_connection("127.0.0.1", port)
+        probe.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert await closed_by_server(probe_reader)  # the newcomer, not the scrape
+        probe.close()
+        while chunk := await reader.read(1 << 20):
+            got += len(chunk)
+            if got >= length:
+                break
+        writer.close()
+        assert got == length and counted.closed == ["limit"]
+    finally:
+        await serving.cleanup()
 
 
 async def test_a_request_that_never_finishes_is_closed_and_a_finished_one_is_kept(

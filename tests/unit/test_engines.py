@@ -323,6 +323,12 @@ def test_a_negative_count_is_no_count_by_page_and_by_promql() -> None:
     }
     read = cluster_metrics("c", answers, asked, 0.0, 0.0, None)
     assert (read.kv_mean, read.queue_depth, read.running) == (0.5, None, None)
+    # a review: a count no cluster holds (1e300) is none by page too, as by PromQL
+    huge = text.replace("} -6", "} 1e300").replace("} -1", "} 5")
+    page = read_page("http://pod/metrics", huge, reader.pod_extractor)
+    assert isinstance(page, Page)
+    metrics = reader.read([page], None, 0.0, 0.0)
+    assert (metrics.queue_depth, metrics.running) == (None, 5.0)
 
 
 def test_the_integral_law_s_shape_is_bounded_where_its_arithmetic_is_finite() -> None:

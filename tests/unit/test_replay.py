@@ -87,11 +87,14 @@ def test_counts_and_latencies_no_cluster_can_have_are_refused_by_name() -> None:
     answers = recorded()
     answers["queue"] = {"east": 1e300}
     answers["p50"], answers["p90"] = {"east": float("nan")}, {"east": -5.0}
+    answers["running"] = {"east": 1e300}
     found = east(answers)
     assert found.queue_depth is None and found.latency is not None
     assert (found.latency.p50, found.latency.p90) == (None, None)  # NaN: none; below 0: refused
     refused = {e.url.rpartition(" ")[2]: e for e in found.errors}
-    assert set(refused) == {"(queue)", "(p90)"}
+    assert set(refused) == {"(queue)", "(running)", "(p90)"}
+    answers["p90"] = {"east": 1e300}
+    assert any("a latency past a day" in e.detail for e in east(answers).errors)
     assert all(e.reason is Reason.OUT_OF_RANGE for e in refused.values())
     assert "more requests than a cluster holds" in refused["(queue)"].detail
     assert found.kv_mean == 0.6  # the rest is read
