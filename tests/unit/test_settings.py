@@ -463,6 +463,10 @@ def test_a_host_or_nameserver_no_resolver_can_ask_for_is_refused_at_start_up(
         ("{dns: 'vllm..llm.svc:8000'}", "is not a host name"),
         ("{dns: 'localhost:8000'}", "only letters, digits, '-', '_', dots"),
         ("{dns: x.svc, nameserver: 'localhost:53'}", "'localhost' is not an IP address"),
+        # a review: brackets, and names past 253 characters, found nothing, unsaid
+        ("{dns: '[127.0.0.1]'}", "only letters, digits, '-', '_', dots"),
+        ("{dns: '::1]'}", "only letters, digits, '-', '_', dots"),
+        (f"{{dns: '{'a.' * 150}svc'}}", "a bracket, or over 253 characters"),
     ]
     for pods, line in cases:
         done = cli("check-config", str(write(tmp_path, f"clusters: [{{name: a, pods: {pods}}}]\n")))
