@@ -212,6 +212,29 @@ def test_a_noisy_reading_on_a_follower_does_not_hand_points_to_the_cluster_with_
     assert all(held[n] <= max(plain[n], base[n]) + 1e-9 for n in held)  # gains taken back
 
 
+def test_a_follower_that_stays_saturated_is_shed_whatever_the_even_floor() -> None:
+    """A review: a follower on slower cards (its KV pool read as big as the others') held at
+    its even share could never be shed while another cluster had traffic of its own: mode
+    hold, its queue growing for the rest of the run. One whose filtered load stays at
+    ``kv_saturation`` is shed as before the floors."""
+    fair = fair_shares(local_fleet(), LOCAL_BASE, LOCAL_WINDOW)
+    even = even_shares(local_fleet(), fair)
+    base = {"a": even["a"], "b": fair["b"][1], "c": even["c"]}
+    held = {n: round(w) for n, w in base.items()}
+    held["c"] = 100 - held["a"] - held["b"]
+    slow = replace(sig(0.99, queue=4.0, earlier=0.99), arrived=35.0)
+    assert slow.demand is not None and slow.demand >= P.kv_saturation
+    fleet = {**local_fleet(), "a": slow}
+    decision = capacity.decide(fleet, held, base, P, False, LOCAL_WINDOW)
+    assert decision.weights is not None and decision.weights["a"] < held["a"] - 5
+    # two readings near pressure, its filtered load below saturation: noise, held at its floor
+    burst = {**local_fleet(), "a": replace(sig(0.84, earlier=0.78), arrived=35.0)}
+    assert burst["a"].demand is not None and burst["a"].demand < P.kv_saturation
+    once = capacity.decide(burst, held, base, P, False, LOCAL_WINDOW)
+    assert once.weights is None or once.weights["a"] >= held["a"] - 1
+    assert any("shed no lower than" in note for note in once.notes)
+
+
 def test_a_hot_cluster_is_held_to_what_it_holds_when_that_is_below_its_floor() -> None:
     goal = {"a": 20.0, "b": 30.0, "c": 50.0}
     base = {"a": 25.0, "b": 35.0, "c": 40.0}
