@@ -105,7 +105,8 @@ def source_factory(
 
 def _connector(settings: Settings) -> aiohttp.TCPConnector:
     # As many connections as pages may be read at once (scrape.max_concurrency), kept alive
-    # where the server allows (an EPP), and a few more; PromQL sources have their own
+    # where the server allows (an EPP), and 8 spare (a connection closing while the next page
+    # opens one); PromQL sources have their own
     # (``_query_connector``), the Kubernetes client its own session. vLLM closes an idle
     # connection after 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE), so at a 10 s interval each of its
     # pages opens one.

@@ -452,17 +452,15 @@ def _when(flag: str, text: str) -> float:
     try:
         found = float(text)
     except ValueError:
-        pass
-    else:  # nan, inf and 1e300 are no time: a traceback, or memory for every step to them
-        if not 0 <= found < _LAST_TIME:
-            raise ConfigError([f"{flag} {text!r}: not a time (unix seconds, 0 to 9999-12-31)"])
-        return found
-    try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise ConfigError([f"{flag} {text!r}: not unix seconds or an RFC 3339 time"]) from None
-    found = (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
-    if not 0 <= found < _LAST_TIME:  # year 1, or 9999-12-31T23:00-01:00 (a review)
+        try:
+            moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            problem = f"{flag} {text!r}: not unix seconds or an RFC 3339 time"
+            raise ConfigError([problem]) from None
+        found = (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+    # nan, inf and 1e300 are no time (a traceback, or memory for every step to them), nor
+    # are year 1 or 9999-12-31T23:00-01:00 (a review)
+    if not 0 <= found < _LAST_TIME:
         raise ConfigError([f"{flag} {text!r}: not a time from 1970 to 9999-12-31 (UTC)"])
     return found
 

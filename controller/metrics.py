@@ -163,8 +163,13 @@ class ControllerMetrics:
         """A cluster no longer read (an ExternalProvider that defined it gone or renamed):
         its series go with it, else a tenant renaming its providers grows /metrics without
         end (found by an attack: 230 KB to 1.5 MB with 51 clusters live)."""
-        per_cluster = (self.scrape_errors, self.scrape_pages, self.health_transitions)
-        for metric in (*per_cluster, self.invalid_samples, self.duplicate_samples):
+        for metric in (
+            self.scrape_errors,
+            self.scrape_pages,
+            self.health_transitions,
+            self.invalid_samples,
+            self.duplicate_samples,
+        ):
             metric.remove_by_labels({"cluster": cluster})
         self._pages.pop(cluster, None)
 

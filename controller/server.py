@@ -89,11 +89,11 @@ class Connections:
         oldest = next((b for b in self._open if b.waiting), None)
         if oldest is None:
             now = asyncio.get_running_loop().time()
-            idle = [b for b in self._open if b.idle_since is not None and not b.writing]
-            longest = min(idle, key=lambda b: b.idle_since or now, default=None)
-            if longest is None or longest.idle_since is None:
-                return False
-            if now - longest.idle_since < self.idle_grace:
+            idle = [(b.idle_since, b) for b in self._open if b.idle_since is not None]
+            since, longest = min(
+                ((t, b) for t, b in idle if not b.writing), key=lambda p: p[0], default=(now, None)
+            )
+            if longest is None or now - since < self.idle_grace:
                 return False
             oldest = longest
         self._on_close("limit")

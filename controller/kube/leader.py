@@ -72,7 +72,8 @@ class LeaderElector:
     ) -> None:
         self._api = client.CoordinationV1Api(api)
         self._settings = settings
-        self.identity = settings.identity or socket.gethostname()
+        self._identity = settings.identity or socket.gethostname()  # as configured
+        self.identity = self._identity
         self._gauge = gauge
         self._monotonic = monotonic
         self._valid_until = -math.inf
@@ -110,7 +111,7 @@ class LeaderElector:
         running leader's Lease read as ours to renew, then to release (a review). Leading
         after it? A Lease another replica renewed lately stays theirs, as in ``run``; ``run``
         renews it through the tick, ``release`` gives it back."""
-        self.identity = f"{self.identity}-once-{os.getpid()}"
+        self.identity = f"{self._identity}-once-{os.getpid()}"
         await self._attempt()
         return self.is_leader()
 

@@ -77,18 +77,19 @@ def file_problems(settings: Settings) -> list[str]:
         if path is None:
             return
         try:
-            read = read_regular(path, TOKEN_MAX_BYTES if token else FILE_MAX_BYTES)
+            if token:
+                read_token(path)
+            else:
+                read_regular(path, FILE_MAX_BYTES)
             if ca:  # a regular file: loaded by its path, as the run loads it (comments in any
                 # encoding, which ``cadata`` refuses as a str)
                 ssl.create_default_context(cafile=str(path))
         except OSError as exc:
             problems.append(f"{where}: cannot read {path}: {exc.strerror or exc}")
-            return
         except ssl.SSLError as exc:
             problems.append(f"{where}: {path} is not a CA bundle: {exc.reason or exc}")
-            return
-        if token and (why := token_problem(read.decode("utf-8", "replace"))):
-            problems.append(f"{where}: {path}: {why}")
+        except ValueError as exc:  # a token a header cannot carry (``token_problem``)
+            problems.append(f"{where}: {path}: {exc}")
 
     for i, c in enumerate(settings.clusters):
         readable(f"clusters[{i}].bearer_token_file", c.bearer_token_file, token=True)

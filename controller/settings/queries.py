@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 
 from controller.engines import ENGINES, VLLM, Engine, Family, Pool, spellings
 from controller.families import EPP_LATENCY
+from controller.settings.durations import seconds
 
 # A rate window, or a querier's push interval, longer than a week reads nothing a default
 # Prometheus (15 days of retention) still holds in most of its ticks; past ~292 years PromQL
@@ -325,8 +326,7 @@ class PrometheusQueries(BaseModel):
     def _renders(cls, value: str, info: ValidationInfo) -> str:
         quantile = info.field_name == "latency_quantile"
         if info.field_name == "window":
-            amount, unit = int(value.rstrip("msh")), value.lstrip("0123456789")
-            if amount * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[unit] > MAX_WINDOW:
+            if (seconds(value) or 0.0) > MAX_WINDOW:
                 raise ValueError(f"longer than {MAX_WINDOW // 86400} days: Prometheus keeps 15")
             return value
         if (why := renders(value, quantile)) is not None:

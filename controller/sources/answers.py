@@ -213,8 +213,9 @@ def _empty(query: str, asked: Asked) -> PodError:
 def _checked(
     values: dict[str, float | None], asked: Asked
 ) -> tuple[dict[str, float | None], list[PodError]]:
-    """Pod counts and KV-pool sizes no cluster can have (NaN, negative, 1e12) are refused by
-    name and read as unknown, never as capacity. (A number plainly in range is not asked
+    """Pod counts and KV-pool sizes no cluster can have (NaN, negative, 1e12), queues or
+    running counts past ``MAX_IN_FLIGHT`` and latencies below 0 or past a day are refused by
+    name and read as unknown, never as capacity or load. (A number plainly in range is not asked
     about: this runs for every cluster every tick.)"""
     refused = []
     pods = values.get("pods")
@@ -227,14 +228,11 @@ def _checked(
             why = f"{query}={count:g}: more requests than a cluster holds ({MAX_IN_FLIGHT:,.0f})"
             refused.append(PodError(f"{asked.base} ({query})", Reason.OUT_OF_RANGE, why))
             values = {**values, query: None}
-    for query in ("p50", "p90"):  # a NaN (no requests) is unknown; below 0, no latency
+    for query in ("p50", "p90"):  # a NaN (no requests) is unknown (``_latency``)
         seconds = values.get(query)
-        if seconds is not None and not seconds <= MAX_LATENCY and seconds == seconds:
-            why = f"{query}={seconds:g}: a latency past a day"
-            refused.append(PodError(f"{asked.base} ({query})", Reason.OUT_OF_RANGE, why))
-            values = {**values, query: None}
-        elif seconds is not None and seconds < 0:
-            why = f"{query}={seconds:g}: a latency below 0"
+        if seconds is not None and seconds == seconds and not 0 <= seconds <= MAX_LATENCY:
+            past = "below 0" if seconds < 0 else "past a day"
+            why = f"{query}={seconds:g}: a latency {past}"
             refused.append(PodError(f"{asked.base} ({query})", Reason.OUT_OF_RANGE, why))
             values = {**values, query: None}
     for query, counted in (("kv_pools", POOL_PODS), ("kv_tokens", TOKEN_PODS)):

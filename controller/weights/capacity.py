@@ -12,10 +12,12 @@ utilization: a faster GPU finishes requests sooner, so the same traffic holds le
   and by more where its arrivals show traffic the weights do not move (``follows``); such a
   cluster's load is also read from its arrivals (``arrival_loads``), which, unlike KV use,
   do not saturate. Where some cluster carries traffic the weights do not move (``fair_shares``),
-  a hot cluster is not shed below the share that evens out load (``even_shares``; for one with
-  traffic of its own, its fair share while that is steady, ``steady_fair``), or what it holds
-  if less (``held_to``): at the fleet's even load, a reading at ``pressure`` is a Poisson
-  burst, and shedding it hands the cluster with traffic of its own points it sheds again.
+  a hot cluster whose filtered load stays below ``kv_saturation`` (``_transient``) is not shed
+  below the share that evens out load (``even_shares``; for one with traffic of its own, its
+  fair share while that is steady, ``steady_fair``), or what it holds if less (``held_to``):
+  at the fleet's even load, a reading at ``pressure`` is a Poisson burst, and shedding it
+  hands the cluster with traffic of its own points it sheds again. One whose load stays
+  saturated is shed as any other.
 - At rest: hold; step towards capacity shares (``rest_goal``, whose cap on gainers holds) only
   when a ref is ``rebalance`` points or more below its share and its cluster is clearly less
   used than the others (``APART``): a returning cluster, a share set by hand. A cluster whose
@@ -343,8 +345,8 @@ def decide(
         goal = held_to(shed, base, [n for n in hot if _transient(healthy[n], params)], floors)
         held = tuple(
             f"{n}: hot on readings its load does not keep (filtered {load(healthy[n])[1]:.2f}):"
-            f" shed no lower than {goal[n]:.1f}, the share that evens out load with the "
-            "traffic the weights do not move"
+            f" shed no lower than {goal[n]:.1f} (its floor with the traffic the weights do "
+            "not move counted, or what it holds if less)"
             for n in hot
             if goal[n] > shed[n] + 1e-9
         )
@@ -454,13 +456,13 @@ def emergency(healthy: Mapping[str, Signals], hot: Sequence[str], params: Weight
     """A hot cluster saturated (newest utilization at ``kv_saturation``) with requests
     waiting, more than at the reading before: it is offered more than it serves, and each
     interval spent in ``max_step``-sized steps adds to a backlog that takes minutes to drain."""
-    return any(_saturating(healthy[n], params) for n in hot)
-
-
-def _saturating(s: Signals, params: WeightSettings) -> bool:
-    now = load(s)[2]
-    waiting = (s.queue_per_pod or 0) > 0
-    return now >= params.kv_saturation and waiting and s.previous is not None and now > s.previous
+    return any(
+        (now := load(s)[2]) >= params.kv_saturation
+        and (s.queue_per_pod or 0) > 0
+        and s.previous is not None
+        and now > s.previous
+        for s in (healthy[n] for n in hot)
+    )
 
 
 def _transient(s: Signals, params: WeightSettings) -> bool:

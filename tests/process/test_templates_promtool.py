@@ -83,14 +83,7 @@ def test_the_templates_on_promtool_both_spellings_and_each_sample_s_own_time(
     (tmp_path / "rules.yml").write_text("groups: []\n")
     spec = {"rule_files": ["rules.yml"], "evaluation_interval": "1m", "tests": tests}
     (tmp_path / "test.yml").write_text(yaml.safe_dump(spec, width=100_000))
-    done = subprocess.run(
-        [binary("promtool"), "test", "rules", "test.yml"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = promtool(tmp_path, "test", "rules", "test.yml")
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -109,13 +102,18 @@ def test_every_query_a_push_interval_gives_is_promql_prometheus_parses(
     (tmp_path / "rules.yml").write_text(
         yaml.safe_dump({"groups": [{"name": "queries", "rules": rules}]}, width=100_000)
     )
-    done = subprocess.run(
-        [binary("promtool"), "check", "rules", "rules.yml"],
-        cwd=tmp_path,
+    done = promtool(tmp_path, "check", "rules", "rules.yml")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"SUCCESS: {len(rules)} rules found" in done.stdout
+
+
+def promtool(where: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Debian's promtool, run in ``where``, bounded."""
+    return subprocess.run(
+        [binary("promtool"), *args],
+        cwd=where,
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert f"SUCCESS: {len(rules)} rules found" in done.stdout
