@@ -886,7 +886,8 @@ class ServerSettings(_Group):
 
 
 def host_and_port(bind: str) -> tuple[str, int]:
-    """``host:port`` (a checked ``bind`` or ``probe_bind``) as host (IPv6 brackets off) and port."""
+    """``host:port`` (a checked ``bind``, ``probe_bind`` or ``pods.nameserver``) as host (IPv6
+    brackets off) and port."""
     host, _, port = bind.rpartition(":")
     return host.strip("[]"), int(port)
 

@@ -18,6 +18,7 @@ from enum import StrEnum
 
 from controller.model import PodError, Reason
 from controller.settings import InferencePoolRef, PodDiscovery
+from controller.settings.schema import host_and_port
 from controller.sources import dns
 
 # (namespace, service) → the addresses of its ready endpoints
@@ -127,8 +128,7 @@ class PodFinder:
         assert s.dns is not None
         if s.nameserver is None:
             return await dns.system_lookup(s.dns, self._timeout)
-        host, _, port = s.nameserver.rpartition(":")
-        server = (host.strip("[]"), int(port))
+        server = host_and_port(s.nameserver)  # ip:port, checked at start-up
         return await dns.direct_lookup(s.dns, server, self._timeout, s.max_pods + 1)
 
     def _url(self, address: str) -> str:
