@@ -273,6 +273,8 @@ def _log_config(settings: Settings, path: Path | None, dry_run: bool) -> None:
     live in files the settings only name, and URL credentials are refused)."""
     import structlog
 
+    from controller.cgroup import memory_limit
+
     normalised = json.dumps(settings.model_dump(mode="json"), sort_keys=True)
     log = structlog.get_logger("controller.cli")
     log.info(
@@ -285,6 +287,7 @@ def _log_config(settings: Settings, path: Path | None, dry_run: bool) -> None:
         kubernetes=settings.kubernetes.enabled,
         leader_election=settings.leader_election.enabled,
         dry_run=dry_run,
+        memory_limit_bytes=memory_limit(),  # its container's limits.memory (None: none)
     )
     named = path or (Path(os.environ[CONFIG_ENV]) if os.environ.get(CONFIG_ENV) else None)
     for line in _moved(named):

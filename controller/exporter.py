@@ -19,6 +19,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from controller import render
+from controller.cgroup import memory_limit
 from controller.metrics import PREFIX, ControllerMetrics
 from controller.model import Mode
 from controller.state import Snapshot, TickReport
@@ -171,6 +172,27 @@ class CacheCollector(Collector):
         yield from (entries, size)
 
 
+class MemoryLimitCollector(Collector):
+    """The memory limit the process is held to (its container's ``limits.memory``, from its
+    cgroup), read at each scrape (an in-place resize changes it), absent where none is set:
+    beside ``process_resident_memory_bytes``, how close it is to being OOM-killed."""
+
+    def __init__(self, read: Callable[[], int | None] = memory_limit) -> None:
+        self._read = read
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        limit = self._read()
+        if limit is not None:
+            yield GaugeMetricFamily(
+                f"{PREFIX}_memory_limit_bytes",
+                "The memory limit of the process's cgroup (its container's limits.memory).",
+                value=limit,
+            )
+
+
 def make_registry(snapshot: Snapshot) -> tuple[CollectorRegistry, ControllerMetrics]:
     # No *_created series on it: the process sets that once at start-up (cli.lean_metrics).
     registry = CollectorRegistry(auto_describe=False)
@@ -178,6 +200,7 @@ def make_registry(snapshot: Snapshot) -> tuple[CollectorRegistry, ControllerMetr
     # resident memory, open fds, start time (from /proc), and the cyclic collector's passes.
     ProcessCollector(registry=registry)
     GCCollector(registry=registry)
+    registry.register(MemoryLimitCollector())
     metrics = ControllerMetrics(registry)
     registry.register(StateCollector(snapshot))
     return registry, metrics

@@ -14,6 +14,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.app import Controller
+from controller.cgroup import memory_limit
 from controller.fakes.clusters import Fleet, SimCluster
 from controller.kube.sdk import client
 from tests.support.apiserver import FakeAPIServer
@@ -110,8 +111,11 @@ def test_dashboard_has_the_panels_units_and_variable_operators_need() -> None:
         assert needed in panels
     # process_* is every exporter's: only the controller's own series
     for title in ("Controller CPU (share of one core)", "Controller memory (resident)"):
-        (target,) = panels[title]["targets"]
+        target = panels[title]["targets"][0]
         assert "and on (job, instance) weight_controller_build_info" in target["expr"]
+    # and the memory beside the limit the kernel kills it at
+    (_, limit) = panels["Controller memory (resident)"]["targets"]
+    assert "weight_controller_memory_limit_bytes" in limit["expr"]
     # one unit per panel: no 0/1 gauge beside rates, no seconds-ago beside durations
     assert all("time()" not in t["expr"] for t in panels["Reconcile duration"]["targets"])
     assert all("fail_static" not in t["expr"] for t in panels["API errors"]["targets"])
@@ -169,6 +173,8 @@ async def test_the_metrics_table_is_what_metrics_exports(apiserver: FakeAPIServe
         for family in text_string_to_metric_families(page)
         if family.name.startswith("weight_controller_")
     }
+    if memory_limit() is None:  # absent where the process has no limit (test_cgroup.py)
+        exported.add("weight_controller_memory_limit_bytes")
     assert exported - documented == set(), "exported, not in grafana/README.md"
     assert documented - exported == set(), "in grafana/README.md, not exported"
 
