@@ -62,18 +62,26 @@ def drained(target: Target, signals: Mapping[str, Signals | None]) -> dict[str, 
     return {**held, **{n: min(held.get(n, 0), least) for n in down}, **spread}
 
 
+# The most one HTTPRoute backend may weigh: Gateway API's BackendRef.weight is 0..1,000,000
+# (``+kubebuilder:validation:Maximum=1000000``, sigs.k8s.io/gateway-api apis/v1/shared_types.go).
+MAX_ROUTE_WEIGHT = 1_000_000
+
+
 def budget(target: Target) -> int:
     """What the mapped refs of ``target`` share between them, on the object's scale.
 
     ExternalModel weights are percentages (0..100): the mapped refs get what the unmapped ones
     leave of 100. HTTPRoute weights are relative within their rule (``weight / sum``,
     0..1,000,000): the rule keeps its total, so unmapped backends keep their share; a rule that
-    is all ours is written on at least a 0..100 scale (its defaults of 1 give no resolution)."""
+    is all ours is written on at least a 0..100 scale (its defaults of 1 give no resolution).
+    A rule whose refs add up past what one backend may weigh shares ``MAX_ROUTE_WEIGHT``: else
+    shedding one backend asks the other for more than the schema allows, the write is refused,
+    and a dead backend keeps its traffic (found by an attack)."""
     mapped = sum(r.weight for r in target.refs if r.cluster is not None)
     unmapped = sum(r.weight for r in target.refs if r.cluster is None)
     if target.total is not None:
         return target.total - unmapped
-    return mapped if unmapped > 0 else max(mapped, TOTAL)
+    return min(mapped if unmapped > 0 else max(mapped, TOTAL), MAX_ROUTE_WEIGHT)
 
 
 def weigh(
@@ -197,6 +205,8 @@ def pin_problem(target: Target) -> str | None:
         return f"the pin names refs the target does not have: {', '.join(unknown)}"
     if any(w < target.minimum for w in pinned.values()):
         return f"a pinned weight is below the schema's minimum of {target.minimum}"
+    if target.total is None and any(w > MAX_ROUTE_WEIGHT for w in pinned.values()):
+        return f"a pinned weight is above the schema's maximum of {MAX_ROUTE_WEIGHT:,}"
     total = target.total
     if total is not None and sum({**target.weights, **pinned}.values()) != total:
         return f"the pinned weights (with any refs not named) must add up to {total}"

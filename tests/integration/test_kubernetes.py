@@ -870,6 +870,24 @@ async def test_a_rule_whose_backends_are_ours_never_ends_all_zero(
     assert rules_of(apiserver) == [{"svc-east": 500, "svc-west": 500}]  # fail static
 
 
+async def test_a_rule_past_the_schema_s_largest_weight_still_sheds_a_dead_backend(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
+) -> None:
+    """Two backends of 600,000 each: kept whole, the rule's total asked 1,200,000 of the
+    survivor, which Gateway API's schema refuses (a backend weighs at most 1,000,000), and the
+    dead backend kept half the traffic (found by an attack). Now the rule shares 1,000,000."""
+    apiserver.put_object(
+        GATEWAY, "httproutes", route([[("svc-east", 600000), ("svc-west", 600000)]])
+    )
+    async with Controller(route_settings(sims), serve=False, api=api) as controller:
+        await ticks(controller, 2)
+        sims["west"].fault = Fault.HTTP_500
+        await ticks(controller, 3)
+    (held,) = rules_of(apiserver)
+    assert held["svc-west"] == 0 and 0 < held["svc-east"] <= weights.MAX_ROUTE_WEIGHT
+    assert apiserver.rejected == []
+
+
 async def test_a_route_owned_by_another_controller_is_refused(
     apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
 ) -> None:

@@ -493,6 +493,8 @@ class FakeAPIServer:
     def _admit(self, plural: str, obj: Json) -> tuple[Json, list[Json]]:
         if plural in crds.PLURALS:
             return crds.admit(self.crd_version, plural, obj)
+        if plural == "httproutes":
+            return obj, _route_causes(obj)
         if plural == "leases":
             spec = obj.get("spec") or {}
             bad = [
@@ -506,7 +508,10 @@ class FakeAPIServer:
     def _invalid(self, plural: str, name: str, causes: list[Json]) -> web.Response:
         if plural == "leases":  # a MicroTime that does not parse fails decoding: 400
             return status(400, "BadRequest", f"Time parse error: {causes[0]['message']}")
-        kind = f"{KINDS.get(plural, 'Object')}.inference.opendatahub.io"
+        group = (
+            "gateway.networking.k8s.io" if plural == "httproutes" else "inference.opendatahub.io"
+        )
+        kind = f"{KINDS.get(plural, 'Object')}.{group}"
         body = {
             "kind": "Status",
             "apiVersion": "v1",
@@ -517,7 +522,7 @@ class FakeAPIServer:
             "reason": "Invalid",
             "details": {
                 "name": name,
-                "group": "inference.opendatahub.io",
+                "group": group,
                 "kind": KINDS.get(plural),
                 "causes": causes,
             },
@@ -701,3 +706,33 @@ def merge_patch(target: Any, patch: Any) -> Any:
         else:
             target[key] = merge_patch(target.get(key), value)
     return target
+
+
+# Gateway API's BackendRef.weight: an integer of 0..1,000,000 (``+kubebuilder:validation:Minimum=0``,
+# ``Maximum=1000000``, sigs.k8s.io/gateway-api apis/v1/shared_types.go), as the API server's
+# structural schema refuses it: 422 with a cause per field.
+ROUTE_WEIGHT_MAX = 1_000_000
+
+
+def _route_causes(obj: Json) -> list[Json]:
+    causes = []
+    rules = (obj.get("spec") or {}).get("rules") or []
+    for r, rule in enumerate(rules):
+        for b, backend in enumerate(rule.get("backendRefs") or []):
+            weight = backend.get("weight", 1)
+            field = f"spec.rules[{r}].backendRefs[{b}].weight"
+            if isinstance(weight, bool) or not isinstance(weight, int):
+                causes.append(
+                    {
+                        "reason": "FieldValueTypeInvalid",
+                        "field": field,
+                        "message": "must be integer",
+                    }
+                )
+            elif not 0 <= weight <= ROUTE_WEIGHT_MAX:
+                bound = (
+                    "greater than or equal to 0" if weight < 0 else "less than or equal to 1000000"
+                )
+                message = f"Invalid value: {weight}: {field} in body should be {bound}"
+                causes.append({"reason": "FieldValueInvalid", "field": field, "message": message})
+    return causes

@@ -57,3 +57,20 @@ def test_refs_the_schema_minimum_cannot_fit_are_held_and_said_so() -> None:
     desired, decision = weigh(target(refs, minimum=1), {f"c{i}": read(0.3) for i in range(101)}, P)
     assert decision.mode is Mode.NO_DATA and desired == {r: 1 for r, _, _ in refs}
     assert "minimum of 1" in decision.notes[0]
+
+
+def test_a_route_s_weights_stay_within_what_one_backend_may_weigh() -> None:
+    """Gateway API's BackendRef.weight is at most 1,000,000: a rule whose refs add up past it
+    shares 1,000,000 (else shedding one asks the other for more than the schema takes), and a
+    pin above it holds rather than ask for a write the API server refuses."""
+    from dataclasses import replace
+
+    from controller.weights import MAX_ROUTE_WEIGHT
+
+    rule = target([("east", "east", 600_000), ("west", "west", 600_000)], total=None)
+    desired, decision = weigh(rule, {"east": read(0.3), "west": None}, P)
+    assert desired == {"east": MAX_ROUTE_WEIGHT, "west": 0}
+    pinned = replace(rule, pinned={"east": 2_000_000, "west": 0})
+    held, decision = weigh(pinned, {"east": read(0.3), "west": read(0.3)}, P)
+    assert held == {"east": 600_000, "west": 600_000} and decision.mode is Mode.PAUSED
+    assert "maximum of 1,000,000" in decision.notes[0]
