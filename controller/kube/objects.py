@@ -21,6 +21,7 @@ import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -124,6 +125,17 @@ def _last_applied(annotations: Mapping[str, str], key: str) -> dict[str, int] | 
         return None
 
 
+def _applied_at(annotations: Mapping[str, str], key: str) -> float | None:
+    """When our record says the weights were written (its ``time``, as ``weight_patch`` stamps
+    it, whichever replica or process wrote it), in seconds since the epoch; ``None`` if none
+    can be read."""
+    try:
+        stamp = datetime.fromisoformat(str(bounded_json(annotations[key])["time"]))
+        return (stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)).timestamp()
+    except (KeyError, ValueError, TypeError, AttributeError, OverflowError):
+        return None
+
+
 def _writers(obj: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
     """Who wrote the object itself: managedFields entries without a ``subresource`` (the
     payload processor's ``status`` updates come after every spec change and say nothing about
@@ -166,6 +178,7 @@ def _target(
         annotations=_as_read(meta.get("annotations")),
         labels=_as_read(meta.get("labels")) if kind == "ExternalModel" else None,
         last_applied=_last_applied(annotations, last_applied_key(rule)),
+        applied_at=_applied_at(annotations, last_applied_key(rule)),
         writers=_writers(obj),
         rule=rule,
         total=None if kind == "HTTPRoute" else 100,

@@ -194,7 +194,7 @@ class Reconciler:
         (the object's weights, or a dry run's shadow; ``fresh``: the object as just re-read)."""
         memory = self._memory.get(found.key)
         target = found if fresh else in_force(found, memory)
-        wait = settling(memory, self._clock(), self._settle, self._settings.interval)
+        wait = settling(memory, found, self._clock(), self._settle, self._settings.interval)
         served = memory.realised.shares() if memory is not None else None
         try:
             desired, decision = weights.weigh(target, inputs, self._settings.weights, wait, served)

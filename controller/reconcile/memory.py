@@ -35,12 +35,39 @@ def in_force(target: Target, memory: TargetMemory | None) -> Target:
     return target.holding(memory.shadow)
 
 
-def settling(memory: TargetMemory | None, now: float, settle: float, interval: float) -> bool:
+def settling(
+    memory: TargetMemory | None, target: Target, now: float, settle: float, interval: float
+) -> bool:
     """The target's last step may not have acted yet: it changed less than ``settle`` ago, or
-    has not been seen acting (``actuation.Actuation.settling``)."""
-    if memory is None:
+    has not been seen acting (``actuation.Actuation.settling``); or the object records a write
+    less than ``settle`` ago that this process did not see land (``written_elsewhere``).
+    Without that, a new leader after a failover or a rollout, a restarted process, or one
+    whose patch was applied after its answer timed out stepped again at once, two steps
+    stacked where ``settle`` waits between them (found by an attack)."""
+    if settle <= 0:
         return False
-    return memory.actuation.settling(now, settle, interval)
+    if memory is not None and memory.actuation.settling(now, settle, interval):
+        return True
+    written = written_elsewhere(target, memory, now, interval)
+    # a tick lands within a quarter interval of the grid, as in ``Actuation.settling``
+    return written is not None and now - written + interval / 4 < settle
+
+
+def written_elsewhere(
+    target: Target, memory: TargetMemory | None, now: float, interval: float
+) -> float | None:
+    """When the object's record of our last write (``Target.applied_at``) says it was made,
+    where that is later than any change this process made or would have: another replica's
+    write, or one of its own it did not see land. ``None`` otherwise, and for a record
+    stamped more than an interval after ``now`` (a clock that is not ours to wait on: another
+    replica's far ahead, or a test's virtual one); one a little ahead counts as now."""
+    at = target.applied_at
+    if at is None or at > now + interval:
+        return None
+    known = memory.actuation.last_change if memory is not None else None
+    if known is not None and at < known + 1.0:  # stamped in whole seconds, truncated
+        return None
+    return min(at, now)
 
 
 def cluster_shares(target: Target, weights: Mapping[str, int]) -> dict[str, float]:

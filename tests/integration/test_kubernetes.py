@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -1003,6 +1004,52 @@ def annotate(apiserver: FakeAPIServer, key: str, value: str | None) -> None:
             notes[key] = value
 
     apiserver.edit(CRD, "externalmodels", NS, "llama", "oncall", change)
+
+
+async def test_a_new_leader_waits_out_the_settle_of_the_last_leader_s_step(
+    apiserver: FakeAPIServer, api: client.ApiClient
+) -> None:
+    """The wait after a step lived in one process's memory: a replica taking over (a
+    failover, every rollout) or a restarted one stepped again at once on top of the step just
+    written, 50 → 25 → 2 in two ticks (found by an attack). The object's own record of the
+    write says when it was made; the newcomer waits ``settle`` from it, then steps."""
+    sims = [SimCluster("east", kv=0.95, noise=0.0), SimCluster("west", kv=0.2, noise=0.0)]
+    async with Fleet(sims) as fleet:
+        seed(apiserver, [("east", 50), ("west", 50)])
+        config = settings_for(fleet, weights={"settle": 60})
+        async with Controller(config, serve=False, api=api) as first:
+            await ticks(first, 3)
+            stepped = weights_of(apiserver)
+        assert stepped["east"] < 50
+        async with Controller(config, serve=False, api=api) as second:
+            await ticks(second, 2)
+            view = second.snapshot.report.targets["ExternalModel/maas-system/llama"].outcome
+            assert weights_of(apiserver) == stepped and view.decision.mode.value == "hold"
+        # a clock a settle past the record (the record is stamped with the wall clock)
+        clock = itertools.count(start=int(time.time()) + 61)
+        later = Controller(config, serve=False, api=api, clock=lambda: float(next(clock)))
+        async with later:  # the settle since the record has passed: the law goes on
+            await ticks(later, 2)
+    assert weights_of(apiserver)["east"] < stepped["east"]
+
+
+async def test_a_write_that_lands_after_its_answer_timed_out_still_settles(
+    apiserver: FakeAPIServer, api: client.ApiClient
+) -> None:
+    """A patch the API server applied but answered after ``api_timeout`` counted as failed,
+    and the next tick stepped again on top of it (found by an attack)."""
+    sims = [SimCluster("east", kv=0.95, noise=0.0), SimCluster("west", kv=0.2, noise=0.0)]
+    async with Fleet(sims) as fleet:
+        seed(apiserver, [("east", 50), ("west", 50)])
+        config = settings_for(fleet, weights={"settle": 60})
+        async with Controller(config, serve=False, api=api) as controller:
+            apiserver.answer_late("PATCH", "externalmodels", config.kubernetes.api_timeout + 0.5)
+            first = await controller.once()
+            landed = weights_of(apiserver)
+            await ticks(controller, 2)
+    outcome = first.targets["ExternalModel/maas-system/llama"].outcome
+    assert outcome.write.value == "failed" and landed["east"] < 50
+    assert weights_of(apiserver) == landed
 
 
 async def test_a_paused_target_holds_its_weights_until_unpaused(

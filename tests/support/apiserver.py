@@ -124,6 +124,7 @@ class FakeAPIServer:
     faults: list[Fault] = field(default_factory=list)
     hooks: list[Hook] = field(default_factory=list)
     delays: list[Fault] = field(default_factory=list)
+    late: list[Fault] = field(default_factory=list)  # applied at once, answered late
     requests: list[tuple[str, str, str, Any]] = field(default_factory=list)
     port: int = 0
     crd_version: str = "v0.2.1"
@@ -159,12 +160,12 @@ class FakeAPIServer:
     async def start(self) -> None:
         app = web.Application()
         app.router.add_route("*", "/api/v1/namespaces/{ns}/{plural}", self._collection)
-        app.router.add_route("*", "/api/v1/namespaces/{ns}/{plural}/{name}", self._item)
+        app.router.add_route("*", "/api/v1/namespaces/{ns}/{plural}/{name}", self._late_item)
         app.router.add_route(
             "*", "/apis/{group}/{version}/namespaces/{ns}/{plural}", self._collection
         )
         app.router.add_route(
-            "*", "/apis/{group}/{version}/namespaces/{ns}/{plural}/{name}", self._item
+            "*", "/apis/{group}/{version}/namespaces/{ns}/{plural}/{name}", self._late_item
         )
         app.router.add_route(
             "*", "/apis/{group}/{version}/namespaces/{ns}/{plural}/{name}/status", self._status
@@ -199,6 +200,11 @@ class FakeAPIServer:
     def slow(self, method: str, plural: str, seconds: float, times: int = 1) -> None:
         """Answer the next ``times`` matching requests ``seconds`` late (a loaded server)."""
         self.delays.append(Fault(method, plural, 0, times, seconds))
+
+    def answer_late(self, method: str, plural: str, seconds: float, times: int = 1) -> None:
+        """Apply the next ``times`` matching requests at once but answer them ``seconds``
+        late: a write that lands after the client stopped waiting for it."""
+        self.late.append(Fault(method, plural, 0, times, seconds))
 
     def advance(self, seconds: float) -> None:
         """Move the time the double stamps on writes forward (a later edit by someone else)."""
@@ -284,6 +290,16 @@ class FakeAPIServer:
                 prefix, plural, ns, body, request.query.get("fieldManager", "unknown")
             )
         return status(405, "MethodNotAllowed", request.method)
+
+    async def _late_item(self, request: web.Request) -> web.Response:
+        answer = await self._item(request)
+        for late in self.late:
+            plural = request.match_info.get("plural")
+            if (late.method, late.plural) == (request.method, plural) and late.times > 0:
+                late.times -= 1
+                await asyncio.sleep(late.seconds)
+                break
+        return answer
 
     async def _item(self, request: web.Request) -> web.Response:
         body = await self._record(request)

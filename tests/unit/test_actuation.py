@@ -233,3 +233,29 @@ def test_the_first_count_after_a_failed_fetch_is_not_one_intervals_traffic() -> 
     assert fetch(20.0, None, failed=True) is None
     assert fetch(30.0, 40.0) is None  # 20 s of requests: not this interval's
     assert fetch(40.0, 20.0) == 20.0
+
+
+def test_a_write_recorded_on_the_object_settles_a_process_that_did_not_see_it_land() -> None:
+    """``reconcile.memory.settling``: the object's record of our last write (any replica's,
+    or this process's own that timed out) settles for ``settle`` from its time; a record of
+    the change this process made itself is not counted twice, and one stamped by a clock far
+    ahead of ours (another replica's, a test's virtual one) is not waited on."""
+    from dataclasses import replace
+
+    from controller.model import Target
+    from controller.reconcile.memory import TargetMemory, settling
+
+    target = Target("ExternalModel", "llm", "m", "uid", "1", ())
+    now, settle, interval = 10_000.0, 60.0, 10.0
+    assert not settling(None, target, now, settle, interval)  # no record, nothing known
+    recorded = replace(target, applied_at=now - 30)
+    assert settling(None, recorded, now, settle, interval)  # a newcomer waits it out
+    assert not settling(None, recorded, now + 40, settle, interval)  # and then goes on
+    assert not settling(None, recorded, now, 0, interval)  # settle 0 never waits
+    assert settling(None, replace(target, applied_at=now + 5), now, settle, interval)
+    assert not settling(None, replace(target, applied_at=now + 3600), now, settle, interval)
+    ours = TargetMemory()
+    ours.actuation.changed(now - 30.4, {}, {}, interval)  # the change this process made
+    own_record = replace(target, applied_at=now - 31)  # its stamp, whole seconds
+    assert settling(ours, own_record, now, settle, interval)  # by its memory, not twice
+    assert not settling(ours, own_record, now + 40, settle, interval)
