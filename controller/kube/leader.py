@@ -156,8 +156,17 @@ class LeaderElector:
         duration = spec.lease_duration_seconds or s.lease_duration
         valid = self._monotonic() - self._observed_at < duration
         if holder not in (None, self.identity) and valid:
+            self._deposed()
             return False  # someone else holds it and has renewed recently enough
         return await self._replace(lease, spec, renewing=holder == self.identity)
+
+    def _deposed(self) -> None:
+        """Another replica holds the Lease (read so, or it wrote the Lease since our read):
+        this one stops leading now, as client-go's ``IsLeader`` turns false the moment it
+        observes another holder, not when its own fence runs out. Kept until then, a deleted
+        or taken-over Lease had two replicas writing for up to ``renew_deadline`` (found by an
+        attack)."""
+        self._valid_until = -math.inf
 
     def _observe(self, holder: str | None, renewed: object, version: str | None) -> None:
         record = (holder, renewed, version)
@@ -190,6 +199,7 @@ class LeaderElector:
             await self._api.create_namespaced_lease(s.namespace, self._body(_now(), 0, None))
         except API_EXCEPTIONS as exc:
             if isinstance(exc, ApiException) and exc.status == 409:
+                self._deposed()
                 return False  # another replica created it first
             raise translate(exc, f"create lease {s.namespace}/{s.lease_name}") from exc
         return True
@@ -207,6 +217,7 @@ class LeaderElector:
             await self._api.replace_namespaced_lease(s.lease_name, s.namespace, body)
         except API_EXCEPTIONS as exc:
             if isinstance(exc, ApiException) and exc.status == 409:
+                self._deposed()
                 return False  # written by someone else since we read it
             raise translate(exc, f"update lease {s.namespace}/{s.lease_name}") from exc
         if not renewing:

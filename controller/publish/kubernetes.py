@@ -102,6 +102,11 @@ class KubernetesPublisher:
             return WriteResult(Write.FOLLOWER, target)
         try:
             async with self._objects.setdefault(_object(target), asyncio.Lock()):
+                # again once the object is ours: another rule's patch and Event may each have
+                # taken up to an API timeout meanwhile (an attack saw a rule land seconds
+                # after the fence, past a follower's takeover)
+                if not self._is_leader(self._kube.api_timeout):
+                    return WriteResult(Write.FOLLOWER, target)
                 return WriteResult(Write.DONE, await self._patch(target, desired, why))
         except APISchemaError as exc:  # the same body would be refused again: no retry
             self.discovery.count(exc)
@@ -195,7 +200,8 @@ class KubernetesPublisher:
         )
         self._wrote[_version(target)] = obj
         written = await self.discovery.parse(obj, target) or target.holding(desired)
-        await self._tell(target, why)
+        if self._is_leader(self._kube.api_timeout):  # an Event is a write too
+            await self._tell(target, why)
         self.discovery.remember(written)
         return written
 

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import math
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -521,6 +522,40 @@ async def test_lease_expiry_takeover_and_release(
     assert took_c < LEASE["lease_duration"]
     stop_c.set()
     await task_c
+
+
+@pytest.mark.looptime
+async def test_a_leader_that_reads_another_holder_stops_leading_at_once(
+    apiserver: FakeAPIServer, api: client.ApiClient
+) -> None:
+    """``kubectl delete lease`` forces a failover: another replica creates it anew. The old
+    leader kept leading until its own fence ran out (renew_deadline), two replicas writing
+    at once for seconds (found by an attack); as client-go's ``IsLeader``, it stops the moment
+    it reads another holder, and when its renewal meets a Lease someone wrote since."""
+    a = elector(api, elector_settings("a"))
+    b = elector(api, elector_settings("b"))
+    await a._attempt()
+    assert a.is_leader()
+    apiserver.delete("coordination.k8s.io/v1", "leases", NS, "weight-controller")
+    await b._attempt()  # creates it: b holds it
+    assert b.is_leader() and a.is_leader()  # a has not looked yet
+    await a._attempt()
+    assert not a.is_leader() and b.is_leader()
+    # the race on a write: a reads the Lease as its own, b takes it before a's update lands
+    a._valid_until = b._valid_until = -math.inf
+    apiserver.delete("coordination.k8s.io/v1", "leases", NS, "weight-controller")
+    await a._attempt()
+    assert a.is_leader()
+
+    def b_takes_it() -> None:
+        apiserver.edit("coordination.k8s.io/v1", "leases", NS, "weight-controller", "b", take)
+
+    def take(lease: dict[str, Any]) -> None:
+        lease["spec"]["holderIdentity"] = "b"
+
+    apiserver.before("PUT", "leases", b_takes_it)
+    await a._attempt()  # its renewal meets b's write: 409
+    assert not a.is_leader()
 
 
 @pytest.mark.looptime
@@ -1173,6 +1208,43 @@ async def test_two_rules_of_one_route_are_written_in_one_tick(
     assert len(apiserver.writes("PATCH")) == 2  # no conflict, no re-read
     first, second = rules_of(apiserver)
     assert first["svc-east"] > first["svc-west"] and second["svc-east"] > second["svc-west"]
+
+
+@pytest.mark.looptime
+async def test_a_rule_waiting_on_another_rule_s_write_is_not_written_past_the_fence(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
+) -> None:
+    """Rules of one route are written one at a time. Leadership was checked before the wait:
+    on a loaded API server (each patch and Event 1.8 s, under the 2 s api_timeout) the third
+    rule's patch landed seconds after the replica's fence, past a follower's takeover (found
+    by an attack). It is checked again once the rule's turn comes, and before the Event."""
+    from controller.exporter import make_registry
+    from controller.publish.kubernetes import KubernetesPublisher
+    from controller.state import Snapshot
+
+    apiserver.put_object(GATEWAY, "httproutes", route([[("svc-east", 50), ("svc-west", 50)]] * 3))
+    backends = {"svc-east": "east", "svc-west": "west"}
+    kube = {
+        "api_timeout": 2,
+        "httproutes": [{"namespace": "apps", "name": "llama", "backends": backends}],
+    }
+    loop = asyncio.get_running_loop()
+    fence = loop.time() + 2.5  # what is left of this replica's lease
+
+    def leading(margin: float) -> bool:
+        return loop.time() + margin < fence
+
+    _, metrics = make_registry(Snapshot())
+    publisher = KubernetesPublisher(settings_for(sims, kubernetes=kube), api, metrics, leading)
+    targets = (await publisher.discover()).targets
+    apiserver.slow("PATCH", "httproutes", 1.8, times=3)
+    apiserver.slow("POST", "events", 1.8, times=3)
+    results = await asyncio.gather(
+        *(publisher.write(t, {"svc-east": 30, "svc-west": 70}, "normal: x") for t in targets)
+    )
+    await publisher.discovery.close()
+    assert [r.write.value for r in results] == ["done", "follower", "follower"]
+    assert len(apiserver.writes("PATCH")) == 1 and apiserver.writes("POST", "events") == []
 
 
 async def test_a_pin_sets_the_weights_and_a_bad_pin_holds(
