@@ -312,7 +312,17 @@ def map_providers(
         annotations = _annotations(provider)
         if CLUSTER_ANNOTATION in annotations:
             named = annotations[CLUSTER_ANNOTATION]
-            if named in configured or _is_cluster_name(named):
+            home = str(meta.get("namespace", ""))
+            if named not in configured and "/" in named and named.split("/")[0] != home:
+                # another namespace's cluster, defined by its annotations: read from that
+                # team's pages with that team's token, its load showing in this team's
+                # weights (found by an attack). A team's own (``<namespace>/<name>``) or the
+                # config's are named; another's never.
+                problems.append(
+                    f"ExternalProvider {name}: {CLUSTER_ANNOTATION} names {named[:64]!r}, a "
+                    f"cluster of another namespace than {home!r}: not read for this one"
+                )
+            elif named in configured or _is_cluster_name(named):
                 clusters[name] = named
             else:  # it would become a label on every series of its refs
                 problems.append(

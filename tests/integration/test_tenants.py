@@ -151,3 +151,17 @@ def test_a_cluster_annotation_that_is_no_cluster_name_is_refused_and_named() -> 
     assert found.clusters == {"spare": "east"}  # the other provider is mapped as ever
     assert "is not a cluster name (100000 characters" in found.problems[0]
     assert len(found.problems[0]) < 300
+
+
+def test_a_cluster_annotation_may_not_name_another_namespace_s_cluster() -> None:
+    """Team B's provider named team A's annotation-defined cluster (``team-a/gpu``): team B's
+    model was weighed from team A's pages, fetched with team A's token, and team A's load
+    showed in team B's weights (found by an attack). A team names the config's clusters and
+    its own, never another's."""
+    spy = provider("spy", {objects.CLUSTER_ANNOTATION: "team-a/gpu"}, TEAM_B)
+    sibling = provider("again", {objects.CLUSTER_ANNOTATION: "team-b/gpu"}, TEAM_B)
+    shared = provider("shared", {objects.CLUSTER_ANNOTATION: "east"}, TEAM_B)
+    found = objects.map_providers([spy, sibling, shared], {"east"})
+    assert found.clusters == {"again": "team-b/gpu", "shared": "east"}
+    (problem,) = found.problems
+    assert "spy" in problem and "'team-a/gpu', a cluster of another namespace" in problem
