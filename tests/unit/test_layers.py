@@ -18,6 +18,7 @@ LAYERS = [
         "model",
         "errors",
         "logs",
+        "cgroup",
         "conditions",
         "exposition",
         "families",
