@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TypeVar
 
-from controller.model import Decision, Mode, Ref, Served, Signals, Target
+from controller.model import IMPLICIT_TARGET, Decision, Mode, Ref, Served, Signals, Target
 from controller.settings import WeightSettings
 from controller.signals import on_one_basis
 from controller.weights import capacity, integral
@@ -106,6 +106,9 @@ def weigh(
     if target.pinned is not None:
         return _pinned(target, held, law)
     mapped = [ref for ref in target.refs if ref.cluster is not None]
+    drained = _drained_by_hand(target, mapped)
+    if drained is not None:
+        return held, Decision(held, {}, Mode.PAUSED, False, (drained,), law=law)
     share = budget(target)
     problem = _no_room(target, mapped, share)
     if problem is not None:
@@ -150,6 +153,25 @@ def _by_cluster(
         for cluster, refs in refs_of.items()
         if all(r in realised for r in refs)
     }
+
+
+def _drained_by_hand(target: Target, mapped: Sequence[Ref]) -> str | None:
+    """Why an object whose mapped refs all hold 0 is held as it is, or ``None``. A weight of 0
+    turns a ref off (MaaS's CRD: "disables the ref"; Gateway API: no traffic), and this
+    controller never writes every mapped ref off: someone turned the model off by hand, and
+    weighing from "nothing in force" turned it back on at capacity shares within a tick,
+    unlogged (found by an attack). Not the implicit target, whose 0s mean nothing was
+    decided yet, nor zeros our own record says we wrote."""
+    if target.kind == IMPLICIT_TARGET or not mapped or any(ref.weight for ref in mapped):
+        return None
+    ours = target.last_applied
+    if ours is not None and all(ours.get(ref.name) == 0 for ref in mapped):
+        return None
+    return (
+        "every ref that maps to a cluster holds 0 on the object, which this controller never "
+        "writes: traffic was turned off by hand, and is held so; give a ref a weight to hand "
+        "it back"
+    )
 
 
 def _no_room(target: Target, mapped: Sequence[Ref], share: int) -> str | None:

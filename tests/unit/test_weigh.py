@@ -28,8 +28,12 @@ def target(refs: list[tuple[str, str, int]], minimum: int = 0, total: int | None
 
 
 def test_two_refs_on_one_cluster_share_its_share() -> None:
-    # a and a-again both name cluster east; beside an equal west, east still gets half
+    # a and a-again both name cluster east; beside an equal west, east still gets half (from
+    # nothing decided yet: an object all at 0 is someone's drain, held)
+    from dataclasses import replace
+
     t = target([("a", "east", 0), ("a-again", "east", 0), ("b", "west", 0)])
+    t = replace(t, kind=IMPLICIT_TARGET, name=IMPLICIT_TARGET)
     desired, decision = weigh(t, {"east": read(0.3), "west": read(0.3)}, P)
     assert decision.mode is Mode.INITIAL
     assert desired["a"] + desired["a-again"] == desired["b"] == 50
@@ -74,3 +78,20 @@ def test_a_route_s_weights_stay_within_what_one_backend_may_weigh() -> None:
     held, decision = weigh(pinned, {"east": read(0.3), "west": read(0.3)}, P)
     assert held == {"east": 600_000, "west": 600_000} and decision.mode is Mode.PAUSED
     assert "maximum of 1,000,000" in decision.notes[0]
+
+
+def test_an_object_turned_off_by_hand_is_held_not_turned_back_on() -> None:
+    """Every mapped ref at 0 (MaaS: each provider disabled) read as "nothing in force", and
+    capacity shares were written within a tick, unlogged (found by an attack). Held, said
+    so; zeros our own record says we wrote (unmapped refs carrying the traffic) are weighed."""
+    from dataclasses import replace
+
+    drained = target([("east", "east", 0), ("west", "west", 0)])
+    held, decision = weigh(drained, {"east": read(0.3), "west": read(0.3)}, P)
+    assert held == {"east": 0, "west": 0} and decision.mode is Mode.PAUSED
+    assert "turned off by hand" in decision.notes[0]
+    saas = target([("east", "east", 0), ("west", "west", 0), ("saas", "", 40)])
+    saas = replace(saas, refs=(*saas.refs[:2], replace(saas.refs[2], cluster=None)))
+    ours = replace(saas, last_applied={"east": 0, "west": 0, "saas": 40})
+    desired, decision = weigh(ours, {"east": read(0.3), "west": read(0.3)}, P)
+    assert decision.mode is not Mode.PAUSED and desired["east"] + desired["west"] == 60
