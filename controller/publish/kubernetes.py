@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -47,6 +48,7 @@ from controller.settings import Settings
 log = structlog.get_logger("controller.publish")
 REFUSAL_EVENTS = 10  # Warning Events for newly refused objects, at most, per tick
 EVENT_EVERY = 600.0  # a WeightsChanged Event for the same mode at most this often
+WROTE_KEPT = 1024  # our last writes remembered (``_wrote``): each an object as written
 T = TypeVar("T")
 
 
@@ -70,9 +72,12 @@ class KubernetesPublisher:
         # per target: the mode of its last Event, when it went out, writes since
         self._told: dict[str, tuple[str, float, int]] = {}
         self._clock = time.monotonic
-        # This tick's own writes: (kind, namespace, name, the resourceVersion a write moved
-        # the object from) → the object it left. Another rule of an HTTPRoute read before
-        # that write is written from what the write left, not refused as changed since.
+        # Our own recent writes: (kind, namespace, name, the resourceVersion a write moved
+        # the object from) → the object it left, the last ``WROTE_KEPT``. Another rule of
+        # an HTTPRoute read before that write is written from what the write left, not
+        # refused as changed since; and a watch that lags (still holding the version we
+        # wrote over, for ticks) is read as what we wrote, not weighed from the weights
+        # before it with every patch refused and blamed on someone else (found by an attack).
         self._wrote: dict[tuple[str, str, str, str], Mapping[str, Any]] = {}
         # The rules of one HTTPRoute are written one after another (the loop writes targets
         # in parallel): each sees what the one before left.
@@ -81,8 +86,11 @@ class KubernetesPublisher:
     async def discover(self) -> Discovery:
         """The targets; an object newly refused (unreadable, owned by another controller) is
         told by a Warning Event on it, once while it stays refused, by the leader only."""
-        self._wrote, self._objects = {}, {}
+        self._objects = {}
         found = await self.discovery.discover()
+        if self._wrote:  # what a lagging watch still shows as it was before our write
+            behind = [await self._after_own_writes(t) for t in found.targets]
+            found = replace(found, targets=tuple(behind))
         refused = {(key, why) for key, why in found.refused.items()}
         if self._is_leader(self._kube.api_timeout):
             for key, why in sorted(refused - self._warned)[:REFUSAL_EVENTS]:
@@ -199,6 +207,8 @@ class KubernetesPublisher:
             ),
         )
         self._wrote[_version(target)] = obj
+        while len(self._wrote) > WROTE_KEPT:
+            del self._wrote[next(iter(self._wrote))]  # the oldest
         written = await self.discovery.parse(obj, target) or target.holding(desired)
         if self._is_leader(self._kube.api_timeout):  # an Event is a write too
             await self._tell(target, why)

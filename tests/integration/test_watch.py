@@ -217,3 +217,31 @@ async def test_watches_that_end_at_once_are_paced_whatever_they_said(
     # two informers, each at most one watch per backoff step (0.5-1 s, doubling); a slow
     # machine only makes fewer
     assert 2 <= watches <= 2 * 4, watches
+
+
+async def test_a_watch_that_lags_behind_our_own_writes_is_read_as_what_we_wrote(
+    apiserver: FakeAPIServer, api: client.ApiClient
+) -> None:
+    """A watch that stalls keeps the object as it was before our write. Each tick then weighed
+    from the weights before it, its patch refused by its own ``test``, and the re-read blamed
+    someone else for our change: 'weights changed since they were read', every tick until the
+    watch was dropped (found by an attack). Our last writes are remembered by the version
+    they moved the object from: a cache still showing that version reads as what we wrote."""
+    from controller.fakes.clusters import SimCluster
+    from tests.support.kube import seed
+
+    sims = [SimCluster("east", kv=0.95, noise=0.0), SimCluster("west", kv=0.5, noise=0.0)]
+    async with Fleet(sims) as fleet:
+        seed(apiserver, REFS)
+        apiserver.watch_fault = "silent"
+        config = settings_for(
+            fleet, kubernetes={"watch": True, "watch_idle": 60}, weights={"settle": 0}
+        )
+        async with Controller(config, serve=False, api=api) as controller:
+            with capture_logs() as logs:
+                for _ in range(6):
+                    await controller.once()
+    blamed = [e for e in logs if e["event"] == "weights changed since they were read"]
+    assert blamed == [] and apiserver.writes("PATCH")
+    assert [e for e in logs if e["event"] == "write conflict"] == []
+    assert weights_of(apiserver)["east"] < 50
