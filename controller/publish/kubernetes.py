@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import replace
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import structlog
 
+from controller.conditions import Conditions
 from controller.kube import objects
 from controller.kube.discovery import Discovery, TargetDiscovery
 from controller.kube.errors import (
@@ -72,6 +73,9 @@ class KubernetesPublisher:
         # per target: the mode of its last Event, when it went out, writes since
         self._told: dict[str, tuple[str, float, int]] = {}
         self._clock = time.monotonic
+        # a tug-of-war (GitOps, another controller) rewriting the weights we write: one line
+        # when it starts, every log.repeat_interval while it lasts, one when it ends
+        self._conditions = Conditions(log, settings.log.repeat_interval)
         # Our own recent writes: (kind, namespace, name, the resourceVersion a write moved
         # the object from) → the object it left, the last ``WROTE_KEPT``. Another rule of
         # an HTTPRoute read before that write is written from what the write left, not
@@ -243,9 +247,12 @@ class KubernetesPublisher:
     def _note_foreign_change(self, target: Target, desired: Mapping[str, int]) -> None:
         current = {ref.name: ref.weight for ref in target.refs if ref.name in desired}
         ours = target.last_applied
-        if ours is not None and dict(ours) != dict(current):
-            log.warning(
+        if ours is None or dict(ours) == dict(current):
+            self._conditions.clear(("foreign", target.key))
+        else:
+            self._conditions.observe(
                 "replacing weights changed outside the controller",
+                ("foreign", target.key),
                 target=target.key,
                 changed_by=objects.last_writer(target.writers, self._kube.field_manager),
                 found=_fmt(current),

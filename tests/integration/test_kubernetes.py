@@ -166,6 +166,36 @@ async def test_a_human_edit_is_replaced_from_a_fresh_read_and_logged(
     assert 70 - 25 <= after["east"] < 70 - 3
 
 
+async def test_a_tug_of_war_is_one_line_while_it_lasts_and_one_when_it_ends(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
+) -> None:
+    """GitOps self-healing the weights every tick made every write a 'replacing weights
+    changed outside the controller' line: 19 in 20 ticks (found by an attack). A condition
+    of the target now: one line when it starts, one when a write finds our own weights."""
+
+    def revert(obj: dict[str, Any]) -> None:
+        for ref in obj["spec"]["externalProviderRefs"]:
+            ref["weight"] = 50
+
+    seed(apiserver, [("east", 50), ("west", 50)])
+    sims["east"].kv = 0.95
+    async with Controller(settings_for(sims), serve=False, api=api) as controller:
+        with capture_logs() as logs:
+            for _ in range(10):
+                apiserver.advance(1)  # a second after our write: managedFields keep seconds
+                apiserver.edit(CRD, "externalmodels", NS, "llama", "argocd-controller", revert)
+                await controller.once()
+            sims["east"].kv = sims["west"].kv  # the fight ends; the next write finds ours
+            await ticks(controller, 4)
+    replaced = [e for e in logs if e["event"] == "replacing weights changed outside the controller"]
+    ended = [
+        e for e in logs if e.get("condition") == "replacing weights changed outside the controller"
+    ]
+    assert len(apiserver.writes("PATCH")) >= 10
+    assert [e["changed_by"] for e in replaced] == ["argocd-controller"]
+    assert len(ended) == 1 and ended[0]["occurrences"] >= 9
+
+
 async def test_reordered_refs_never_get_the_wrong_weights(
     apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
 ) -> None:
