@@ -18,7 +18,11 @@ from typing import Protocol
 from controller.kube.discovery import Discovery
 from controller.model import Target, WriteResult
 
-__all__ = ["Discoverer", "Discovery", "Publisher"]
+__all__ = ["MAY_HAVE_LANDED", "Discoverer", "Discovery", "Publisher"]
+
+# What a write sent and never answered leaves: the object read next tick says what it holds,
+# and one that landed settles from the time its record carries (``reconcile.memory``).
+MAY_HAVE_LANDED = "the next read shows it, and settle counts from its record if it did"
 
 
 class Discoverer(Protocol):

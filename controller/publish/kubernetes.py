@@ -39,11 +39,13 @@ from controller.kube.errors import (
     APIInvalidError,
     APINotFoundError,
     APISchemaError,
+    APITimeoutError,
     call,
 )
 from controller.kube.sdk import client
 from controller.metrics import ControllerMetrics
 from controller.model import Target, Write, WriteResult
+from controller.publish import MAY_HAVE_LANDED
 from controller.settings import Settings
 
 log = structlog.get_logger("controller.publish")
@@ -138,7 +140,10 @@ class KubernetesPublisher:
             return WriteResult(Write.REFUSED, target, f"{exc}; {fix}", exc.reason)
         except APIError as exc:
             self.discovery.count(exc)
-            return WriteResult(Write.FAILED, target, str(exc), exc.reason)
+            detail = str(exc)
+            if isinstance(exc, APITimeoutError):  # sent, never answered: it may have landed
+                detail += f"; the patch may have landed: {MAY_HAVE_LANDED}"
+            return WriteResult(Write.FAILED, target, detail, exc.reason)
 
     async def _reread(self, target: Target) -> WriteResult:
         """After a conflict: the object as it is now (``CONFLICT``), or why there is none (an

@@ -41,7 +41,7 @@ from controller.model import (
     Write,
     WriteResult,
 )
-from controller.publish import Discovery, Publisher
+from controller.publish import MAY_HAVE_LANDED, Discovery, Publisher
 from controller.reconcile.fleet import Fleet, SourceFactory
 from controller.reconcile.journal import Journal
 from controller.reconcile.memory import TargetMemory, after_write, in_force, settling
@@ -230,7 +230,10 @@ class Reconciler:
             if self._changes(plan):
                 answer = next(answers)
                 if answer is None:
-                    detail = f"publish deadline {deadline:g}s passed before the write was answered"
+                    detail = (
+                        f"publish deadline {deadline:g}s passed before the write was answered; "
+                        f"it may have landed: {MAY_HAVE_LANDED}"
+                    )
                     result = WriteResult(Write.FAILED, plan.in_force, detail, "api_timeout")
                 elif isinstance(answer, BaseException):  # a bug: this target's only
                     result = self._raised(plan.discovered.key, plan.in_force, answer)

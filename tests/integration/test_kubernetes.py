@@ -1114,6 +1114,7 @@ async def test_a_write_that_lands_after_its_answer_timed_out_still_settles(
             await ticks(controller, 2)
     outcome = first.targets["ExternalModel/maas-system/llama"].outcome
     assert outcome.write.value == "failed" and landed["east"] < 50
+    assert outcome.detail is not None and "may have landed" in outcome.detail
     assert weights_of(apiserver) == landed
 
 
