@@ -12,7 +12,13 @@ hold are still bounded by its own semaphore, so a cluster of hanging pods holds 
 pods that hang hold their slots until their timeout, and a dozen such clusters ranked ahead
 took every slot for rounds of timeouts: a cluster's fetch that has waited ``grace`` for its
 first slot goes ahead of the ranks (a page is read in milliseconds; only a queue of held slots
-waits that long), so every cluster gets a first page in before the tick's deadline.
+waits that long), so every cluster gets a first page in before the tick's deadline. And a
+fetch one of whose pages has held its slot ``grace`` or more (pods that hang) waits behind
+fetches whose pages answer: promoted once, a healthy cluster that began after 32 such
+clusters (one namespace's annotations may define them) still had its other pages queued
+behind theirs by rank, round after round of timeouts, and the tick's deadline cut its fetch
+(found by an attack: its ten healthy pods read as ``timeout``). Among fetches whose pages
+answer, the ranks hold.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ class _Fetch:
 
     rank: int
     served: bool = False
+    stuck: bool = False  # one of its pages held a slot ``grace`` or more (``Limiter._stuck``)
     since: float = 0.0
     waiting: deque[asyncio.Future[None]] = field(default_factory=deque)
 
@@ -67,6 +74,8 @@ class Limiter:
         self._grace = grace
         self._clock = clock
         self._fresh: dict[int, _Fetch] = {}  # waiting fetches not served a slot yet, by rank
+        # who holds a slot, and since when, oldest first (``_stuck``): each request is a task
+        self._held: dict[asyncio.Task[object] | None, tuple[_Fetch, float]] = {}
 
     def _now(self) -> float:
         return self._clock() if self._clock is not None else asyncio.get_running_loop().time()
@@ -76,6 +85,7 @@ class Limiter:
         if self._free > 0 and not self._queued():
             self._free -= 1
             fetch.served = True
+            self._hold(fetch)
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         heapq.heappush(self._waiting, (fetch.rank, next(self._arrivals), future, fetch))
@@ -89,6 +99,7 @@ class Limiter:
             if not future.cancelled():
                 self._release()  # handed a slot as it was cancelled: pass it on
             raise
+        self._hold(fetch)
 
     async def __aexit__(
         self,
@@ -96,19 +107,55 @@ class Limiter:
         error: BaseException | None,
         trace: TracebackType | None,
     ) -> None:
+        held = self._held.pop(asyncio.current_task(), None)
+        if held is not None and self._now() - held[1] >= self._grace:
+            held[0].stuck = True  # this page held its slot that long: a pod that hangs
         self._release()
+
+    def _hold(self, fetch: _Fetch) -> None:
+        self._held[asyncio.current_task()] = (fetch, self._now())
 
     def _release(self) -> None:
         """Hand the slot to a fetch waiting ``grace`` for its first, else to the first live
-        waiter by rank, or free it."""
+        waiter by rank whose fetch has no page stuck in a slot, else to the first by rank,
+        or free it."""
         if self._fresh and self._starving():
             return
-        while self._waiting:
-            _, _, future, fetch = heapq.heappop(self._waiting)
-            if not future.done():
+        self._stuck()
+        passed: list[tuple[int, int, asyncio.Future[None], _Fetch]] = []
+        try:
+            while self._waiting:
+                entry = heapq.heappop(self._waiting)
+                if entry[2].done():
+                    continue
+                if entry[3].stuck:  # behind the fetches whose pages answer
+                    passed.append(entry)
+                    continue
+                self._grant(entry[2], entry[3])
+                return
+            if passed:  # only fetches with a page stuck wait: the first of them by rank
+                _, _, future, fetch = passed.pop(0)
                 self._grant(future, fetch)
                 return
-        self._free += 1
+            self._free += 1
+        finally:
+            for entry in passed:
+                heapq.heappush(self._waiting, entry)
+
+    def _stuck(self) -> None:
+        """Mark the fetches holding a slot for ``grace`` or more: a page read in milliseconds
+        holds one that long only when its pod hangs, and the fetch stays marked (it is one
+        cluster's, for one tick). Nothing to look through while the oldest holder is younger
+        (``_held`` keeps grant order)."""
+        if not self._held:
+            return
+        now = self._now()
+        _, oldest = next(iter(self._held.values()))
+        if now - oldest < self._grace:
+            return
+        for fetch, since in self._held.values():
+            if now - since >= self._grace:
+                fetch.stuck = True
 
     def _starving(self) -> bool:
         """Serve the fetch that has waited longest for its first slot, if ``grace`` or more."""

@@ -165,3 +165,33 @@ def test_a_cluster_annotation_may_not_name_another_namespace_s_cluster() -> None
     assert found.clusters == {"again": "team-b/gpu", "shared": "east"}
     (problem,) = found.problems
     assert "spy" in problem and "'team-a/gpu', a cluster of another namespace" in problem
+
+
+async def test_clusters_of_pods_that_hang_cannot_starve_a_healthy_cluster_past_the_tick(
+    serve: Serve,
+) -> None:
+    """32 clusters of hanging pods (one namespace's annotations may define as many), ranked
+    ahead of a healthy cluster of 10 pods: its first page was promoted, its other nine
+    queued behind theirs by rank, a round of timeouts each, and the tick's deadline cut its
+    fetch: ten healthy pods read as ``timeout`` (found by an attack). A fetch whose pages
+    held their slots past the limiter's grace now waits behind those whose pages answer."""
+
+    async def hang(_: web.Request) -> web.Response:
+        await asyncio.sleep(3600)
+        raise AssertionError("unreachable")
+
+    fine = vllm_v1_page("m", [0.3], [0], [2], [CumulativeHistogram()])
+    server = await serve({"/hang": hang, "/fine": text_handler(fine)})
+    hung = [
+        {"name": f"h{c}", "vllm_urls": [f"{server.url('/hang')}?c={c}&pod={i}" for i in range(16)]}
+        for c in range(32)
+    ]
+    healthy = {"name": "fine", "vllm_urls": [f"{server.url('/fine')}?pod={i}" for i in range(10)]}
+    settings = build_settings(
+        {"interval": 2, "clusters": [*hung, healthy], "scrape": {"timeout": 0.25}}
+    )
+    async with Controller(settings, serve=False) as controller:
+        report = report_json(await controller.once())
+    assert report["clusters"]["fine"]["healthy"] is True
+    assert report["clusters"]["fine"]["pods_answering"] == 10
+    assert report["targets"]["configured"]["applied"]["fine"] == 100

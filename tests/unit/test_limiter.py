@@ -159,3 +159,47 @@ async def test_a_slot_freed_while_a_cancelled_waiter_has_not_run_again_is_taken(
     doomed.cancel()  # ...then the waiter's future is cancelled, its task to run later
     assert await asyncio.wait_for(held, 1) == "second slot"
     await asyncio.gather(doomed, return_exceptions=True)
+
+
+async def test_a_fetch_whose_pages_hang_waits_behind_one_whose_pages_answer() -> None:
+    """Found by an attack: promoted for its first page only, a healthy cluster that began
+    after clusters of hanging pods had its next pages queued behind theirs by rank, a round
+    of timeouts each, and the tick's deadline cut its fetch (ten healthy pods read as
+    ``timeout``). A fetch one of whose pages held its slot ``grace`` or more waits behind
+    the fetches whose pages answer; with no one else waiting, it is served by rank."""
+    now = [0.0]
+    limiter = Limiter(2, grace=1.0, clock=lambda: now[0])
+    log: list[str] = []
+    release = {f"h{i}": asyncio.Event() for i in range(4)}
+
+    async def cluster(name: str, pages: int) -> None:
+        ranked()
+
+        async def page(i: int) -> None:
+            async with limiter:
+                log.append(f"{name}{i}")
+                if name == "h":
+                    await release[f"h{i}"].wait()
+                else:
+                    await asyncio.sleep(0)  # a healthy page: read at once
+
+        await asyncio.gather(*(page(i) for i in range(pages)))
+
+    hung = asyncio.create_task(cluster("h", 4), context=contextvars.copy_context())
+    for _ in range(5):
+        await asyncio.sleep(0)
+    good = asyncio.create_task(cluster("g", 2), context=contextvars.copy_context())
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert log == ["h0", "h1"]
+    now[0] = 1.5  # h's pages time out, one after the other
+    release["h0"].set()
+    release["h1"].set()
+    await asyncio.wait_for(good, 1)
+    assert log[:4] == ["h0", "h1", "g0", "g1"]  # by rank alone: h0, h1, g0, h2
+    release["h2"].set()
+    release["h3"].set()
+    await asyncio.wait_for(hung, 1)
+    assert log[4:] == ["h2", "h3"]  # no one else waits: served by rank
+    async with limiter, limiter:  # both slots came back: nothing leaked
+        pass
