@@ -40,6 +40,7 @@ __all__ = [
     "proportional",
     "round_to_total",
     "weigh",
+    "within_bounds",
 ]
 
 
@@ -59,7 +60,9 @@ def drained(target: Target, signals: Mapping[str, Signals | None]) -> dict[str, 
     if not moving or sum(up.values()) <= 0:
         return held
     spread = proportional(up, sum(up.values()) + moving)
-    return {**held, **{n: min(held.get(n, 0), least) for n in down}, **spread}
+    return within_bounds(
+        target, {**held, **{n: min(held.get(n, 0), least) for n in down}, **spread}
+    )
 
 
 # The most one HTTPRoute backend may weigh: Gateway API's BackendRef.weight is 0..1,000,000
@@ -74,14 +77,27 @@ def budget(target: Target) -> int:
     leave of 100. HTTPRoute weights are relative within their rule (``weight / sum``,
     0..1,000,000): the rule keeps its total, so unmapped backends keep their share; a rule that
     is all ours is written on at least a 0..100 scale (its defaults of 1 give no resolution).
-    A rule whose refs add up past what one backend may weigh shares ``MAX_ROUTE_WEIGHT``: else
-    shedding one backend asks the other for more than the schema allows, the write is refused,
-    and a dead backend keeps its traffic (found by an attack)."""
+    (A rule whose weights would put a backend past what one may weigh is scaled down whole:
+    ``within_bounds``.)"""
     mapped = sum(r.weight for r in target.refs if r.cluster is not None)
     unmapped = sum(r.weight for r in target.refs if r.cluster is None)
     if target.total is not None:
         return target.total - unmapped
-    return min(mapped if unmapped > 0 else max(mapped, TOTAL), MAX_ROUTE_WEIGHT)
+    return mapped if unmapped > 0 else max(mapped, TOTAL)
+
+
+def within_bounds(target: Target, weights: dict[str, int]) -> dict[str, int]:
+    """``weights`` as the object's schema takes them: an HTTPRoute rule one of whose backends
+    would weigh past ``MAX_ROUTE_WEIGHT`` is scaled down whole, every backend's share kept,
+    so that one weighs exactly that. Kept at its total, two backends of 600,000 asked
+    1,200,000 of the survivor when one died: refused, and the dead backend kept half the
+    traffic (found by an attack). Capping what the mapped refs share instead moved traffic
+    onto the unmapped backends on every step (a review). Only here are unmapped weights
+    written, and their shares stay."""
+    if target.total is not None or not weights or max(weights.values()) <= MAX_ROUTE_WEIGHT:
+        return weights
+    total = sum(weights.values()) * MAX_ROUTE_WEIGHT // max(weights.values())
+    return proportional(weights, total)
 
 
 def weigh(
@@ -137,7 +153,7 @@ def weigh(
     if not decision.changed or decision.weights is None:
         return held, decision
     scaled = at_least(proportional(decision.weights, share), target.minimum)
-    return {**held, **scaled}, decision
+    return within_bounds(target, {**held, **scaled}), decision
 
 
 def _by_cluster(

@@ -69,11 +69,27 @@ def test_a_route_s_weights_stay_within_what_one_backend_may_weigh() -> None:
     pin above it holds rather than ask for a write the API server refuses."""
     from dataclasses import replace
 
-    from controller.weights import MAX_ROUTE_WEIGHT
+    from controller.weights import MAX_ROUTE_WEIGHT, drained
 
     rule = target([("east", "east", 600_000), ("west", "west", 600_000)], total=None)
     desired, decision = weigh(rule, {"east": read(0.3), "west": None}, P)
     assert desired == {"east": MAX_ROUTE_WEIGHT, "west": 0}
+    assert drained(rule, {"east": read(0.3), "west": None}) == desired  # the law's fallback
+    # an unmapped backend keeps its share on an ordinary step, and where the rule is scaled
+    # down to fit (a review: capping what the mapped refs share moved traffic onto it)
+    shared = target(
+        [*((f"c{i}", f"c{i}", 500_000) for i in range(4)), ("fallback", "", 1_000_000)],
+        total=None,
+    )
+    shared = replace(shared, refs=(*shared.refs[:4], replace(shared.refs[4], cluster=None)))
+    hot = {f"c{i}": read(0.3) for i in range(1, 4)} | {"c0": read(0.97)}
+    desired, decision = weigh(shared, hot, P)
+    assert decision.changed and desired["fallback"] == 1_000_000
+    assert sum(desired.values()) == 3_000_000  # its share, a third, kept
+    wide = replace(shared, refs=tuple(replace(r, weight=900_000) for r in shared.refs))
+    desired, _ = weigh(wide, {f"c{i}": read(0.3) for i in range(4)} | {"c0": None}, P)
+    assert max(desired.values()) <= MAX_ROUTE_WEIGHT and desired["c0"] == 0
+    assert abs(desired["fallback"] / sum(desired.values()) - 0.2) < 1e-5
     pinned = replace(rule, pinned={"east": 2_000_000, "west": 0})
     held, decision = weigh(pinned, {"east": read(0.3), "west": read(0.3)}, P)
     assert held == {"east": 600_000, "west": 600_000} and decision.mode is Mode.PAUSED
