@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -51,7 +51,21 @@ from controller.settings import Settings
 log = structlog.get_logger("controller.publish")
 REFUSAL_EVENTS = 10  # Warning Events for newly refused objects, at most, per tick
 EVENT_EVERY = 600.0  # a WeightsChanged Event for the same mode at most this often
-WROTE_KEPT = 1024  # our last writes remembered (``_wrote``): each an object as written
+# Writes over one object in a row before the version the watch shows comes back from them
+# (``_Written``): past this many, it has stopped telling (a watch stalled for good): start afresh.
+WRITES_IN_A_ROW = 64
+
+
+@dataclass(slots=True)
+class _Written:
+    """Our latest write to one object: the versions our writes in a row moved it from
+    (what a watch behind them may still show, or a rule of an HTTPRoute read before them),
+    and the object the last of them left."""
+
+    over: set[str]
+    obj: Mapping[str, Any]
+
+
 T = TypeVar("T")
 
 
@@ -78,13 +92,13 @@ class KubernetesPublisher:
         # a tug-of-war (GitOps, another controller) rewriting the weights we write: one line
         # when it starts, every log.repeat_interval while it lasts, one when it ends
         self._conditions = Conditions(log, settings.log.repeat_interval)
-        # Our own recent writes: (kind, namespace, name, the resourceVersion a write moved
-        # the object from) → the object it left, the last ``WROTE_KEPT``. Another rule of
-        # an HTTPRoute read before that write is written from what the write left, not
-        # refused as changed since; and a watch that lags (still holding the version we
-        # wrote over, for ticks) is read as what we wrote, not weighed from the weights
-        # before it with every patch refused and blamed on someone else (found by an attack).
-        self._wrote: dict[tuple[str, str, str, str], Mapping[str, Any]] = {}
+        # Our latest write to each object (``_Written``): another rule of an HTTPRoute read
+        # before it is written from what it left, not refused as changed since; and a watch
+        # that lags (still showing a version we wrote over, for ticks) is read as what we
+        # wrote, not weighed from the weights before it with every patch refused and blamed
+        # on someone else (found by an attack). One object each, dropped once the watch
+        # shows another version (a review: an object kept per write held 426 MiB).
+        self._written: dict[tuple[str, str, str], _Written] = {}
         # The rules of one HTTPRoute are written one after another (the loop writes targets
         # in parallel): each sees what the one before left.
         self._objects: dict[tuple[str, str, str], asyncio.Lock] = {}
@@ -94,8 +108,11 @@ class KubernetesPublisher:
         told by a Warning Event on it, once while it stays refused, by the leader only."""
         self._objects = {}
         found = await self.discovery.discover()
-        if self._wrote:  # what a lagging watch still shows as it was before our write
+        if self._written:  # what a lagging watch still shows as it was before our write
             behind = [await self._after_own_writes(t) for t in found.targets]
+            shown = {_object(t): t.resource_version for t in found.targets}
+            for gone in [k for k, w in self._written.items() if shown.get(k) not in w.over]:
+                del self._written[gone]  # caught up, changed by someone, or not ours now
             found = replace(found, targets=tuple(behind))
         refused = {(key, why) for key, why in found.refused.items()}
         if self._is_leader(self._kube.api_timeout):
@@ -215,25 +232,34 @@ class KubernetesPublisher:
                 field_manager=self._kube.field_manager,
             ),
         )
-        self._wrote[_version(target)] = obj
-        while len(self._wrote) > WROTE_KEPT:
-            del self._wrote[next(iter(self._wrote))]  # the oldest
+        self._note_written(target, obj)
         written = await self.discovery.parse(obj, target) or target.holding(desired)
         if self._is_leader(self._kube.api_timeout):  # an Event is a write too
             await self._tell(target, why)
         self.discovery.remember(written)
         return written
 
+    def _note_written(self, target: Target, obj: Mapping[str, Any]) -> None:
+        """``obj`` is what our write left of ``target``'s object, read at its version."""
+        key, version = _object(target), target.resource_version
+        entry = self._written.get(key)
+        following = entry is not None and (
+            version in entry.over or version == _resource_version(entry.obj)
+        )
+        if entry is None or not following or len(entry.over) >= WRITES_IN_A_ROW:
+            entry = self._written[key] = _Written(set(), obj)
+        entry.over.add(version)
+        entry.obj = obj
+
     async def _after_own_writes(self, target: Target) -> Target:
-        """``target`` as this tick's own writes to its object left it: another rule of the
-        same HTTPRoute, read before them, would fail the patch's ``test`` of the annotations
-        and resourceVersion on changes that are ours alone."""
-        for _ in range(len(self._wrote)):  # each step follows one write, never in a circle
-            obj = self._wrote.get(_version(target))
-            if obj is None:
-                break
-            target = await self.discovery.parse(obj, target) or target
-        return target
+        """``target`` as our own last write to its object left it, where it was read at a
+        version that write (or one before it in a row) moved the object from: another rule of
+        the same HTTPRoute read before it, or a watch behind it, would fail the patch's
+        ``test`` of the annotations and resourceVersion on changes that are ours alone."""
+        entry = self._written.get(_object(target))
+        if entry is None or target.resource_version not in entry.over:
+            return target
+        return await self.discovery.parse(entry.obj, target) or target
 
     async def _tell(self, target: Target, why: str) -> None:
         """An Event for this write if its mode is new for the target, or the last Event is
@@ -322,9 +348,9 @@ def _object(target: Target) -> tuple[str, str, str]:
     return target.kind, target.namespace, target.name
 
 
-def _version(target: Target) -> tuple[str, str, str, str]:
-    """One version of that object."""
-    return (*_object(target), target.resource_version)
+def _resource_version(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata")
+    return str(meta.get("resourceVersion", "")) if isinstance(meta, Mapping) else ""
 
 
 def _gvp(target: Target) -> tuple[str, str, str]:
