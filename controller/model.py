@@ -336,7 +336,7 @@ class Target:
     last_applied: Mapping[str, int] | None = None
     # when that record says it was written (seconds since the epoch): a write this process
     # may not have seen land (another replica's, before a failover; its own, before a restart
-    # or after its answer timed out) still settles (``reconcile.memory.settling``)
+    # or after its answer timed out) is waited on (``reconcile.memory.follow_record``)
     applied_at: float | None = None
     # (manager, time) of each managedFields entry that changed the object itself (not a
     # subresource such as status): who may have edited the weights, and when

@@ -44,7 +44,13 @@ from controller.model import (
 from controller.publish import MAY_HAVE_LANDED, Discovery, Publisher
 from controller.reconcile.fleet import Fleet, SourceFactory
 from controller.reconcile.journal import Journal
-from controller.reconcile.memory import TargetMemory, after_write, in_force, settling
+from controller.reconcile.memory import (
+    TargetMemory,
+    after_write,
+    follow_record,
+    in_force,
+    settling,
+)
 from controller.settings import Settings
 from controller.sources import ClusterMetricsSource
 from controller.state import ClusterView, Snapshot, TargetView, TickReport
@@ -192,9 +198,11 @@ class Reconciler:
     ) -> Plan:
         """The one place a target's weights are decided: ``weights.weigh`` on what it holds
         (the object's weights, or a dry run's shadow; ``fresh``: the object as just re-read)."""
-        memory = self._memory.get(found.key)
+        memory = self._memory.setdefault(found.key, TargetMemory())
         target = found if fresh else in_force(found, memory)
-        wait = settling(memory, found, self._clock(), self._settle, self._settings.interval)
+        now, interval = self._clock(), self._settings.interval
+        follow_record(memory, found, now, interval)
+        wait = settling(memory, now, self._settle, interval)
         served = memory.realised.shares() if memory is not None else None
         try:
             desired, decision = weights.weigh(target, inputs, self._settings.weights, wait, served)

@@ -35,22 +35,27 @@ def in_force(target: Target, memory: TargetMemory | None) -> Target:
     return target.holding(memory.shadow)
 
 
-def settling(
-    memory: TargetMemory | None, target: Target, now: float, settle: float, interval: float
-) -> bool:
+def settling(memory: TargetMemory | None, now: float, settle: float, interval: float) -> bool:
     """The target's last step may not have acted yet: it changed less than ``settle`` ago, or
-    has not been seen acting (``actuation.Actuation.settling``); or the object records a write
-    less than ``settle`` ago that this process did not see land (``written_elsewhere``).
-    Without that, a new leader after a failover or a rollout, a restarted process, or one
-    whose patch was applied after its answer timed out stepped again at once, two steps
-    stacked where ``settle`` waits between them (found by an attack)."""
-    if settle <= 0:
+    has not been seen acting (``actuation.Actuation.settling``), this process's own or one
+    its object records (``follow_record``)."""
+    if memory is None:
         return False
-    if memory is not None and memory.actuation.settling(now, settle, interval):
-        return True
+    return memory.actuation.settling(now, settle, interval)
+
+
+def follow_record(memory: TargetMemory, target: Target, now: float, interval: float) -> None:
+    """A write the object records that this process did not see land (``written_elsewhere``)
+    is followed as one of its own, from the time the record carries: a change whose shares
+    before are unknown, waited on as one too small to see (the longest delay measured and
+    ``settle``; ``wait_limit`` before any). Without it, a new leader after a failover or a
+    rollout, a restarted process, or one whose patch landed after its answer timed out
+    stepped again at once, two steps stacked where the last would have waited (found by an
+    attack); waiting ``settle`` alone from the record still stacked them 20-60 s early at the
+    defaults, where the writer itself waits until it sees the step act (a review)."""
     written = written_elsewhere(target, memory, now, interval)
-    # a tick lands within a quarter interval of the grid, as in ``Actuation.settling``
-    return written is not None and now - written + interval / 4 < settle
+    if written is not None:
+        memory.actuation.changed(written, {}, {}, interval)
 
 
 def written_elsewhere(

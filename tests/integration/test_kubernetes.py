@@ -1071,30 +1071,37 @@ def annotate(apiserver: FakeAPIServer, key: str, value: str | None) -> None:
     apiserver.edit(CRD, "externalmodels", NS, "llama", "oncall", change)
 
 
-async def test_a_new_leader_waits_out_the_settle_of_the_last_leader_s_step(
+async def test_a_new_leader_waits_out_the_last_leader_s_step(
     apiserver: FakeAPIServer, api: client.ApiClient
 ) -> None:
     """The wait after a step lived in one process's memory: a replica taking over (a
     failover, every rollout) or a restarted one stepped again at once on top of the step just
     written, 50 → 25 → 2 in two ticks (found by an attack). The object's own record of the
-    write says when it was made; the newcomer waits ``settle`` from it, then steps."""
+    write says when it was made; the newcomer follows that write as its own: it waits until
+    the step could have acted (6 intervals before any delay was measured), not ``settle``
+    alone, which still let steps stack 20-60 s early at the defaults (a review)."""
     sims = [SimCluster("east", kv=0.95, noise=0.0), SimCluster("west", kv=0.2, noise=0.0)]
     async with Fleet(sims) as fleet:
         seed(apiserver, [("east", 50), ("west", 50)])
-        config = settings_for(fleet, weights={"settle": 60})
+        config = settings_for(fleet, weights={"settle": 2})  # two intervals of 1 s
         async with Controller(config, serve=False, api=api) as first:
             await ticks(first, 3)
             stepped = weights_of(apiserver)
         assert stepped["east"] < 50
-        async with Controller(config, serve=False, api=api) as second:
-            await ticks(second, 2)
-            view = second.snapshot.report.targets["ExternalModel/maas-system/llama"].outcome
-            assert weights_of(apiserver) == stepped and view.decision.mode.value == "hold"
-        # a clock a settle past the record (the record is stamped with the wall clock)
-        clock = itertools.count(start=int(time.time()) + 61)
-        later = Controller(config, serve=False, api=api, clock=lambda: float(next(clock)))
-        async with later:  # the settle since the record has passed: the law goes on
-            await ticks(later, 2)
+
+        def later(seconds: int) -> Controller:
+            """A replica taking over ``seconds`` after the write (its record is stamped with
+            the wall clock)."""
+            return Controller(config, serve=False, api=api, clock=lambda: time.time() + seconds)
+
+        for newcomer in (later(0), later(3)):  # within the wait (6 s), past settle (2 s)
+            async with newcomer:
+                await ticks(newcomer, 2)
+                view = newcomer.snapshot.report.targets["ExternalModel/maas-system/llama"]
+                assert weights_of(apiserver) == stepped
+                assert view.outcome.decision.mode.value == "hold"
+        async with later(9) as newcomer:  # past it: the law goes on
+            await ticks(newcomer, 2)
     assert weights_of(apiserver)["east"] < stepped["east"]
 
 

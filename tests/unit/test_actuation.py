@@ -236,26 +236,35 @@ def test_the_first_count_after_a_failed_fetch_is_not_one_intervals_traffic() -> 
 
 
 def test_a_write_recorded_on_the_object_settles_a_process_that_did_not_see_it_land() -> None:
-    """``reconcile.memory.settling``: the object's record of our last write (any replica's,
-    or this process's own that timed out) settles for ``settle`` from its time; a record of
-    the change this process made itself is not counted twice, and one stamped by a clock far
-    ahead of ours (another replica's, a test's virtual one) is not waited on."""
+    """``reconcile.memory.follow_record``: the object's record of our last write (another
+    replica's, or this process's own that timed out) is followed as one of its own from its
+    time: waited on until the step could have acted (``wait_limit`` before any delay was
+    measured), not ``settle`` alone (a review: 20-60 s early at the defaults). The change this
+    process made itself is not counted twice, and a record stamped by a clock far ahead of
+    ours (another replica's, a test's virtual one) is not waited on."""
     from dataclasses import replace
 
     from controller.model import Target
-    from controller.reconcile.memory import TargetMemory, settling
+    from controller.reconcile.memory import TargetMemory, follow_record, settling
 
     target = Target("ExternalModel", "llm", "m", "uid", "1", ())
-    now, settle, interval = 10_000.0, 60.0, 10.0
-    assert not settling(None, target, now, settle, interval)  # no record, nothing known
+    now, settle, interval = 10_000.0, 20.0, 10.0
+
+    def newcomer(record: Target, at: float) -> bool:
+        memory = TargetMemory()
+        follow_record(memory, record, at, interval)
+        return settling(memory, at, settle, interval)
+
+    assert not newcomer(target, now)  # no record, nothing known
     recorded = replace(target, applied_at=now - 30)
-    assert settling(None, recorded, now, settle, interval)  # a newcomer waits it out
-    assert not settling(None, recorded, now + 40, settle, interval)  # and then goes on
-    assert not settling(None, recorded, now, 0, interval)  # settle 0 never waits
-    assert settling(None, replace(target, applied_at=now + 5), now, settle, interval)
-    assert not settling(None, replace(target, applied_at=now + 3600), now, settle, interval)
+    assert newcomer(recorded, now)  # past settle, not past the wait for a step to act
+    limit = UNKNOWN * interval
+    assert newcomer(recorded, now - 30 + limit - interval)
+    assert not newcomer(recorded, now - 30 + limit + 1)  # then the law goes on
+    assert newcomer(replace(target, applied_at=now + 5), now)  # a little ahead: from now
+    assert not newcomer(replace(target, applied_at=now + 3600), now)
     ours = TargetMemory()
     ours.actuation.changed(now - 30.4, {}, {}, interval)  # the change this process made
     own_record = replace(target, applied_at=now - 31)  # its stamp, whole seconds
-    assert settling(ours, own_record, now, settle, interval)  # by its memory, not twice
-    assert not settling(ours, own_record, now + 40, settle, interval)
+    follow_record(ours, own_record, now, interval)
+    assert ours.actuation.last_change == now - 30.4  # by its memory, not twice
