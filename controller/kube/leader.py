@@ -161,11 +161,11 @@ class LeaderElector:
         return await self._replace(lease, spec, renewing=holder == self.identity)
 
     def _deposed(self) -> None:
-        """Another replica holds the Lease (read so, or it wrote the Lease since our read):
-        this one stops leading now, as client-go's ``IsLeader`` turns false the moment it
-        observes another holder, not when its own fence runs out. Kept until then, a deleted
-        or taken-over Lease had two replicas writing for up to ``renew_deadline`` (found by an
-        attack)."""
+        """Another replica holds the Lease, as read: this one stops leading now, as client-go's
+        ``IsLeader`` turns false the moment it observes another holder, not when its own
+        fence runs out. Kept until then, a deleted or taken-over Lease had two replicas
+        writing for up to ``renew_deadline`` (found by an attack). A failed write of the
+        Lease (409) deposes no one: the next read says who holds it."""
         self._valid_until = -math.inf
 
     def _observe(self, holder: str | None, renewed: object, version: str | None) -> None:
@@ -199,8 +199,7 @@ class LeaderElector:
             await self._api.create_namespaced_lease(s.namespace, self._body(_now(), 0, None))
         except API_EXCEPTIONS as exc:
             if isinstance(exc, ApiException) and exc.status == 409:
-                self._deposed()
-                return False  # another replica created it first
+                return False  # another replica created it first (the next read tells)
             raise translate(exc, f"create lease {s.namespace}/{s.lease_name}") from exc
         return True
 
@@ -217,8 +216,9 @@ class LeaderElector:
             await self._api.replace_namespaced_lease(s.lease_name, s.namespace, body)
         except API_EXCEPTIONS as exc:
             if isinstance(exc, ApiException) and exc.status == 409:
-                self._deposed()
-                return False  # written by someone else since we read it
+                # written since we read it: by whom, the next read tells (a label someone
+                # added is no reason to stop leading: a review)
+                return False
             raise translate(exc, f"update lease {s.namespace}/{s.lease_name}") from exc
         if not renewing:
             log.info("lease taken", identity=self.identity, previous=spec.holder_identity)

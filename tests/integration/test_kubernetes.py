@@ -561,7 +561,7 @@ async def test_a_leader_that_reads_another_holder_stops_leading_at_once(
     """``kubectl delete lease`` forces a failover: another replica creates it anew. The old
     leader kept leading until its own fence ran out (renew_deadline), two replicas writing
     at once for seconds (found by an attack); as client-go's ``IsLeader``, it stops the moment
-    it reads another holder, and when its renewal meets a Lease someone wrote since."""
+    it reads another holder (a failed write of the Lease deposes no one: the next read tells)."""
     a = elector(api, elector_settings("a"))
     b = elector(api, elector_settings("b"))
     await a._attempt()
@@ -584,8 +584,29 @@ async def test_a_leader_that_reads_another_holder_stops_leading_at_once(
         lease["spec"]["holderIdentity"] = "b"
 
     apiserver.before("PUT", "leases", b_takes_it)
-    await a._attempt()  # its renewal meets b's write: 409
+    await a._attempt()  # its renewal meets b's write: 409, and who wrote it is not known yet
+    assert a.is_leader()
+    await a._attempt()  # the next read shows b
     assert not a.is_leader()
+    # someone labels the Lease between a leader's read and its renewal: a 409, no depose
+    a._valid_until = b._valid_until = -math.inf
+    apiserver.delete("coordination.k8s.io/v1", "leases", NS, "weight-controller")
+    await a._attempt()
+
+    def labelled(lease: dict[str, Any]) -> None:
+        lease["metadata"].setdefault("labels", {})["audit"] = "seen"
+
+    apiserver.before(
+        "PUT",
+        "leases",
+        lambda: apiserver.edit(
+            "coordination.k8s.io/v1", "leases", NS, "weight-controller", "x", labelled
+        ),
+    )
+    await a._attempt()
+    assert a.is_leader()
+    await a._attempt()  # read as its own: renewed
+    assert a.is_leader()
 
 
 @pytest.mark.looptime
