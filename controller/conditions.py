@@ -89,5 +89,5 @@ class Conditions:
 
 # Keys that say *what* a condition was about; its end line repeats them, nothing else.
 _IDENTIFYING = frozenset(
-    {"target", "cluster", "ref", "pod", "provider", "route", "identity", "problem"}
+    {"target", "cluster", "ref", "pod", "provider", "route", "identity", "problem", "changed_by"}
 )

@@ -92,6 +92,7 @@ class KubernetesPublisher:
         # a tug-of-war (GitOps, another controller) rewriting the weights we write: one line
         # when it starts, every log.repeat_interval while it lasts, one when it ends
         self._conditions = Conditions(log, settings.log.repeat_interval)
+        self._foreign: dict[str, tuple[str, str, str, str]] = {}  # per target: its condition
         # Our latest write to each object (``_Written``): another rule of an HTTPRoute read
         # before it is written from what it left, not refused as changed since; and a watch
         # that lags (still showing a version we wrote over, for ticks) is read as what we
@@ -278,18 +279,28 @@ class KubernetesPublisher:
     def _note_foreign_change(self, target: Target, desired: Mapping[str, int]) -> None:
         current = {ref.name: ref.weight for ref in target.refs if ref.name in desired}
         ours = target.last_applied
+        was = self._foreign.pop(target.key, None)
         if ours is None or dict(ours) == dict(current):
-            self._conditions.clear(("foreign", target.key))
-        else:
-            self._conditions.observe(
-                "replacing weights changed outside the controller",
-                ("foreign", target.key),
-                target=target.key,
-                changed_by=objects.last_writer(target.writers, self._kube.field_manager),
-                found=_fmt(current),
-                last_applied_by_us=_fmt(ours),
-                new=_fmt(desired),
-            )
+            if was is not None:
+                self._conditions.clear(was)
+            return
+        # one condition per writer and what it set: a GitOps revert to the same weights every
+        # tick is one line; a second person's edit is a line of its own (a review: bob's
+        # hand edit was overwritten without a word while alice's condition was open)
+        changed_by = objects.last_writer(target.writers, self._kube.field_manager)
+        key = ("foreign", target.key, changed_by, _fmt(current))
+        if was is not None and was != key:
+            self._conditions.clear(was)
+        self._foreign[target.key] = key
+        self._conditions.observe(
+            "replacing weights changed outside the controller",
+            key,
+            target=target.key,
+            changed_by=changed_by,
+            found=_fmt(current),
+            last_applied_by_us=_fmt(ours),
+            new=_fmt(desired),
+        )
 
     async def _event(self, target: Target, message: str) -> None:
         await self._event_on(

@@ -196,6 +196,37 @@ async def test_a_tug_of_war_is_one_line_while_it_lasts_and_one_when_it_ends(
     assert len(ended) == 1 and ended[0]["occurrences"] >= 9
 
 
+async def test_a_second_person_s_edit_during_a_tug_of_war_is_logged_too(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
+) -> None:
+    """A review: alice set 90/10, the controller replaced it; bob set 10/90 a tick later and
+    was replaced without a line, alice's condition still open. A writer with other weights
+    is a condition of its own; the one before it ends."""
+
+    def setting(east: int) -> Any:
+        def change(obj: dict[str, Any]) -> None:
+            obj["spec"]["externalProviderRefs"][0]["weight"] = east
+            obj["spec"]["externalProviderRefs"][1]["weight"] = 100 - east
+
+        return change
+
+    seed(apiserver, [("east", 50), ("west", 50)])
+    sims["east"].kv = 0.95
+    async with Controller(settings_for(sims), serve=False, api=api) as controller:
+        await ticks(controller, 2)
+        with capture_logs() as logs:
+            for who, east in (("alice", 90), ("bob", 10)):
+                apiserver.advance(1)  # a second after our write: managedFields keep seconds
+                apiserver.edit(CRD, "externalmodels", NS, "llama", who, setting(east))
+                await controller.once()
+    replaced = [e for e in logs if e["event"] == "replacing weights changed outside the controller"]
+    assert [(e["changed_by"], e["found"]) for e in replaced] == [
+        ("alice", "east=90 west=10"),
+        ("bob", "east=10 west=90"),
+    ]
+    assert [e["changed_by"] for e in logs if e["event"] == "condition ended"] == ["alice"]
+
+
 async def test_reordered_refs_never_get_the_wrong_weights(
     apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
 ) -> None:
