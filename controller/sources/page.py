@@ -167,6 +167,17 @@ def _check_ending(url: str, stream: PageStream) -> None:
             "carry timestamps: whether they are seconds (OpenMetrics) or milliseconds (text) "
             "cannot be told",
         )
+    if not stream.openmetrics and stream.result.invalid_lines and stream.ends_with_eof:
+        # read no further than its first malformed line (``PageStream._extract``), whether
+        # later samples carried timestamps is not known; a text page with OpenMetrics' ending
+        # and lines the text format refuses (an exemplar, say) is one served under the wrong
+        # type, as the timestamps above say (a review: it read as a parse error)
+        raise FetchContentTypeError(
+            url,
+            "served as text/plain, but the body ends with OpenMetrics' '# EOF' and has lines "
+            f"the text format refuses (first: {stream.result.first_error}): an OpenMetrics "
+            "page served as text?",
+        )
 
 
 def _deduplicated(url: str, by_name: ByName, fold: Fold | None, found: Extraction) -> Page:

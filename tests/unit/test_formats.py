@@ -86,8 +86,17 @@ def test_data_after_eof_refuses_an_openmetrics_page() -> None:
         (f'{KV}{{engine="0"}} 0.5 {int(NOW)}\n# EOF\n', TEXT, "cannot be told"),
         (f'{KV}{{engine="0"}} 0.5\n', "application/json", "'application/json'"),
         (f'{KV}{{engine="0"}} 0.5\n', "text/html; charset=utf-8", "'text/html'"),
+        # a line the text format refuses, the timestamps a piece later: not read past it,
+        # the page still named for its type (a review: it read as a parse error)
+        (
+            f'{KV}{{engine="0"}} 0,5\n'
+            + "# a comment of a piece's length\n" * 4000
+            + f'{KV}{{engine="1"}} 0.5 {int(NOW)}\n# EOF\n',
+            TEXT,
+            "OpenMetrics page served as text",
+        ),
     ],
-    ids=["openmetrics-without-eof", "text-with-eof-and-timestamps", "json", "html"],
+    ids=["openmetrics-without-eof", "text-with-eof-and-timestamps", "json", "html", "malformed"],
 )
 def test_a_body_its_content_type_contradicts_is_named(
     text: str, content_type: str, says: str
