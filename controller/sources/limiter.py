@@ -69,11 +69,17 @@ class Limiter:
         self, size: int, grace: float = 1.0, clock: Callable[[], float] | None = None
     ) -> None:
         self._free = size
+        # fetches marked stuck hold at most this many slots together: the rest stay for the
+        # fetches whose pages answer, whenever they come (``_release``)
+        self._stuck_cap = max(1, size // 2)
         self._waiting: list[tuple[int, int, asyncio.Future[None], _Fetch]] = []
         self._arrivals = itertools.count()
         self._grace = grace
         self._clock = clock
         self._fresh: dict[int, _Fetch] = {}  # waiting fetches not served a slot yet, by rank
+        # the waiters of fetches marked stuck, served when no other waits: moved here from
+        # ``_waiting`` once each, as they come to its top (``_release``)
+        self._behind: list[tuple[int, int, asyncio.Future[None], _Fetch]] = []
         # who holds a slot, and since when, oldest first (``_stuck``): each request is a task
         self._held: dict[asyncio.Task[object] | None, tuple[_Fetch, float]] = {}
 
@@ -82,13 +88,14 @@ class Limiter:
 
     async def __aenter__(self) -> None:
         fetch = _FETCH.get() or _OUTSIDE
-        if self._free > 0 and not self._queued():
+        if self._free > 0 and not self._queued(fetch):
             self._free -= 1
             fetch.served = True
             self._hold(fetch)
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._waiting, (fetch.rank, next(self._arrivals), future, fetch))
+        queue = self._behind if fetch.stuck else self._waiting
+        heapq.heappush(queue, (fetch.rank, next(self._arrivals), future, fetch))
         if not fetch.served:
             if fetch.rank not in self._fresh:
                 fetch.since, self._fresh[fetch.rank] = self._now(), fetch
@@ -108,7 +115,7 @@ class Limiter:
         trace: TracebackType | None,
     ) -> None:
         held = self._held.pop(asyncio.current_task(), None)
-        if held is not None and self._now() - held[1] >= self._grace:
+        if held is not None and self._now() - held[1] >= self._grace and held[0] is not _OUTSIDE:
             held[0].stuck = True  # this page held its slot that long: a pod that hangs
         self._release()
 
@@ -117,30 +124,37 @@ class Limiter:
 
     def _release(self) -> None:
         """Hand the slot to a fetch waiting ``grace`` for its first, else to the first live
-        waiter by rank whose fetch has no page stuck in a slot, else to the first by rank,
-        or free it."""
+        waiter by rank whose fetch has no page stuck in a slot, else to the first by rank of
+        those that have, or free it. A stuck fetch's waiter reaching the top is moved behind
+        for good: each is moved once, so a fleet whose every page is slow (a controller short
+        of CPU) costs a heap operation a waiter, not a pass over all of them a release."""
         if self._fresh and self._starving():
             return
         self._stuck()
-        passed: list[tuple[int, int, asyncio.Future[None], _Fetch]] = []
-        try:
-            while self._waiting:
-                entry = heapq.heappop(self._waiting)
-                if entry[2].done():
-                    continue
-                if entry[3].stuck:  # behind the fetches whose pages answer
-                    passed.append(entry)
-                    continue
-                self._grant(entry[2], entry[3])
-                return
-            if passed:  # only fetches with a page stuck wait: the first of them by rank
-                _, _, future, fetch = passed.pop(0)
+        while self._waiting:
+            entry = heapq.heappop(self._waiting)
+            if entry[2].done():
+                continue
+            if entry[3].stuck:  # behind the fetches whose pages answer
+                heapq.heappush(self._behind, entry)
+                continue
+            self._grant(entry[2], entry[3])
+            return
+        while self._behind and not self._capped(self._behind[0][3]):
+            _, _, future, fetch = heapq.heappop(self._behind)
+            if not future.done():
                 self._grant(future, fetch)
                 return
-            self._free += 1
-        finally:
-            for entry in passed:
-                heapq.heappush(self._waiting, entry)
+        self._free += 1
+
+    def _capped(self, fetch: _Fetch) -> bool:
+        """``fetch`` is marked stuck and such fetches hold their share of the slots already:
+        given every slot freed while no one else waited, clusters of hanging pods held them
+        all for a timeout, and a healthy cluster's next page, a moment later, waited that
+        round out (a simulation of an attack's fleet: a round more, 0.77 s of a 0.8 s tick)."""
+        if not fetch.stuck:
+            return False
+        return sum(1 for held, _ in self._held.values() if held.stuck) >= self._stuck_cap
 
     def _stuck(self) -> None:
         """Mark the fetches holding a slot for ``grace`` or more: a page read in milliseconds
@@ -154,7 +168,7 @@ class Limiter:
         if now - oldest < self._grace:
             return
         for fetch, since in self._held.values():
-            if now - since >= self._grace:
+            if now - since >= self._grace and fetch is not _OUTSIDE:
                 fetch.stuck = True
 
     def _starving(self) -> bool:
@@ -172,14 +186,19 @@ class Limiter:
             del self._fresh[fetch.rank]  # every waiter of it was cancelled
         return False
 
-    def _queued(self) -> bool:
-        """A waiter not yet served or cancelled is queued. Read off the heap, cancelled and
-        served entries at its top dropped: a count kept beside it went stale between a
+    def _queued(self, fetch: _Fetch) -> bool:
+        """Someone ``fetch`` must queue behind: a waiter not yet served or cancelled ahead of
+        it (a stuck fetch's waiters are ahead of no one else), or, for a stuck fetch, its
+        kind's share of the slots held (``_capped``). Read off the heaps, cancelled and served
+        entries at their tops dropped: a count kept beside them went stale between a
         waiter's cancellation and its task running again, and a slot freed then left a
         newcomer queued behind it with nobody to wake it (found by a review)."""
-        while self._waiting and self._waiting[0][2].done():
-            heapq.heappop(self._waiting)
-        return bool(self._waiting)
+        for queue in (self._waiting, self._behind):
+            while queue and queue[0][2].done():
+                heapq.heappop(queue)
+        if not fetch.stuck:
+            return bool(self._waiting)
+        return bool(self._waiting or self._behind) or self._capped(fetch)
 
     def _grant(self, future: asyncio.Future[None], fetch: _Fetch) -> None:
         future.set_result(None)

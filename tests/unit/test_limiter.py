@@ -203,3 +203,44 @@ async def test_a_fetch_whose_pages_hang_waits_behind_one_whose_pages_answer() ->
     assert log[4:] == ["h2", "h3"]  # no one else waits: served by rank
     async with limiter, limiter:  # both slots came back: nothing leaked
         pass
+
+
+async def test_fetches_whose_pages_hang_hold_at_most_half_the_slots() -> None:
+    """Given every slot freed while no one else waited, clusters of hanging pods held them
+    all for a timeout, and a healthy cluster's next page, a moment later, waited that round
+    out. Once marked, they hold half the slots at most; the rest stay free for pages that
+    answer, whenever those come."""
+    now = [0.0]
+    limiter = Limiter(4, grace=1.0, clock=lambda: now[0])
+    holding: list[int] = []
+    first, rest = asyncio.Event(), asyncio.Event()
+
+    async def hung(pages: int) -> None:
+        ranked()
+
+        async def page(i: int) -> None:
+            async with limiter:
+                holding.append(i)
+                await (first if i < 4 else rest).wait()
+                holding.remove(i)
+
+        await asyncio.gather(*(page(i) for i in range(pages)))
+
+    task = asyncio.create_task(hung(12), context=contextvars.copy_context())
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert holding == [0, 1, 2, 3]  # nothing known yet: by rank, every slot
+    now[0] = 1.5  # they time out past grace, and are marked
+    first.set()
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert sorted(holding) == [4, 5]  # half the slots, the other half free
+
+    async def healthy() -> None:
+        ranked()
+        async with limiter, limiter:  # its two pages, a moment later: at once
+            pass
+
+    await asyncio.wait_for(healthy(), 1)
+    rest.set()
+    await asyncio.wait_for(task, 1)
