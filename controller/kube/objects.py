@@ -117,23 +117,26 @@ def bounded_json(text: str) -> Any:
     return json.loads(text)
 
 
-def _last_applied(annotations: Mapping[str, str], key: str) -> dict[str, int] | None:
+def _last_applied(
+    annotations: Mapping[str, str], key: str
+) -> tuple[dict[str, int] | None, float | None]:
+    """Our record of the last write (``weight_patch``'s, whichever replica or process wrote
+    it), read once: its weights, and when it was made in seconds since the epoch; each
+    ``None`` where it cannot be read."""
     try:
-        recorded = bounded_json(annotations[key])["weights"]
-        return {str(k): int(v) for k, v in recorded.items()}
+        record = bounded_json(annotations[key])
     except (KeyError, ValueError, TypeError, AttributeError):
-        return None
-
-
-def _applied_at(annotations: Mapping[str, str], key: str) -> float | None:
-    """When our record says the weights were written (its ``time``, as ``weight_patch`` stamps
-    it, whichever replica or process wrote it), in seconds since the epoch; ``None`` if none
-    can be read."""
+        return None, None
     try:
-        stamp = datetime.fromisoformat(str(bounded_json(annotations[key])["time"]))
-        return (stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)).timestamp()
-    except (KeyError, ValueError, TypeError, AttributeError, OverflowError):
-        return None
+        weights = {str(k): int(v) for k, v in record["weights"].items()}
+    except (KeyError, ValueError, TypeError, AttributeError):
+        weights = None
+    try:
+        stamp = datetime.fromisoformat(str(record["time"]))
+        at = (stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)).timestamp()
+    except (KeyError, ValueError, TypeError, OverflowError):
+        at = None
+    return weights, at
 
 
 def _writers(obj: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
@@ -168,6 +171,7 @@ def _target(
 ) -> Target:
     meta = obj.get("metadata", {})
     annotations = _annotations(obj)
+    recorded, recorded_at = _last_applied(annotations, last_applied_key(rule))
     return Target(
         kind=kind,
         namespace=str(meta.get("namespace", "")),
@@ -177,8 +181,8 @@ def _target(
         refs=tuple(refs),
         annotations=_as_read(meta.get("annotations")),
         labels=_as_read(meta.get("labels")) if kind == "ExternalModel" else None,
-        last_applied=_last_applied(annotations, last_applied_key(rule)),
-        applied_at=_applied_at(annotations, last_applied_key(rule)),
+        last_applied=recorded,
+        applied_at=recorded_at,
         writers=_writers(obj),
         rule=rule,
         total=None if kind == "HTTPRoute" else 100,

@@ -128,10 +128,9 @@ def page_of(url: str, stream: PageStream) -> Page:
     _check_ending(url, stream)
     found = stream.result
     if found.invalid_lines:
+        # counted up to the piece the first was found in (``PageStream._extract``)
         raise FetchParseError(
-            # counted up to the piece the first was found in (``PageStream._extract``)
-            url,
-            f"{found.invalid_lines} malformed line(s), first: {found.first_error}",
+            url, f"{found.invalid_lines} malformed line(s), first: {found.first_error}"
         )
     fold = found.fold if isinstance(found.fold, Fold) else None
     if fold is not None:

@@ -40,7 +40,6 @@ __all__ = [
     "proportional",
     "round_to_total",
     "weigh",
-    "within_bounds",
 ]
 
 
@@ -122,9 +121,9 @@ def weigh(
     if target.pinned is not None:
         return _pinned(target, held, law)
     mapped = [ref for ref in target.refs if ref.cluster is not None]
-    drained = _drained_by_hand(target, mapped)
-    if drained is not None:
-        return held, Decision(held, {}, Mode.PAUSED, False, (drained,), law=law)
+    turned_off = _drained_by_hand(target, mapped)
+    if turned_off is not None:  # (``drained`` is the law's fallback, above)
+        return held, Decision(held, {}, Mode.PAUSED, False, (turned_off,), law=law)
     share = budget(target)
     problem = _no_room(target, mapped, share)
     if problem is not None:
