@@ -122,7 +122,7 @@ def _connector(settings: Settings) -> aiohttp.TCPConnector:
 def _query_connector(settings: Settings) -> aiohttp.TCPConnector:
     """PromQL sources' own connections, apart from the pages': 32 pods that hang held every
     connection of a shared pool, and a sane querier's queries timed out waiting for one
-    (found by an attack). Unbounded here, bounded by the config: a querier asks its eleven
+    (found by an attack). Unbounded here, bounded by the config: a querier asks its twelve
     queries once a round, a cluster with its own querier the same."""
     return aiohttp.TCPConnector(
         limit=0, limit_per_host=0, ttl_dns_cache=60, keepalive_timeout=2 * settings.interval

@@ -223,6 +223,11 @@ def default_templates(engines: Sequence[Engine]) -> dict[str, str]:
     """The default PromQL of every template, for the clusters of ``engines`` (the built-in
     rows, and the config's own: ``Settings.engines``)."""
     kv_last = _each(engines, "kv", _LAST)
+    # A fraction 0..1 or nothing: one pod's NaN, -0.9 or 2.5 (a broken exporter, a
+    # percentage) left out of the mean as a page read directly leaves it out, never averaged
+    # in (a 95%-full cluster read 0.33 through a querier, found by an attack); NaN fails
+    # every comparison. ``kv_invalid`` counts what was left out, so it is named.
+    kv_valid = f"(({kv_last}) >= 0 <= 1)"
     # each sample's own time: timestamp() of a plain selector (of anything else it is the
     # time of evaluation, and a dead pod would never look stale)
     kv_times = _each(engines, "kv", "timestamp({})")
@@ -235,8 +240,9 @@ def default_templates(engines: Sequence[Engine]) -> dict[str, str]:
     units = _units(engines)
     sizes = f"{_VLLM_INFO.count_label}, {_VLLM_INFO.block_label}"
     return {
-        "kv_mean": f"avg by ($by) ({kv_last})",
-        "kv_max": f"max by ($by) ({kv_last})",
+        "kv_mean": f"avg by ($by) {kv_valid}",
+        "kv_max": f"max by ($by) {kv_valid}",
+        "kv_invalid": f"count by ($by) (({kv_last}) unless {kv_valid})",
         "kv_oldest": f"min by ($by) (max_over_time(({kv_times})[$lookback:]))",
         "pods": f"count by ($by) (count by (job, instance{units}$and_by) ({kv_last}))",
         # engine processes by pod (or replica) and pool; a replica restarted under a new
@@ -274,10 +280,16 @@ class PrometheusQueries(BaseModel):
     )
     kv_mean: str = Field(
         default=_DEFAULTS["kv_mean"],
-        description="Mean KV-cache use over pods and engines; the new name wins per series.",
+        description="Mean KV-cache use over pods and engines, of the fractions 0..1; the new "
+        "name wins per series.",
     )
     kv_max: str = Field(
         default=_DEFAULTS["kv_max"], description="Highest KV-cache use of any engine."
+    )
+    kv_invalid: str = Field(
+        default=_DEFAULTS["kv_invalid"],
+        description="Pods whose KV-cache use is no fraction 0..1 (NaN, negative, a "
+        "percentage): left out of kv_mean and kv_max, counted and named out_of_range.",
     )
     kv_oldest: str = Field(
         default=_DEFAULTS["kv_oldest"],

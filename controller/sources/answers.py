@@ -30,6 +30,7 @@ _REQUIRED = frozenset(REQUIRED)
 NAMES = (
     "kv_mean",
     "kv_max",
+    "kv_invalid",
     "kv_oldest",
     "pods",
     "kv_pools",
@@ -180,7 +181,10 @@ def cluster_metrics(
         failed = tuple(errors[:1])
         return ClusterMetrics(name, started, duration, 1, 0, errors=failed, pages=pages)
     values, refused = _checked(values, asked)
-    if values.get("kv_mean") is None:
+    invalid = _invalid(values, asked)
+    if invalid is not None:
+        refused.append(invalid)
+    elif values.get("kv_mean") is None:
         refused.append(_empty("kv_mean", asked))
     completed = _completed(values, asked, since, started)
     return _metrics(name, values, asked, started, duration, (*errors, *refused), pages, completed)
@@ -208,6 +212,19 @@ def _empty(query: str, asked: Asked) -> PodError:
     shown = text if len(text) <= 300 else text[:299] + "…"
     detail = f"{query} came back empty for {who}: no KV-cache series of any engine; {shown}"
     return PodError(f"{asked.base} ({query})", Reason.MISSING_METRIC, detail)
+
+
+def _invalid(values: Mapping[str, float | None], asked: Asked) -> PodError | None:
+    """The pods whose KV-cache use is no fraction 0..1 (``kv_invalid``), named: left out of
+    the mean as a page read directly leaves such a pod out (``out_of_range``)."""
+    count, pods = values.get("kv_invalid"), values.get("pods")
+    if count is None or pods is None or not 1 <= count <= pods:  # more than report KV: no count
+        return None
+    detail = (
+        f"{count:g} of {pods:g} pods' KV-cache use is no fraction 0..1 (NaN, below 0 or above 1: a "
+        "percentage?), left out of kv_mean and kv_max"
+    )
+    return PodError(f"{asked.base} (kv_invalid)", Reason.OUT_OF_RANGE, detail)
 
 
 def _checked(
@@ -257,6 +274,9 @@ def _metrics(
     completed: float | None,
 ) -> ClusterMetrics:
     pods = int(v.get("pods") or 0)
+    # pods reporting KV, of them unusable (``_invalid``; a count below 1 or NaN is none)
+    counted = v.get("kv_invalid")
+    invalid = int(counted) if counted is not None and 1 <= counted <= pods else 0
     kv = v.get("kv_mean")
     if kv is not None and not 0.0 <= kv <= 1.0:
         kv = None  # an out-of-range fraction is unusable, as in a direct scrape
@@ -271,7 +291,9 @@ def _metrics(
         scraped_at=started,
         duration=duration,
         pods_scraped=max(1, pods),
-        pods_answering=max(1, pods),
+        # a pod whose KV is unusable answers as a page with one does (the cluster degraded);
+        # every pod's: none does, and the cluster fails by that reason
+        pods_answering=0 if kv is None and 0 < pods <= invalid else max(1, pods - invalid),
         kv_mean=kv,
         kv_max=v.get("kv_max") if kv is not None else None,
         kv_family="promql" if kv is not None else None,
@@ -280,7 +302,7 @@ def _metrics(
         running=running,
         latency=_latency(v, asked.min_requests),
         observed_at=v.get("kv_oldest"),
-        invalid_samples=0,
+        invalid_samples=invalid,
         errors=errors,
         kv_tokens=tokens,
         kv_tokens_from=CapacityFrom.KV_BLOCKS if tokens is not None else None,

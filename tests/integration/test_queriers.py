@@ -71,6 +71,8 @@ class HubThanos:
             "count by (job, instance, ReplicaId, replica, num_gpu_blocks"
         ):  # engines by pod and pool
             return web.json_response(pools(POOLS))
+        if " unless " in query:  # kv_invalid: every pod's KV a fraction
+            return web.json_response(vector({}))
         if query.startswith("count by (cluster)"):
             return web.json_response(vector(dict.fromkeys(CLUSTERS, 4)))
         if query.startswith(
@@ -100,7 +102,7 @@ async def test_one_query_per_signal_for_every_cluster_of_a_querier(serve: Serve)
         first = report_json(await controller.once())
         asked = len(hub.queries)
         second = report_json(await controller.once())
-    assert asked == 11 and len(hub.queries) == 22  # 11 templates per tick, whatever the fleet
+    assert asked == 12 and len(hub.queries) == 24  # 12 templates per tick, whatever the fleet
     assert all('cluster=~"east|north|west"' in q for q in hub.queries)
     for name, kv in CLUSTERS.items():
         assert first["clusters"][name]["vram_utilization"] == kv

@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
+from aiohttp import web
 from kubernetes_asyncio import client
 
 from controller import health
@@ -31,6 +32,7 @@ from tests.support.apiserver import FakeAPIServer
 from tests.support.kube import seed
 from tests.support.observability import alert_rules, dashboard_queries
 from tests.support.prometheus import Prometheus, binary, job
+from tests.support.servers import text_handler
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -47,6 +49,24 @@ class Stack:
     prometheus: Prometheus
     settings: Settings
     session: aiohttp.ClientSession
+    mixed: list[str]  # the page URLs of cluster "mixed" (MIXED_KV), read by no controller
+
+
+# One pod of three whose KV-cache use is no fraction: averaged in, a 95%-full cluster read 0.33
+# through a querier (found by an attack); read directly, that pod is left out by name. Spelled
+# as the sims are stored (``vllm_``: test_openmetrics_spelling_is_what_prometheus_stored).
+MIXED_KV = ("0.95", "0.95", "-0.9")
+
+
+def _mixed_page(kv: str) -> str:
+    return "".join(
+        f'# TYPE vllm_{name} gauge\nvllm_{name}{{engine="0",model_name="m"}} {value}\n'
+        for name, value in (
+            ("kv_cache_usage_perc", kv),
+            ("num_requests_waiting", "0"),
+            ("num_requests_running", "1"),
+        )
+    )
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -61,6 +81,14 @@ async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack
         SimCluster("hot", kv=0.93, noise=0.0, with_epp=True),
         SimCluster("broken", kv=0.3, noise=0.0, fault=Fault.HTTP_500),
     ]
+    mixed = web.Application()
+    for index, kv in enumerate(MIXED_KV):
+        mixed.router.add_get(f"/mixed-{index}/metrics", text_handler(_mixed_page(kv)))
+    mixed_runner = web.AppRunner(mixed, access_log=None)
+    await mixed_runner.setup()
+    mixed_site = web.TCPSite(mixed_runner, "127.0.0.1", 0)
+    await mixed_site.start()
+    mixed_port = mixed_runner.addresses[0][1]
     async with (
         Fleet(clusters) as sims,
         client.ApiClient(client.Configuration(host=api_server.url)) as api,
@@ -94,6 +122,10 @@ async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack
                     jobs.append(
                         job(f"epp-{sim.name}", [port], {"cluster": sim.name}, "/epp/metrics")
                     )
+            mixed_at = f"127.0.0.1:{mixed_port}"
+            for index in range(len(MIXED_KV)):
+                path = f"/mixed-{index}/metrics"
+                jobs.append(job(f"vllm-mixed-{index}", [mixed_at], {"cluster": "mixed"}, path))
             async with Prometheus(workdir, jobs) as prometheus:
                 # enough history for rate() windows and for every panel to have data
                 await prometheus.wait_for(f'up{{job="{CONTROLLER_JOB}"}} == 1')
@@ -101,10 +133,15 @@ async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack
                     'count(rate({__name__=~"vllm[:_]e2e_request_latency_seconds_count"}[1m]) > 0) >= 3'
                 )
                 await prometheus.wait_for("weight_controller_applied_weight")
+                await prometheus.wait_for(
+                    'count({__name__=~"vllm[:_]kv_cache_usage_perc", cluster="mixed"}) == 3'
+                )
                 await asyncio.sleep(4)
-                yield Stack(sims, controller, prometheus, settings, session)
+                urls = [f"http://{mixed_at}/mixed-{i}/metrics" for i in range(len(MIXED_KV))]
+                yield Stack(sims, controller, prometheus, settings, session, urls)
             stop.set()
             await asyncio.wait_for(loop_task, 5)
+    await mixed_runner.cleanup()
     await api_server.stop()
 
 
@@ -203,6 +240,23 @@ async def test_a_cluster_read_through_prometheus_gets_the_same_weight(stack: Sta
         # latency estimates differ within a bucket, which can move the rounding by a point
         assert abs(ours["weight"] - theirs["weight"]) <= 1, (name, ours, theirs)
     assert direct_report["clusters"]["hot"]["weight"] < direct_report["clusters"]["east"]["weight"]
+
+
+async def test_a_pod_whose_kv_is_no_fraction_is_left_out_through_prometheus_as_directly(
+    stack: Stack,
+) -> None:
+    via = await promql_source(stack, prometheus_settings(stack, ["mixed"]), "mixed").fetch()
+    direct_settings = build_settings({"clusters": [{"name": "mixed", "vllm_urls": stack.mixed}]})
+    cluster = direct_settings.clusters[0]
+    direct = await ScrapeSource(cluster, direct_settings.scrape, 1.0, stack.session).fetch()
+    assert direct.kv_mean == pytest.approx(0.95) and direct.pods_answering == 2
+    assert via.kv_mean == pytest.approx(direct.kv_mean)  # not 0.33, the three averaged
+    assert via.kv_max == pytest.approx(0.95)
+    assert (via.pods_scraped, via.pods_answering, via.invalid_samples) == (3, 2, 1)
+    (named,) = via.errors
+    assert named.reason is Reason.OUT_OF_RANGE and named.url.endswith("(kv_invalid)")
+    assert named.detail.startswith("1 of 3 pods' KV-cache use is no fraction 0..1")
+    assert health.failure_reason(via, MINUTE, via.scraped_at) is None
 
 
 async def test_promql_failures_map_to_health_reasons(stack: Stack) -> None:
