@@ -14,7 +14,6 @@ from controller.settings.durations import (
     MAX_STALENESS,
     RENEW_DEADLINE,
     RETRY_PERIOD,
-    SCRAPE_TIMEOUT,
     seconds,
 )
 
@@ -24,15 +23,26 @@ def cross_field_problems(data: Mapping[str, Any]) -> list[str]:
     same run as the field errors (every problem of a file at once, not one per attempt)."""
     problems: list[str] = []
     interval = seconds(data.get("interval", INTERVAL))
-    clusters = [c for c in data.get("clusters") or [] if isinstance(c, dict)]
+    clusters = [c for c in _items(data.get("clusters")) if isinstance(c, dict)]
     names = [str(c.get("name")) for c in clusters if c.get("name")]
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
         problems.append(f"clusters: names must be unique: {', '.join(duplicates)}")
     scrape = data.get("scrape") or {}
-    timeout = seconds(scrape.get("timeout", SCRAPE_TIMEOUT)) if isinstance(scrape, dict) else None
+    # unset: 3 s, or half the interval when that is shorter (never past it)
+    timeout = seconds(scrape.get("timeout")) if isinstance(scrape, dict) else None
     if interval is not None and timeout is not None and timeout >= interval:
         problems.append("scrape.timeout: must be shorter than interval")
+    health = data.get("health")
+    staleness = (
+        seconds(health.get("max_staleness", MAX_STALENESS)) if isinstance(health, dict) else None
+    )
+    if interval is not None and staleness is not None and staleness <= interval:
+        problems.append(
+            f"health.max_staleness: {staleness:g}s must be longer than interval ({interval:g}s): "
+            "a reading held through one failed fetch is an interval old, and would be judged "
+            "stale at once, every cluster's on its first failure"
+        )
     for index, cluster in enumerate(clusters):
         prometheus = cluster.get("prometheus")
         own = prometheus.get("timeout") if isinstance(prometheus, dict) else cluster.get("timeout")
@@ -45,7 +55,7 @@ def cross_field_problems(data: Mapping[str, Any]) -> list[str]:
     problems += _needs_kubernetes(kubernetes, data.get("leader_election"), clusters)
     problems += leader_problems(kubernetes, data.get("leader_election"))
     routes = kubernetes.get("httproutes") if isinstance(kubernetes, dict) else None
-    for index, route in enumerate(routes or []):
+    for index, route in enumerate(_items(routes)):
         backends = route.get("backends") if isinstance(route, dict) else None
         for backend, cluster_name in (backends or {}).items() if isinstance(backends, dict) else ():
             if cluster_name not in names:
@@ -54,6 +64,12 @@ def cross_field_problems(data: Mapping[str, Any]) -> list[str]:
                     f"no cluster named {cluster_name!r}"
                 )
     return problems
+
+
+def _items(value: object) -> list[Any]:
+    """A list as the raw data gives it, or none: a number where a list belongs is the
+    field's own error (``clusters: Input should be a valid list``), never a crash here."""
+    return value if isinstance(value, list) else []
 
 
 def leader_problems(kubernetes: object, election: object, enabled: bool = False) -> list[str]:
@@ -108,7 +124,7 @@ def _needs_kubernetes(
 def _engine_problems(data: Mapping[str, Any], clusters: list[dict[str, Any]]) -> list[str]:
     """The config's own engines have names of their own, and a cluster names a known one."""
     problems: list[str] = []
-    own = [e.get("name") for e in data.get("engines") or [] if isinstance(e, dict)]
+    own = [e.get("name") for e in _items(data.get("engines")) if isinstance(e, dict)]
     twice = sorted({str(n) for n in own if own.count(n) > 1})
     if twice:
         problems.append(f"engines: names must be unique: {', '.join(twice)}")
@@ -126,11 +142,20 @@ def _querier_problems(data: Mapping[str, Any], clusters: list[dict[str, Any]]) -
     allow two of a querier's push intervals: samples that arrive every 5 minutes are up to 5
     minutes old by design, and a shorter limit would judge every cluster behind it stale."""
     problems: list[str] = []
-    queriers = [q for q in data.get("queriers") or [] if isinstance(q, dict)]
+    queriers = [q for q in _items(data.get("queriers")) if isinstance(q, dict)]
     names = [str(q.get("name")) for q in queriers if q.get("name")]
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:
         problems.append(f"queriers: names must be unique: {', '.join(twice)}")
+    interval = seconds(data.get("interval", INTERVAL))
+    for index, querier in enumerate(queriers):
+        # a round is shielded from the tick's deadline (every cluster of it awaits the same
+        # answers): one longer than the interval overlaps the next, and rounds pile up with
+        # their connections (found by an attack: 11 more open sockets a tick)
+        limit = seconds(querier.get("timeout"))
+        if interval is not None and limit is not None and limit >= interval:
+            problems.append(f"queriers[{index}].timeout: must be shorter than interval")
+    read_as: dict[tuple[str, str], int] = {}
     health = data.get("health") or {}
     staleness = (
         seconds(health.get("max_staleness", MAX_STALENESS)) if isinstance(health, dict) else None
@@ -143,6 +168,15 @@ def _querier_problems(data: Mapping[str, Any], clusters: list[dict[str, Any]]) -
         wanted = prometheus.get("querier")
         if wanted is not None and wanted not in names:
             problems.append(f"clusters[{index}].prometheus.querier: no querier named {wanted!r}")
+        value = prometheus.get("cluster") or cluster.get("name")
+        if isinstance(wanted, str) and isinstance(value, str):
+            first = read_as.setdefault((wanted, value), index)
+            if first != index:
+                problems.append(
+                    f"clusters[{index}].prometheus.cluster: {value!r} of querier {wanted!r} is "
+                    f"clusters[{first}]'s: both would read the same series, one cluster's load "
+                    "counted twice"
+                )
         if prometheus.get("url") is not None:
             push = prometheus.get("push_interval", 30.0)
             pushes.append((f"clusters[{index}].prometheus", push))

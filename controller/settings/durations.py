@@ -23,6 +23,9 @@ half the interval when the interval is shorter)."""
 MAX_STALENESS = 60.0
 """Data older than this is stale: a minute of a 10 s interval is six ticks without news."""
 
+STALE_INTERVALS = 3
+"""Unset, max_staleness is at least this many intervals (it must be longer than one)."""
+
 API_TIMEOUT = 5.0
 """Per Kubernetes API call: a server slower than this counts as down."""
 
@@ -36,6 +39,8 @@ _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
 def parse_duration(value: object) -> object:
     """``"500ms"`` → 0.5; numbers pass through as seconds; anything else is left to fail."""
+    if isinstance(value, bool):  # YAML's on/yes/true: no number of seconds (pydantic reads 1)
+        raise ValueError(f"not a duration: {value!r} (use e.g. 500ms, 10s, 2m)")
     if isinstance(value, str):
         found = _DURATION_RE.match(value)
         if found is None:

@@ -15,6 +15,7 @@ from pydantic_settings import SettingsError
 from controller import CONFIG_ENV
 from controller.errors import ConfigError
 from controller.settings.checks import cross_field_problems
+from controller.settings.files import FILE_MAX_BYTES, read_regular
 from controller.settings.schema import ENV_PREFIX, Settings
 
 
@@ -70,7 +71,9 @@ _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _u
 
 def read_yaml(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text(encoding="utf-8")
+        # a regular file, and bounded: a FIFO hung check-config for ever, /dev/zero read
+        # until memory ran out (found by an attack)
+        text = read_regular(path, FILE_MAX_BYTES).decode("utf-8")
     except OSError as exc:
         raise ConfigError([f"{path}: cannot read: {exc.strerror or exc}"]) from exc
     except UnicodeDecodeError:
@@ -83,6 +86,8 @@ def read_yaml(path: Path) -> dict[str, Any]:
         ) from None
     except yaml.YAMLError as exc:
         raise ConfigError([f"{path}: not valid YAML: {exc}".replace("\n", " ")]) from exc
+    except RecursionError:  # 20,000 nested brackets: no config is shaped so
+        raise ConfigError([f"{path}: not a config: nested too deeply"]) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -115,6 +120,8 @@ def build_settings(data: Mapping[str, Any]) -> Settings:
         raise ConfigError(unknown)
     try:
         return Settings(**data)
+    except RecursionError:  # a WEIGHT_CONTROLLER_* variable of JSON nested past the parser
+        raise ConfigError(["environment: a value nested too deeply to be a setting"]) from None
     except ValidationError as exc:
         lines = _error_lines(exc)
         lines += [p for p in cross_field_problems(data) if p not in lines]

@@ -37,6 +37,7 @@ from controller.settings.durations import (
     RENEW_DEADLINE,
     RETRY_PERIOD,
     SCRAPE_TIMEOUT,
+    STALE_INTERVALS,
     Duration,
     parse_duration,
     seconds,
@@ -674,7 +675,8 @@ class HealthSettings(_Group):
     max_staleness: Duration = Field(
         default=MAX_STALENESS,
         description="Data older than this (sample timestamps, or the last good scrape) is "
-        "stale, and the cluster unhealthy, whatever the failure count says.",
+        "stale, and the cluster unhealthy, whatever the failure count says. Longer than "
+        "interval (unset: 60s, or three intervals when that is longer).",
     )
     min_pod_fraction: float = Field(
         default=0.5,
@@ -1041,7 +1043,8 @@ class KubernetesSettings(_Group):
         "target, and a write it cuts off is retried next tick (reason api_timeout).",
     )
     annotation_urls: AnnotationURLSettings = Field(default_factory=AnnotationURLSettings)
-    min_weight: Literal["auto"] | Annotated[int, Field(ge=0, le=100)] = Field(
+    # two refs share 100 points: a minimum past 50 leaves every target unwritable
+    min_weight: Literal["auto"] | Annotated[int, Field(ge=0, le=50)] = Field(
         default="auto",
         description="The lowest weight an ExternalModel ref may be given. auto: read the "
         "installed CRD's minimum (1 on MaaS v0.2.0, 0 from v0.2.1), or assume 1 when the CRD "
@@ -1075,7 +1078,12 @@ class LeaderSettings(_Group):
         description="The leader stops writing if it could not renew for this long; shorter "
         "than lease_duration, so it stops before anyone else can start.",
     )
-    retry_period: Duration = Field(default=RETRY_PERIOD, description="How often to renew or try.")
+    retry_period: Duration = Field(
+        default=RETRY_PERIOD,
+        ge=0.1,
+        description="How often to renew or try (at least 100ms: at 1ms an attack saw 3,000 "
+        "requests to the API server in 7 s).",
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> Self:
@@ -1238,6 +1246,12 @@ class Settings(BaseSettings):
         scrape = data.get("scrape") or {}
         if interval is not None and isinstance(scrape, dict) and "timeout" not in scrape:
             data = {**data, "scrape": {**scrape, "timeout": min(SCRAPE_TIMEOUT, interval / 2)}}
+        # health.max_staleness: at least three intervals, so that a reading held through a
+        # failed fetch is never stale on its first (it must be longer than the interval)
+        health = data.get("health", {})  # null is the field's own error
+        if interval is not None and isinstance(health, dict) and "max_staleness" not in health:
+            stale = max(MAX_STALENESS, STALE_INTERVALS * interval)
+            data = {**data, "health": {**health, "max_staleness": stale}}
         # The default templates read the config's own engines too (a template given is kept).
         rows = _own_rows(data.get("engines"))
         queries = data.get("prometheus_queries") or {}

@@ -198,33 +198,6 @@ def test_a_kv_reading_no_cache_can_have_is_not_made_usable() -> None:
             assert east(moved(answers, {"east": factor})).kv_mean is None, (bad, factor)
 
 
-async def test_two_clusters_of_one_series_are_each_moved_by_their_own_share() -> None:
-    """A config may read one label value as two clusters (the checks allow it): each is moved
-    by its own replayed share, not by whichever was listed last."""
-    names = ["a", "b"]
-    settings, asked = hub(names, "prod")
-    times = [1000.0 + 10 * i for i in range(30)]
-    one: Answers = {"kv_mean": {"prod": 0.5}, "running": {"prod": 8.0}, "pods": {"prod": 2.0}}
-    series = dict.fromkeys(times, one)
-    history = History(times[0], times[-1], times, dict.fromkeys(names, series), asked)
-    response = recorded_split("a=1,b=3", names)
-    seen: list[tuple[dict[str, int], dict[str, float | None]]] = []
-
-    def keep(at: float, report: TickReport) -> None:
-        applied = dict(report.targets[IMPLICIT_TARGET].outcome.applied)
-        read = {n: v.metrics.kv_mean if v.metrics else None for n, v in report.clusters.items()}
-        seen.append((applied, read))
-
-    await run(settings, history, keep, response)
-    apart = 0
-    for tick in range(1, len(times)):
-        factors = response.factors(seen[tick - 1][0], response.given)
-        for name in names:
-            assert seen[tick][1][name] == pytest.approx(min(1.0, 0.5 * factors[name])), tick
-        apart += factors["a"] != factors["b"]
-    assert apart >= 10  # their factors differed: the check means something
-
-
 async def test_a_range_refused_in_part_is_named_in_the_summary() -> None:
     """A querier that refused some chunks (too many points, a timeout) leaves those ticks'
     answers failed: the loop runs on, and the summary names the query, how many ticks, the

@@ -127,6 +127,39 @@ def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.Monk
         (MINIMAL + "scrape: {timeout: 1s, timeout: 2s}\n", "duplicate key 'timeout'"),
         ("interval: 1ms\n" + MINIMAL.split("\n", 1)[1], "interval: 0.001s is outside 100ms..1h"),
         ("interval: 99999999h\n" + MINIMAL.split("\n", 1)[1], "is outside 100ms..1h"),
+        # found by an attack on check-config, each accepted and then tripped on at run time
+        ("clusters: 5\n", "clusters: Input should be a valid list"),  # was a TypeError
+        (MINIMAL + "engines: 5\n", "engines: Input should be a valid list"),
+        (
+            MINIMAL + "kubernetes: {httproutes: 5}\n",
+            "kubernetes.httproutes: Input should be a valid list",
+        ),
+        ("interval: on\n" + MINIMAL.split("\n", 1)[1], "interval: not a duration: True"),
+        (MINIMAL + "weights: {settle: yes}\n", "weights.settle: not a duration: True"),
+        (
+            "interval: 2s\nhealth: {max_staleness: 1s}\n" + MINIMAL.split("\n", 1)[1],
+            "health.max_staleness: 1s must be longer than interval (2s)",
+        ),
+        (
+            "interval: 1s\nqueriers: [{name: hub, url: 'http://127.0.0.1:1/', timeout: 1h}]\n"
+            "clusters: [{name: a, prometheus: {querier: hub}}]\n",
+            "queriers[0].timeout: must be shorter than interval",
+        ),
+        (
+            "queriers: [{name: hub, url: 'http://127.0.0.1:1/'}]\nclusters:\n"
+            "  - {name: east, prometheus: {querier: hub}}\n"
+            "  - {name: west, prometheus: {querier: hub, cluster: east}}\n",
+            "clusters[1].prometheus.cluster: 'east' of querier 'hub' is clusters[0]'s",
+        ),
+        (
+            MINIMAL + "kubernetes: {min_weight: 60}\n",
+            "kubernetes.min_weight.constrained-int: Input should be less than or equal to 50",
+        ),
+        (
+            MINIMAL + "leader_election: {retry_period: 1ms}\n",
+            "leader_election.retry_period: Input should be greater than or equal to 0.1",
+        ),
+        ("clusters: " + "[" * 20_000 + "\n", "not a config: nested too deeply"),
     ],
 )
 def test_bad_config_names_field_and_reason(tmp_path: Path, text: str, expected: str) -> None:
@@ -448,6 +481,25 @@ def test_a_fifo_or_a_huge_file_where_a_token_goes_is_refused_without_blocking(
         done = cli("check-config", str(write(tmp_path, text)))  # cli's own timeout bounds it
         assert done.returncode == 2 and "Traceback" not in done.stderr
         assert f"clusters[0].bearer_token_file: cannot read {path}: {why}" in done.stderr
+
+
+def test_a_config_path_that_is_no_file_is_refused_without_blocking(tmp_path: Path) -> None:
+    """Found by an attack: check-config of a FIFO waited for ever for a writer, and of
+    /dev/zero read until memory ran out."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path in (fifo, Path("/dev/zero")):
+        done = cli("check-config", str(path))  # cli's own timeout bounds it
+        assert done.returncode == 2 and "Traceback" not in done.stderr
+        assert f"{path}: cannot read: not a regular file" in done.stderr
+
+
+def test_an_interval_past_a_minute_keeps_staleness_past_it_unless_set(tmp_path: Path) -> None:
+    """Unset, health.max_staleness follows a long interval: 60 s of a 2 m interval would
+    judge a reading held through one failed fetch stale, and is refused when set."""
+    settings = load_settings(write(tmp_path, "interval: 2m\n" + MINIMAL.split("\n", 1)[1]))
+    assert settings.health.max_staleness == 360.0
+    assert load_settings(write(tmp_path, MINIMAL)).health.max_staleness == 60.0
 
 
 def test_a_host_or_nameserver_no_resolver_can_ask_for_is_refused_at_start_up(
