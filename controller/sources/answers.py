@@ -302,6 +302,9 @@ def _metrics(
         running=running,
         latency=_latency(v, asked.min_requests),
         observed_at=v.get("kv_oldest"),
+        # the oldest pod's newest sample stamped ahead of our clock: every pod's is, and a
+        # querier whose clock runs ahead would switch staleness off (found by an attack)
+        observed_newest=v.get("kv_oldest"),
         invalid_samples=invalid,
         errors=errors,
         kv_tokens=tokens,

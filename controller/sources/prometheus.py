@@ -29,6 +29,7 @@ from controller.errors import (
     FetchError,
     FetchHTTPStatusError,
     FetchParseError,
+    FetchTimeoutError,
     FetchTooManySamplesError,
 )
 from controller.model import ClusterMetrics
@@ -49,7 +50,7 @@ from controller.sources.answers import (
     split,
     vectors,
 )
-from controller.sources.http import Endpoint, TokenFile, get_text, ssl_context
+from controller.sources.http import Endpoint, TokenFile, get_text, snippet, ssl_context
 
 ACCEPT_JSON = "application/json"
 # Prometheus refuses a range query of more than 11,000 steps ("exceeded maximum resolution of
@@ -142,6 +143,8 @@ def _value(text: Any) -> float:
     malformed."""
     if not isinstance(text, str):
         raise TypeError(f"a value that is not a string: {text!r}")
+    if "_" in text:  # Python's float() reads "0_9" as 9.0; Go's ParseFloat, no number
+        raise ValueError(f"not a number: {text!r}")
     return float(text)
 
 
@@ -154,7 +157,10 @@ def _data(body: str, url: str) -> dict[str, Any]:
     if not isinstance(answer, dict) or answer.get("status") != "success":
         kind = answer.get("errorType", "?") if isinstance(answer, dict) else "?"
         error = answer.get("error", body[:200]) if isinstance(answer, dict) else body[:200]
-        raise FetchHTTPStatusError(url, f"query failed ({kind}): {error}")
+        detail = f"query failed ({snippet(str(kind), 40)}): {snippet(str(error))}"
+        if kind == "timeout":  # the querier's own query timeout: slow, as ours would be
+            raise FetchTimeoutError(url, detail)
+        raise FetchHTTPStatusError(url, detail)
     data = answer.get("data") or {}
     if not isinstance(data, dict):
         raise FetchParseError(url, "malformed answer: data is not an object")
@@ -177,7 +183,7 @@ def matrix_series(body: str, url: str) -> dict[float, list[tuple[dict[str, str],
         for item in _matrix(body, url):
             labels = {str(k): str(v) for k, v in (item.get("metric") or {}).items()}
             for when, value in item["values"]:
-                found.setdefault(round(float(when), 3), []).append((labels, float(value)))
+                found.setdefault(round(float(when), 3), []).append((labels, _value(value)))
     except _MALFORMED as exc:
         raise FetchParseError(url, f"malformed result: {exc}") from exc
     return found
@@ -220,7 +226,7 @@ def range_answers(
                 at = stamps.get(when)
                 if at is None:
                     at = stamps[when] = found.setdefault(round(float(when), 3), {})
-                value = float(text)
+                value = _value(text)
                 if finite and not math.isfinite(value):
                     continue
                 if key not in at:
@@ -249,7 +255,7 @@ def _range_pools(body: str, times: Sequence[float], label: str, url: str) -> dic
                 if series is None:
                     series = stamps[when] = at.setdefault(round(float(when), 3), ([], []))
                 series[0].append(index)
-                series[1].append(float(value))
+                series[1].append(_value(value))
     except _MALFORMED as exc:
         raise FetchParseError(url, f"malformed result: {exc}") from exc
     done: dict[tuple[tuple[int, ...], tuple[float, ...]], tuple[dict[str, float], ...]] = {}
@@ -409,7 +415,15 @@ class Querier:
         ``scrape.max_page_samples`` (``endpoint.max_samples``): 10 MB of tiny series, under
         the byte cap, took 12-19 s of the event loop a tick to parse and 600-800 MB (found
         by an attack: the probes failed, and every other querier's clusters timed out)."""
-        body = await get_text(self._session, endpoint, ACCEPT_JSON)
+        try:
+            body = await get_text(self._session, endpoint, ACCEPT_JSON)
+        except FetchHTTPStatusError as exc:
+            # Prometheus answers its own --query.timeout with a 503 and errorType timeout
+            # (web/api/v1: errorTimeout): a slow querier, counted as timeouts are
+            # (health.timeouts_to_unhealthy), not a failing one (found by an attack)
+            if _TIMED_OUT.search(exc.detail):
+                raise FetchTimeoutError(exc.url, exc.detail) from exc
+            raise
         limit = endpoint.max_samples
         # Every series is a JSON object, and JSON writes every object with a '{' no escape
         # can hide (a count of "metric" keys was dodged by \u006detric, or no key at all: a
@@ -418,6 +432,9 @@ class Querier:
             detail = f"~{(objects - 2) // 2} series, more than {limit} (scrape.max_page_samples)"
             raise FetchTooManySamplesError(endpoint.url.partition("?")[0], detail)
         return body
+
+
+_TIMED_OUT = re.compile(r'"errorType"\s*:\s*"timeout"')
 
 
 # Thanos answers with what the stores it reached hold, and says so only in a warning, unless

@@ -122,7 +122,8 @@ async def test_a_failing_query_fails_only_what_it_feeds(serve: Serve) -> None:
     east = report["clusters"]["east"]
     assert east["healthy"] is True and east["vram_utilization"] == 0.2  # KV is fine
     assert east["latency_p90_seconds"] is None and east["latency_p50_seconds"] == 1.5
-    assert [e["reason"] for e in east["errors"]] == ["http_status"]
+    # Prometheus's own query timeout (503, errorType timeout) is a slow querier: a timeout
+    assert [e["reason"] for e in east["errors"]] == ["timeout"]
     assert "p90" in east["errors"][0]["url"] and "timed out" in east["errors"][0]["detail"]
 
     hub.failing = "avg by (cluster)"  # the KV query: without it no cluster can be weighed
@@ -130,6 +131,24 @@ async def test_a_failing_query_fails_only_what_it_feeds(serve: Serve) -> None:
         blind = report_json(await controller.once())
     assert all(c["healthy"] is False for c in blind["clusters"].values())
     assert blind["targets"]["configured"]["mode"] == "no_data"
+
+
+async def test_a_querier_s_own_query_timeouts_count_as_timeouts_not_failures(
+    serve: Serve,
+) -> None:
+    """Found by an attack: Prometheus answering its --query.timeout (503, errorType timeout)
+    read as http_status, and the whole fleet behind a slow hub went unhealthy on the second
+    such tick (failures_to_unhealthy) where a timeout waits for timeouts_to_unhealthy."""
+    hub = HubThanos()
+    server = await serve({"/api/v1/query": hub.handle})
+    async with Controller(hub_settings(server.url("")), serve=False) as controller:
+        await controller.once()
+        hub.failing = "avg by (cluster)"  # the KV query
+        reports = [report_json(await controller.once()) for _ in range(3)]
+    for report in reports:
+        east = report["clusters"]["east"]
+        assert east["healthy"] is True, east  # held: 3 timeouts of the 5 allowed
+        assert {e["reason"] for e in east["errors"]} == {"timeout"}
 
 
 class FloodingHub(HubThanos):

@@ -271,10 +271,16 @@ def test_a_range_answer_reads_each_time_as_its_instant_answer_would() -> None:
     for bad in (
         [series({"cluster": "east"}, ("abc", "NaN"))],  # type: ignore[arg-type]
         [{"metric": [1], "values": [[10.0, "1"]]}],
+        # values the live query refuses (found by an attack: replay read true as KV 1.0, a
+        # JSON number as itself, and "0_1" as 1.0, where Go's ParseFloat reads no number)
+        [{"metric": {}, "values": [[10.0, True]]}],
+        [{"metric": {}, "values": [[10.0, 0.01]]}],
+        [{"metric": {}, "values": [[10.0, "0_1"]]}],
     ):
         page = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": bad}})
-        with pytest.raises(FetchParseError):
-            range_answers("kv_mean", page, times, "", "u")
+        for name in ("kv_mean", "kv_tokens", "kv_pools"):
+            with pytest.raises(FetchParseError):
+                range_answers(name, page, times, "", "u")
         with pytest.raises(FetchParseError):
             matrix_series(page, "u")
 
@@ -741,3 +747,18 @@ async def test_a_target_s_summary_counts_its_own_clusters_and_queriers() -> None
     assert row["unknown_cluster_ticks"] == 0 and row["failed_queries"] == {}
     everyone = (await run(settings, history)).row(names)  # the implicit target: all of them
     assert everyone["unknown_cluster_ticks"] == 20 and everyone["failed_queries"]["kv_mean"]
+
+
+def test_a_kv_sample_stamped_ahead_of_our_clock_is_not_fresh() -> None:
+    """Found by an attack: a querier answering kv_oldest a day ahead read as fresh (the page
+    path says stale past 5 s ahead), so a querier whose clock runs ahead turned staleness off."""
+    from controller import health
+    from controller.settings import HealthSettings
+
+    settings = HealthSettings()
+    for stamp, fresh in ((150.0, True), (164.0, True), (160.0 + 86400, False)):
+        metrics = east(
+            {"kv_mean": {"east": 0.5}, "pods": {"east": 2.0}, "kv_oldest": {"east": stamp}}
+        )
+        reason = health.failure_reason(metrics, settings, 160.0)
+        assert (reason is None) is fresh and (fresh or reason is Reason.STALE), (stamp, reason)
