@@ -170,10 +170,12 @@ async def backfilled(tmp_path: Path) -> AsyncIterator[tuple[Prometheus, float]]:
         yield prometheus, start
 
 
-def hub(prometheus: Prometheus, session: aiohttp.ClientSession) -> Querier:
+def hub(prometheus: Prometheus, session: aiohttp.ClientSession, cap: int | None = None) -> Querier:
+    """``cap``: the body cap (``scrape.max_body_bytes``), the default if not given."""
     settings = build_settings(
         {
             "interval": STEP,
+            "scrape": {"max_body_bytes": cap or 10 * 1024 * 1024},
             "health": {"max_staleness": "10m"},
             "queriers": [{"name": "hub", "url": prometheus.url, "push_interval": "10s"}],
             "clusters": [
@@ -213,6 +215,11 @@ async def test_a_history_at_each_step_is_what_an_instant_query_answered_then(
         whole = await querier.history(start, end, STEP)
         chunked = await querier.history(start, end, STEP, max_steps=100)
         assert chunked == whole
+        # an answer past the body cap is asked again in halves (an attack: a 30-hour window
+        # of 40 clusters answered 13 MB, and replay read none of it)
+        capped = hub(prometheus, session, cap=20_000)
+        assert await capped.history(start, end, STEP) == whole
+        assert capped.sent > len(capped.queries)  # some were cut: the test means something
         assert len(whole) == HOURS * 360 + 1
         for offset in (600.0, HOT[0] + 300.0, HOT[1] + 600.0, HOURS * 3600.0):
             assert whole[start + offset] == await instant(
