@@ -48,7 +48,7 @@ from controller.publish.dryrun import DryRun
 from controller.recorded import Found, Record, read_records
 from controller.render import report_json
 from controller.settings import Settings, build_settings
-from controller.settings.durations import STALE_INTERVALS
+from controller.settings.durations import default_staleness
 from controller.settings.schema import MAX_INTERVAL
 from controller.sources.answers import POOL_PODS, TOKEN_PODS, Answers, Asked, cluster_metrics
 from controller.sources.prometheus import (
@@ -303,10 +303,12 @@ def replay_settings(
     data = settings.model_dump(mode="json", exclude_unset=True)  # as the file gave it
     if step is not None:
         data["interval"] = step
-        # a reading held through a failed fetch is a step old: staleness follows the step
-        # as it follows a long interval (``Settings._derived_defaults``)
-        stale = max(settings.health.max_staleness, STALE_INTERVALS * step)
-        data["health"] = {**data.get("health", {}), "max_staleness": stale}
+        # a reading held through a failed fetch is a step old: a staleness no longer than
+        # the step (a config's own, or its default for a shorter interval) follows the step
+        # as a default follows a long interval; a longer one is kept
+        if settings.health.max_staleness <= step:
+            stale = default_staleness(step)
+            data["health"] = {**data.get("health", {}), "max_staleness": stale}
     data["kubernetes"] = {**data.get("kubernetes", {}), "enabled": False}
     data["leader_election"] = {**data.get("leader_election", {}), "enabled": False}
     data["weights"] = {**data.get("weights", {}), **overrides}

@@ -11,9 +11,9 @@ from controller.engines import AUTO, ENGINES
 from controller.settings.durations import (
     API_TIMEOUT,
     INTERVAL,
-    MAX_STALENESS,
     RENEW_DEADLINE,
     RETRY_PERIOD,
+    default_staleness,
     seconds,
 )
 
@@ -33,10 +33,7 @@ def cross_field_problems(data: Mapping[str, Any]) -> list[str]:
     timeout = seconds(scrape.get("timeout")) if isinstance(scrape, dict) else None
     if interval is not None and timeout is not None and timeout >= interval:
         problems.append("scrape.timeout: must be shorter than interval")
-    health = data.get("health")
-    staleness = (
-        seconds(health.get("max_staleness", MAX_STALENESS)) if isinstance(health, dict) else None
-    )
+    staleness = _staleness(data, interval)
     if interval is not None and staleness is not None and staleness <= interval:
         problems.append(
             f"health.max_staleness: {staleness:g}s must be longer than interval ({interval:g}s): "
@@ -64,6 +61,17 @@ def cross_field_problems(data: Mapping[str, Any]) -> list[str]:
                     f"no cluster named {cluster_name!r}"
                 )
     return problems
+
+
+def _staleness(data: Mapping[str, Any], interval: float | None) -> float | None:
+    """``health.max_staleness`` as the raw data sets it, or as it defaults for the interval
+    (``default_staleness``; the checks run on raw data too, beside the field errors)."""
+    health = data.get("health", {})
+    if not isinstance(health, dict):
+        return None
+    if "max_staleness" in health:
+        return seconds(health["max_staleness"])
+    return default_staleness(interval) if interval is not None else None
 
 
 def _items(value: object) -> list[Any]:
@@ -156,10 +164,7 @@ def _querier_problems(data: Mapping[str, Any], clusters: list[dict[str, Any]]) -
         if interval is not None and limit is not None and limit >= interval:
             problems.append(f"queriers[{index}].timeout: must be shorter than interval")
     read_as: dict[tuple[str, str], int] = {}
-    health = data.get("health") or {}
-    staleness = (
-        seconds(health.get("max_staleness", MAX_STALENESS)) if isinstance(health, dict) else None
-    )
+    staleness = _staleness(data, seconds(data.get("interval", INTERVAL)))
     pushes = [(f"queriers[{i}]", q.get("push_interval", 30.0)) for i, q in enumerate(queriers)]
     for index, cluster in enumerate(clusters):
         prometheus = cluster.get("prometheus")

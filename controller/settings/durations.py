@@ -26,6 +26,13 @@ MAX_STALENESS = 60.0
 STALE_INTERVALS = 3
 """Unset, max_staleness is at least this many intervals (it must be longer than one)."""
 
+
+def default_staleness(interval: float) -> float:
+    """``health.max_staleness`` where it is not set: a minute, or three intervals when that
+    is longer (a reading held through a failed fetch is an interval old)."""
+    return max(MAX_STALENESS, STALE_INTERVALS * interval)
+
+
 API_TIMEOUT = 5.0
 """Per Kubernetes API call: a server slower than this counts as down."""
 

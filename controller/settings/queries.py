@@ -226,7 +226,10 @@ def default_templates(engines: Sequence[Engine]) -> dict[str, str]:
     # A fraction 0..1 or nothing: one pod's NaN, -0.9 or 2.5 (a broken exporter, a
     # percentage) left out of the mean as a page read directly leaves it out, never averaged
     # in (a 95%-full cluster read 0.33 through a querier, found by an attack); NaN fails
-    # every comparison. ``kv_invalid`` counts what was left out, so it is named.
+    # every comparison. ``kv_valid_pods`` counts the pods with one, as ``pods`` counts those
+    # reporting any (a pod with one valid sample answers, as a page does): the others are
+    # named. Not ``kv_last unless kv_valid``: the series twice, a URL past 8 KB at 40
+    # clusters, which proxies refuse.
     kv_valid = f"(({kv_last}) >= 0 <= 1)"
     # each sample's own time: timestamp() of a plain selector (of anything else it is the
     # time of evaluation, and a dead pod would never look stale)
@@ -242,7 +245,7 @@ def default_templates(engines: Sequence[Engine]) -> dict[str, str]:
     return {
         "kv_mean": f"avg by ($by) {kv_valid}",
         "kv_max": f"max by ($by) {kv_valid}",
-        "kv_invalid": f"count by ($by) (({kv_last}) unless {kv_valid})",
+        "kv_valid_pods": f"count by ($by) (count by (job, instance{units}$and_by) {kv_valid})",
         "kv_oldest": f"min by ($by) (max_over_time(({kv_times})[$lookback:]))",
         "pods": f"count by ($by) (count by (job, instance{units}$and_by) ({kv_last}))",
         # engine processes by pod (or replica) and pool; a replica restarted under a new
@@ -286,10 +289,10 @@ class PrometheusQueries(BaseModel):
     kv_max: str = Field(
         default=_DEFAULTS["kv_max"], description="Highest KV-cache use of any engine."
     )
-    kv_invalid: str = Field(
-        default=_DEFAULTS["kv_invalid"],
-        description="Pods whose KV-cache use is no fraction 0..1 (NaN, negative, a "
-        "percentage): left out of kv_mean and kv_max, counted and named out_of_range.",
+    kv_valid_pods: str = Field(
+        default=_DEFAULTS["kv_valid_pods"],
+        description="Pods whose KV-cache use is a fraction 0..1: the rest of pods (NaN, "
+        "negative, a percentage) are left out of kv_mean and kv_max, and named out_of_range.",
     )
     kv_oldest: str = Field(
         default=_DEFAULTS["kv_oldest"],

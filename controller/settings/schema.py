@@ -37,8 +37,8 @@ from controller.settings.durations import (
     RENEW_DEADLINE,
     RETRY_PERIOD,
     SCRAPE_TIMEOUT,
-    STALE_INTERVALS,
     Duration,
+    default_staleness,
     parse_duration,
     seconds,
 )
@@ -1250,8 +1250,7 @@ class Settings(BaseSettings):
         # failed fetch is never stale on its first (it must be longer than the interval)
         health = data.get("health", {})  # null is the field's own error
         if interval is not None and isinstance(health, dict) and "max_staleness" not in health:
-            stale = max(MAX_STALENESS, STALE_INTERVALS * interval)
-            data = {**data, "health": {**health, "max_staleness": stale}}
+            data = {**data, "health": {**health, "max_staleness": default_staleness(interval)}}
         # The default templates read the config's own engines too (a template given is kept).
         rows = _own_rows(data.get("engines"))
         queries = data.get("prometheus_queries") or {}

@@ -30,7 +30,7 @@ _REQUIRED = frozenset(REQUIRED)
 NAMES = (
     "kv_mean",
     "kv_max",
-    "kv_invalid",
+    "kv_valid_pods",
     "kv_oldest",
     "pods",
     "kv_pools",
@@ -214,17 +214,28 @@ def _empty(query: str, asked: Asked) -> PodError:
     return PodError(f"{asked.base} ({query})", Reason.MISSING_METRIC, detail)
 
 
+def invalid_pods(values: Mapping[str, float | None]) -> int:
+    """The pods reporting KV (``pods``) without a fraction 0..1 among their samples
+    (``kv_valid_pods``, read when it answered: none for the cluster is none valid); 0 where
+    either is unknown or the counts say nothing (more valid pods than pods)."""
+    pods = values.get("pods")
+    if pods is None or "kv_valid_pods" not in values:
+        return 0
+    valid = values["kv_valid_pods"] or 0.0
+    return int(pods - valid) if 0 <= valid < pods else 0
+
+
 def _invalid(values: Mapping[str, float | None], asked: Asked) -> PodError | None:
-    """The pods whose KV-cache use is no fraction 0..1 (``kv_invalid``), named: left out of
-    the mean as a page read directly leaves such a pod out (``out_of_range``)."""
-    count, pods = values.get("kv_invalid"), values.get("pods")
-    if count is None or pods is None or not 1 <= count <= pods:  # more than report KV: no count
+    """The pods whose KV-cache use is no fraction 0..1, named: left out of the mean as a
+    page read directly leaves such a pod out (``out_of_range``)."""
+    count = invalid_pods(values)
+    if count < 1:
         return None
     detail = (
-        f"{count:g} of {pods:g} pods' KV-cache use is no fraction 0..1 (NaN, below 0 or above 1: a "
-        "percentage?), left out of kv_mean and kv_max"
+        f"{count} of {values.get('pods'):g} pods' KV-cache use is no fraction 0..1 (NaN, "
+        "below 0 or above 1: a percentage?), left out of kv_mean and kv_max"
     )
-    return PodError(f"{asked.base} (kv_invalid)", Reason.OUT_OF_RANGE, detail)
+    return PodError(f"{asked.base} (kv_valid_pods)", Reason.OUT_OF_RANGE, detail)
 
 
 def _checked(
@@ -274,9 +285,7 @@ def _metrics(
     completed: float | None,
 ) -> ClusterMetrics:
     pods = int(v.get("pods") or 0)
-    # pods reporting KV, of them unusable (``_invalid``; a count below 1 or NaN is none)
-    counted = v.get("kv_invalid")
-    invalid = int(counted) if counted is not None and 1 <= counted <= pods else 0
+    invalid = invalid_pods(v)  # pods reporting KV, of them unusable (``_invalid``)
     kv = v.get("kv_mean")
     if kv is not None and not 0.0 <= kv <= 1.0:
         kv = None  # an out-of-range fraction is unusable, as in a direct scrape
@@ -302,9 +311,7 @@ def _metrics(
         running=running,
         latency=_latency(v, asked.min_requests),
         observed_at=v.get("kv_oldest"),
-        # the oldest pod's newest sample stamped ahead of our clock: every pod's is, and a
-        # querier whose clock runs ahead would switch staleness off (found by an attack)
-        observed_newest=v.get("kv_oldest"),
+        observed_newest=_ahead(v.get("kv_oldest"), started),
         invalid_samples=invalid,
         errors=errors,
         kv_tokens=tokens,
@@ -312,6 +319,19 @@ def _metrics(
         pages=pages,
         completed=completed,
     )
+
+
+# A querier stamps samples by its own clock (or its spokes'), which may run a few seconds
+# ahead of ours; no clock is this far off.
+QUERIER_AHEAD = 60.0
+
+
+def _ahead(oldest: float | None, now: float) -> float | None:
+    """The oldest pod's newest sample where it is stamped more than ``QUERIER_AHEAD`` past
+    our clock: every pod's is then, and it is judged as a page's from the future (stale),
+    where an answer a day ahead switched staleness off (found by an attack). A skew of a
+    few seconds between two clocks is not (the page path's 5 s would make it unhealthy)."""
+    return oldest if oldest is not None and oldest > now + QUERIER_AHEAD else None
 
 
 def _count(value: float | None) -> float | None:

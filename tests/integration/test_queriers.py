@@ -71,8 +71,6 @@ class HubThanos:
             "count by (job, instance, ReplicaId, replica, num_gpu_blocks"
         ):  # engines by pod and pool
             return web.json_response(pools(POOLS))
-        if " unless " in query:  # kv_invalid: every pod's KV a fraction
-            return web.json_response(vector({}))
         if query.startswith("count by (cluster)"):
             return web.json_response(vector(dict.fromkeys(CLUSTERS, 4)))
         if query.startswith(

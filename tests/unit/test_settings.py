@@ -502,6 +502,28 @@ def test_an_interval_past_a_minute_keeps_staleness_past_it_unless_set(tmp_path: 
     assert load_settings(write(tmp_path, MINIMAL)).health.max_staleness == 60.0
 
 
+def test_the_checks_beside_a_field_error_take_staleness_s_default_as_it_is_derived(
+    tmp_path: Path,
+) -> None:
+    """A review: beside a typo, the checks on raw data took staleness as 60 s whatever the
+    interval, and refused a 2 m interval's file the typo's fix made valid."""
+    text = "interval: 2m\nweights: {bogus: 1}\n" + MINIMAL.split("\n", 1)[1]
+    with pytest.raises(ConfigError) as raised:
+        load_settings(write(tmp_path, text))
+    assert raised.value.lines == ["weights.bogus: Extra inputs are not permitted"]
+
+
+def test_replay_s_step_keeps_a_staleness_longer_than_it() -> None:
+    """``--step``: staleness follows the step only where it would be no longer than it."""
+    from controller.replay import replay_settings
+
+    clusters = [{"name": "a", "vllm_urls": ["http://127.0.0.1:1/"]}]
+    own = build_settings({"clusters": clusters, "health": {"max_staleness": "10m"}})
+    assert replay_settings(own, {}, step=300).health.max_staleness == 600
+    default = build_settings({"clusters": clusters})
+    assert replay_settings(default, {}, step=300).health.max_staleness == 900
+
+
 def test_a_host_or_nameserver_no_resolver_can_ask_for_is_refused_at_start_up(
     tmp_path: Path,
 ) -> None:
