@@ -600,11 +600,35 @@ class ClusterSettings(_Group):
             )
         if self.prometheus is None and not scraped:
             raise ValueError("needs vllm_urls, pods, epp_url, inference_pool or prometheus")
+        # what only a page reader reads: through a querier it was silently ignored, and
+        # model_name: x read every model's KV as one (found by an attack)
+        ignored = [n for n in _PAGES_ONLY if n in self.model_fields_set]
+        if self.prometheus is not None and ignored:
+            raise ValueError(
+                f"{', '.join(ignored)}: read from pages, not through prometheus (its querier's "
+                "matchers, credentials and timeout are prometheus's or queriers[]'s)"
+            )
         if self.epp_url is not None and self.inference_pool is not None:
             raise ValueError("name the EPP by epp_url or by inference_pool, not both")
         if self.vllm_urls and self.pods is not None:
             raise ValueError("list the pods (vllm_urls) or discover them (pods), not both")
         return self
+
+
+# A cluster's settings that only its pages are read by (``_has_a_source``).
+_PAGES_ONLY = (
+    "engine",
+    "model_name",
+    "pool_name",
+    "kv_tokens_per_pod",
+    "bearer_token_file",
+    "epp_bearer_token_file",
+    "ca_file",
+    "tls_insecure_skip_verify",
+    "allow_token_over_http",
+    "token_over_cluster_network",
+    "timeout",
+)
 
 
 class ScrapeSettings(_Group):

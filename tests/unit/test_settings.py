@@ -160,6 +160,10 @@ def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.Monk
             "leader_election.retry_period: Input should be greater than or equal to 0.1",
         ),
         ("clusters: " + "[" * 20_000 + "\n", "not a config: nested too deeply"),
+        (  # a querier's clusters read no model_name: every model's KV was read as one
+            "clusters: [{name: a, model_name: m, prometheus: {url: 'http://127.0.0.1:1/'}}]\n",
+            "clusters[0]: model_name: read from pages, not through prometheus",
+        ),
     ],
 )
 def test_bad_config_names_field_and_reason(tmp_path: Path, text: str, expected: str) -> None:
