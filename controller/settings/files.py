@@ -108,4 +108,22 @@ def file_problems(settings: Settings) -> list[str]:
     readable("kubernetes.kubeconfig", settings.kubernetes.kubeconfig)
     readable("server.tls_cert_file", settings.server.tls_cert_file)
     readable("server.tls_key_file", settings.server.tls_key_file)
+    cert, key = settings.server.tls_cert_file, settings.server.tls_key_file
+    if cert is not None and key is not None and not problems_of(problems, "server.tls_"):
+        # loaded as the server loads them: a key of another certificate, or no PEM, passed
+        # check-config and then failed run with "[X509: KEY_VALUES_MISMATCH]" and no field
+        # named (found by an attack)
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+        except (ssl.SSLError, OSError) as exc:
+            why = getattr(exc, "reason", None) or getattr(exc, "strerror", None) or exc
+            problems.append(
+                f"server.tls_cert_file: {cert} with server.tls_key_file {key} cannot serve "
+                f"TLS: {why} (a key of another certificate, or not PEM?)"
+            )
     return problems
+
+
+def problems_of(problems: list[str], field: str) -> bool:
+    """A problem already names ``field`` (or a field it begins)."""
+    return any(p.startswith(field) for p in problems)

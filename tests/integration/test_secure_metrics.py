@@ -166,3 +166,30 @@ async def test_status_reads_a_deployed_controller_with_a_token_and_its_ca(
     )
     _, err = await asyncio.wait_for(unverified.communicate(), 60)
     assert unverified.returncode != 0 and "CERTIFICATE_VERIFY_FAILED" in err.decode()
+
+
+def test_a_key_of_another_certificate_is_refused_at_start_up_naming_the_field(
+    tmp_path: Path,
+) -> None:
+    """Found by an attack: check-config took a certificate with another's key (or a file
+    that is no PEM), and run then failed with "[X509: KEY_VALUES_MISMATCH]", no field named."""
+    (one, two) = (tmp_path / "one", tmp_path / "two")
+    one.mkdir()
+    two.mkdir()
+    (cert, _), (_, other) = self_signed(one), self_signed(two)
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "clusters: [{name: a, vllm_urls: ['http://127.0.0.1:1/']}]\n"
+        f"server: {{bind: '127.0.0.1:0', tls_cert_file: {cert}, tls_key_file: {other}}}\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "controller", "check-config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"config error: server.tls_cert_file: {cert} with server.tls_key_file {other}" in (
+        done.stderr
+    )
+    assert "KEY_VALUES_MISMATCH" in done.stderr
