@@ -652,8 +652,9 @@ class ScrapeSettings(_Group):
         "kilobyte while its page is read, so a page of a few megabytes of tiny series would "
         "hold over a hundred. A vLLM pod's page holds ~250, a Ray node's of 16 replicas ~450, "
         "an EPP's ~40 for each model and target model (LoRA adapter) it serves. It bounds a "
-        "querier's answer too, in series (its pool query has one a pod of every cluster it "
-        "serves).",
+        "querier's answer too, in series: its pool queries have one a pod, and each cluster "
+        "of it may answer an even share (20000 among 200 clusters: 100 pods each); one past "
+        "its share has its own pool refused (too_many_samples), never the others'.",
     )
     max_concurrency: int = Field(
         default=32,

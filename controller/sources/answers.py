@@ -42,6 +42,8 @@ NAMES = (
 # Not queries: the pods kv_pools and kv_tokens found a pool on.
 POOL_PODS = "kv_pool_pods"
 TOKEN_PODS = "kv_token_pods"
+POOL_SERIES = "kv_pool_series"  # kv_pools' series by cluster: one at its cap was cut
+NOT_QUERIES = (POOL_PODS, TOKEN_PODS, POOL_SERIES)
 Series = Sequence[tuple[Mapping[str, str], float]]  # one query's answer: (labels, value)
 Answers = dict[str, dict[str, float] | FetchError]  # query → {cluster label value: value}
 
@@ -78,6 +80,15 @@ def pool_of(metric: Mapping[str, str], label: str) -> Pool:
         return key, None, ()
     pod = tuple(sorted((k, str(v)) for k, v in metric.items() if k not in _POOL_LABELS))
     return key, each, pod
+
+
+def series_by(series: Series, label: str) -> dict[str, float]:
+    """How many series an answer holds, by the value of ``label``."""
+    counts: dict[str, float] = {}
+    for metric, _ in series:
+        key = str(metric.get(label, "")) if label else ""
+        counts[key] = counts.get(key, 0.0) + 1
+    return counts
 
 
 def pools(series: Series, label: str) -> tuple[dict[str, float], dict[str, float]]:
@@ -131,7 +142,7 @@ def split(name: str, series: Series, label: str) -> Answers:
     queries)."""
     if name == "kv_pools":
         tokens, pods = pools(series, label)
-        return {name: tokens, POOL_PODS: pods}
+        return {name: tokens, POOL_PODS: pods, POOL_SERIES: series_by(series, label)}
     if name == "kv_tokens":
         tokens, pods = pod_tokens(series, label)
         return {name: tokens, TOKEN_PODS: pods}
@@ -144,7 +155,8 @@ class Asked:
     """Whom the answers were asked of, for one cluster: the querier's address (named in
     errors), its cluster label and this cluster's value of it, the queries as sent (an empty
     one is named with its text), its rate window in seconds, and the fewest requests a
-    latency is computed over."""
+    latency is computed over; and how many pool series each cluster may answer
+    (``Querier.per_cluster``: a cluster at it was cut)."""
 
     base: str
     label: str | None
@@ -152,6 +164,7 @@ class Asked:
     queries: Mapping[str, str]
     window: float
     min_requests: float
+    per_cluster: int | None = None
 
 
 def cluster_metrics(
@@ -176,7 +189,7 @@ def cluster_metrics(
         # a querier that refuses is down, which says nothing of the cluster
         reason = Reason.CONNECT if answer.reason is Reason.REFUSED else answer.reason
         errors.append(PodError(url, reason, answer.detail))
-    pages = len(answers) - (POOL_PODS in answers) - (TOKEN_PODS in answers)
+    pages = len(answers) - sum(key in answers for key in NOT_QUERIES)
     if not values.keys() >= _REQUIRED:
         failed = tuple(errors[:1])
         return ClusterMetrics(name, started, duration, 1, 0, errors=failed, pages=pages)
@@ -264,6 +277,16 @@ def _checked(
             refused.append(PodError(f"{asked.base} ({query})", Reason.OUT_OF_RANGE, why))
             values = {**values, query: None}
     for query, counted in (("kv_pools", POOL_PODS), ("kv_tokens", TOKEN_PODS)):
+        cut = asked.per_cluster
+        answered = values.get(POOL_SERIES if query == "kv_pools" else counted) or 0.0
+        if cut is not None and answered >= cut:
+            why = (
+                f"{query}: {cut} pool series or more, this cluster's share of "
+                "scrape.max_page_samples among its querier's: cut, so its pool is unknown"
+            )
+            refused.append(PodError(f"{asked.base} ({query})", Reason.TOO_MANY_SAMPLES, why))
+            values = {**values, query: None, counted: None}
+            continue
         tokens = values.get(query)
         if tokens is None or 0 < tokens <= MAX_KV_TOKENS_PER_POD:  # within any pod's cache
             continue

@@ -42,6 +42,7 @@ from controller.settings.queries import quoted, render
 from controller.sources.answers import (
     NAMES,
     POOL_PODS,
+    POOL_SERIES,
     Answers,
     Asked,
     Pool,
@@ -272,7 +273,11 @@ def _range_pools(body: str, times: Sequence[float], label: str, url: str) -> dic
                 [(pools[i], v) for i, v in zip(indices, values, strict=True)]
             )
         tokens, pods = known
-        found[t] = {"kv_pools": dict(tokens), POOL_PODS: dict(pods)}  # each time its own
+        counted: dict[str, float] = {}
+        for i in indices:  # the series by cluster, as ``split`` counts them (``series_by``)
+            counted[pools[i][0]] = counted.get(pools[i][0], 0.0) + 1
+        # each time its own
+        found[t] = {"kv_pools": dict(tokens), POOL_PODS: dict(pods), POOL_SERIES: counted}
     return found
 
 
@@ -314,9 +319,26 @@ class Querier:
         self._clusters.add(value)
 
     @property
+    def per_cluster(self) -> int | None:
+        """How many pool series (one a pod) each cluster may answer: an even share of
+        ``scrape.max_page_samples`` among the clusters of this querier. One cluster of 25,000
+        pool series had the whole answer refused, every cluster's pool with it (found by an
+        attack); now its own pool is cut (``topk``) and refused by name, the others' kept."""
+        limit = self._endpoint.max_samples
+        if limit is None:
+            return None
+        return max(1, limit // max(1, len(self._clusters))) if self.label else limit
+
+    @property
     def queries(self) -> dict[str, str]:
         clusters = one_of(self.label, sorted(self._clusters)) if self.label else ""
-        return queries_for(self._queries, self._matchers, self.label or "", self.windows, clusters)
+        built = queries_for(self._queries, self._matchers, self.label or "", self.windows, clusters)
+        cut = self.per_cluster
+        if cut is not None:
+            by = f"topk by ({self.label}) " if self.label else "topk "
+            for name in ("kv_pools", "kv_tokens"):
+                built[name] = f"{by}({cut}, {built[name]})"
+        return built
 
     async def answers(self, value: str) -> Answers:
         """This round's answers for the cluster ``value`` (waiting for them if they are
@@ -582,7 +604,9 @@ class PrometheusQuerySource:
         """Whom this cluster's answers come from (``answers.cluster_metrics``)."""
         q = self._querier
         window = seconds(q.windows.window) or 60.0
-        return Asked(q.base, q.label, self._value, q.queries, window, self._min_requests)
+        return Asked(
+            q.base, q.label, self._value, q.queries, window, self._min_requests, q.per_cluster
+        )
 
     async def fetch(self) -> ClusterMetrics:
         started, began = self._clock(), time.perf_counter()
