@@ -490,11 +490,14 @@ async def _replay(settings: Settings, args: argparse.Namespace) -> int:
     start, end = _when("--start", args.start), _when("--end", args.end)
     step = None if args.step is None else _step(args.step)
     where = (args.querier, args.cluster_label, step)
-    chosen = replay.replay_settings(settings, replay.check_overrides(args.set), *where)
+    own = settings.weights.model_dump(mode="json", exclude_unset=True)  # as the file gave them
+    chosen = replay.replay_settings(settings, replay.check_overrides(args.set, own), *where)
     candidates = {
         # a candidate is the replay's own settings (the config's, with --set) with its change
         item: replay.replay_settings(
-            settings, replay.check_overrides([*args.set, *item.split(",")]), *where
+            settings,
+            replay.check_overrides([*args.set, *item.split(",")], own, "--compare"),
+            *where,
         )
         for item in args.compare
     }

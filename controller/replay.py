@@ -31,6 +31,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -972,8 +973,15 @@ def table(
     return "\n".join(lines)
 
 
-def check_overrides(items: Sequence[str]) -> dict[str, str]:
-    """``--set KEY=VALUE`` items (weights.*), each checked now: a bad one is a ConfigError."""
+_FIELD = re.compile(r"[a-z_][a-z0-9_]*|[0-9]+")
+
+
+def check_overrides(
+    items: Sequence[str], base: Mapping[str, object] | None = None, flag: str = "--set"
+) -> dict[str, str]:
+    """``--set KEY=VALUE`` items (weights.*), checked now over the config's own weights
+    (``base``, as the file gave them): a bad one is a ConfigError. Checked alone against the
+    defaults, deadband=30 was refused beside a config's max_step of 50 (found by an attack)."""
     from pydantic import ValidationError
 
     from controller.settings import WeightSettings
@@ -982,12 +990,18 @@ def check_overrides(items: Sequence[str]) -> dict[str, str]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ConfigError([f"--set {item!r}: expected KEY=VALUE"])
+            raise ConfigError([f"{flag} {item!r}: expected KEY=VALUE"])
         pairs[key.removeprefix("weights.")] = value
     try:
-        WeightSettings.model_validate(pairs)
+        WeightSettings.model_validate({**(base or {}), **pairs})
     except ValidationError as exc:
-        raise ConfigError(
-            [f"--set weights.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
-        ) from None
+        # one line a field: pydantic's union branches (literal[0], function-after[...]) are
+        # no field, and the literal branch's "Input should be 0" says nothing of the value
+        found: dict[str, str] = {}
+        for error in sorted(exc.errors(), key=lambda e: any("[" in str(p) for p in e["loc"])):
+            parts = [str(p) for p in error["loc"] if _FIELD.fullmatch(str(p))]
+            field = ".".join(["weights", *parts])
+            found.setdefault(field, str(error["msg"]).removeprefix("Value error, "))
+        lines = [f"{flag} {field}: {message}" for field, message in found.items()]
+        raise ConfigError(lines) from None
     return pairs

@@ -763,3 +763,23 @@ def test_a_kv_sample_stamped_ahead_of_our_clock_is_not_fresh() -> None:
         )
         reason = health.failure_reason(metrics, settings, 160.0)
         assert (reason is None) is fresh and (fresh or reason is Reason.STALE), (stamp, reason)
+
+
+def test_set_is_checked_over_the_config_s_own_weights_one_line_a_field() -> None:
+    """Found by an attack: --set was checked alone against the defaults, so deadband=30 was
+    refused beside a config's max_step of 50; and a union's branches each gave a line
+    ("settle.literal[0]: Input should be 0", "function-after[...]")."""
+    from controller.replay import check_overrides
+
+    own = {"max_step": 50, "deadband": 1}
+    assert check_overrides(["deadband=30"], own) == {"deadband": "30"}
+    with pytest.raises(ConfigError) as raised:
+        check_overrides(["deadband=30"])
+    assert raised.value.lines == [
+        "--set weights: deadband must be smaller than max_step, or weights never move"
+    ]
+    with pytest.raises(ConfigError) as raised:
+        check_overrides(["settle=soon"], own, "--compare")
+    assert raised.value.lines == [
+        "--compare weights.settle: not a duration: 'soon' (use e.g. 500ms, 10s, 2m)"
+    ]
