@@ -164,6 +164,28 @@ def _querier_problems(data: Mapping[str, Any], clusters: list[dict[str, Any]]) -
         if interval is not None and limit is not None and limit >= interval:
             problems.append(f"queriers[{index}].timeout: must be shorter than interval")
     read_as: dict[tuple[str, str], int] = {}
+    shared = any(
+        isinstance(c.get("prometheus"), dict) and c["prometheus"].get("querier") is not None
+        for c in clusters
+    )
+    given = data.get("prometheus_queries")
+    for name, text in given.items() if shared and isinstance(given, dict) else ():
+        # a shared querier's one query is for all its clusters: without the matchers it
+        # reads others' series, without the grouping every cluster came back empty
+        # (missing_metric), each blamed on the cluster (found by an attack)
+        if not isinstance(text, str) or name == "window":
+            continue
+        missing = [
+            p for p in ("$selector", "$by") if p not in text and "${" + p[1:] + "}" not in text
+        ]
+        if "$and_by" in text:
+            missing = [p for p in missing if p != "$by"]
+        if missing:
+            problems.append(
+                f"prometheus_queries.{name}: a shared querier (queriers[]) needs "
+                f"{' and '.join(missing)}: its one query is for all its clusters, matched "
+                "and grouped by its cluster label"
+            )
     staleness = _staleness(data, seconds(data.get("interval", INTERVAL)))
     pushes = [(f"queriers[{i}]", q.get("push_interval", 30.0)) for i, q in enumerate(queriers)]
     for index, cluster in enumerate(clusters):

@@ -160,6 +160,12 @@ def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.Monk
             "leader_election.retry_period: Input should be greater than or equal to 0.1",
         ),
         ("clusters: " + "[" * 20_000 + "\n", "not a config: nested too deeply"),
+        (  # a shared querier's query without its grouping: every cluster came back empty
+            "queriers: [{name: hub, url: 'http://127.0.0.1:1/'}]\n"
+            "clusters: [{name: a, prometheus: {querier: hub}}]\n"
+            "prometheus_queries: {queue: 'sum(x{a=\"b\"$selector})'}\n",
+            "prometheus_queries.queue: a shared querier (queriers[]) needs $by",
+        ),
         (  # a querier's clusters read no model_name: every model's KV was read as one
             "clusters: [{name: a, model_name: m, prometheus: {url: 'http://127.0.0.1:1/'}}]\n",
             "clusters[0]: model_name: read from pages, not through prometheus",
