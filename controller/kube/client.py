@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import yaml
+
 from controller.errors import ConfigError
 from controller.kube.sdk import client, config
 from controller.settings import KubernetesSettings
@@ -31,6 +33,12 @@ async def api_client(settings: KubernetesSettings) -> client.ApiClient:
     except (config.ConfigException, OSError) as exc:
         where = settings.kubeconfig or "in-cluster service account / $KUBECONFIG"
         raise ConfigError([f"kubernetes: cannot load credentials from {where}: {exc}"]) from exc
+    except (TypeError, ValueError, KeyError, AttributeError, yaml.YAMLError) as exc:
+        # a file that is no kubeconfig ($KUBECONFIG, which check-config cannot see): the
+        # client raises what its parsing hits (found by an attack)
+        where = settings.kubeconfig or "$KUBECONFIG"
+        detail = f"not a kubeconfig ({type(exc).__name__})"
+        raise ConfigError([f"kubernetes: cannot load credentials from {where}: {detail}"]) from exc
     return client.ApiClient(configuration)
 
 

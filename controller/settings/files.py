@@ -10,6 +10,8 @@ import ssl
 import stat
 from pathlib import Path
 
+import yaml
+
 from controller.settings.schema import Settings
 
 # A bearer token is a few kilobytes (a projected service-account token ~1 KB, an OIDC one a
@@ -106,6 +108,14 @@ def file_problems(settings: Settings) -> list[str]:
         readable(f"queriers[{i}].bearer_token_file", q.bearer_token_file, token=True)
         readable(f"queriers[{i}].ca_file", q.ca_file, ca=True)
     readable("kubernetes.kubeconfig", settings.kubernetes.kubeconfig)
+    kubeconfig = settings.kubernetes.kubeconfig
+    why = (
+        kubeconfig_problem(kubeconfig, settings.kubernetes.context)
+        if kubeconfig is not None and not problems_of(problems, "kubernetes.kubeconfig")
+        else None
+    )
+    if why is not None:
+        problems.append(f"kubernetes.kubeconfig: {kubeconfig}: {why}")
     readable("server.tls_cert_file", settings.server.tls_cert_file)
     readable("server.tls_key_file", settings.server.tls_key_file)
     cert, key = settings.server.tls_cert_file, settings.server.tls_key_file
@@ -116,12 +126,37 @@ def file_problems(settings: Settings) -> list[str]:
         try:
             ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
         except (ssl.SSLError, OSError) as exc:
-            why = getattr(exc, "reason", None) or getattr(exc, "strerror", None) or exc
+            cause = getattr(exc, "reason", None) or getattr(exc, "strerror", None) or exc
             problems.append(
                 f"server.tls_cert_file: {cert} with server.tls_key_file {key} cannot serve "
-                f"TLS: {why} (a key of another certificate, or not PEM?)"
+                f"TLS: {cause} (a key of another certificate, or not PEM?)"
             )
     return problems
+
+
+def kubeconfig_problem(path: Path, context: str | None) -> str | None:
+    """Why ``path`` is no kubeconfig the client can load with ``context`` (its
+    current-context if ``None``), or ``None``: /etc/hostname, an empty file or bad YAML
+    passed check-config and then raised a TypeError or a YAML traceback at run time (found
+    by an attack). The client checks the rest (server, credentials) when it loads it."""
+    try:
+        data = yaml.safe_load(read_regular(path, FILE_MAX_BYTES).decode("utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as exc:
+        return f"not YAML: {type(exc).__name__}"
+    if not isinstance(data, dict):
+        return "not a kubeconfig (a YAML mapping with clusters, users and contexts)"
+    contexts = data.get("contexts")
+    names = (
+        [c.get("name") for c in contexts if isinstance(c, dict)]
+        if isinstance(contexts, list)
+        else []
+    )
+    wanted = context or data.get("current-context")
+    if not wanted:
+        return "names no current-context, and kubernetes.context is not set"
+    if wanted not in names:
+        return f"has no context {wanted!r} (its contexts: {', '.join(map(str, names)) or 'none'})"
+    return None
 
 
 def problems_of(problems: list[str], field: str) -> bool:

@@ -610,3 +610,31 @@ def test_a_querier_s_token_and_ca_files_are_checked_at_start_up(tmp_path: Path) 
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert f"queriers[0].bearer_token_file: {token}: the token is empty" in done.stderr
     assert "queriers[0].ca_file: cannot read /nonexistent/ca.pem" in done.stderr
+
+
+def test_a_kubeconfig_no_client_can_load_is_refused_at_start_up(tmp_path: Path) -> None:
+    """Found by an attack: /etc/hostname, an empty file, bad YAML or a missing context as
+    kubernetes.kubeconfig passed check-config, then ``once``/``run`` raised a TypeError or
+    a YAML traceback."""
+    from tests.support.kube import kubeconfig
+
+    good = kubeconfig(tmp_path / "good", "http://127.0.0.1:1")
+    (tmp_path / "empty").write_text("")
+    (tmp_path / "bad").write_text("clusters: [\n")
+    cases = [
+        (tmp_path / "empty", "", "not a kubeconfig (a YAML mapping"),
+        (tmp_path / "bad", "", "not YAML: ParserError"),
+        (good, "context: nope, ", "has no context 'nope' (its contexts: double)"),
+        (good, "", None),
+    ]
+    for path, context, why in cases:
+        text = (
+            "clusters: [{name: a, vllm_urls: ['http://127.0.0.1:1/']}]\n"
+            f"kubernetes: {{enabled: true, {context}kubeconfig: {path}}}\n"
+        )
+        done = cli("check-config", str(write(tmp_path, text)))
+        if why is None:
+            assert done.returncode == 0, done.stderr
+            continue
+        assert done.returncode == 2 and "Traceback" not in done.stderr
+        assert f"config error: kubernetes.kubeconfig: {path}: {why}" in done.stderr
