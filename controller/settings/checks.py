@@ -52,6 +52,16 @@ def cross_field_problems(data: Mapping[str, Any]) -> list[str]:
     problems += _needs_kubernetes(kubernetes, data.get("leader_election"), clusters)
     problems += leader_problems(kubernetes, data.get("leader_election"))
     routes = kubernetes.get("httproutes") if isinstance(kubernetes, dict) else None
+    seen: dict[tuple[object, object], int] = {}
+    for index, route in enumerate(_items(routes)):
+        if not isinstance(route, dict):
+            continue
+        first = seen.setdefault((route.get("namespace"), route.get("name")), index)
+        if first != index:  # the last entry's mapping silently won (found by an attack)
+            problems.append(
+                f"kubernetes.httproutes[{index}]: {route.get('namespace')}/{route.get('name')} "
+                f"is httproutes[{first}] too: one entry a route, its backends mapped once"
+            )
     for index, route in enumerate(_items(routes)):
         backends = route.get("backends") if isinstance(route, dict) else None
         for backend, cluster_name in (backends or {}).items() if isinstance(backends, dict) else ():

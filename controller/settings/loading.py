@@ -18,13 +18,16 @@ from controller.settings.checks import cross_field_problems
 from controller.settings.files import FILE_MAX_BYTES, read_regular
 from controller.settings.schema import ENV_PREFIX, Settings
 
+# pydantic's name for a branch of a union or a validator: no field of the config
+_BRANCHES = ("function-after", "function-before", "literal[", "constrained-")
+
 
 def _format_loc(loc: tuple[int | str, ...]) -> str:
     text = ""
     for part in loc:
         if isinstance(part, int):
             text += f"[{part}]"
-        elif part.startswith(("function-after", "function-before")):
+        elif part.startswith(_BRANCHES):
             continue
         else:
             text += f".{part}" if text else part
@@ -32,12 +35,24 @@ def _format_loc(loc: tuple[int | str, ...]) -> str:
 
 
 def _error_lines(exc: ValidationError) -> list[str]:
+    """One line a problem, by field; where a union's value branch said why (``settle: 30x``,
+    ``forecast_horizon: 1h``), its ``literal[0]`` branch ("Input should be 0") is dropped."""
+    errors = exc.errors(include_url=False)
+
+    def literal(error: Any) -> bool:
+        return any(isinstance(p, str) and p.startswith("literal[") for p in error["loc"])
+
+    said = {_format_loc(tuple(e["loc"])) for e in errors if not literal(e)}
     lines = []
-    for error in exc.errors(include_url=False):
-        message = error["msg"].removeprefix("Value error, ")
+    for error in errors:
         where = _format_loc(tuple(error["loc"]))
+        if literal(error) and where in said:
+            continue
+        message = error["msg"].removeprefix("Value error, ")
         for part in message.split("\n"):  # a cross-field check reports all it found
-            lines.append(part if where == "(top level)" and ": " in part else f"{where}: {part}")
+            line = part if where == "(top level)" and ": " in part else f"{where}: {part}"
+            if line not in lines:
+                lines.append(line)
     return lines
 
 

@@ -722,6 +722,9 @@ class HealthSettings(_Group):
         return self
 
 
+MAX_HORIZON = 600.0  # weights.forecast_horizon: no dead time is longer
+
+
 class WeightSettings(_Group):
     law: Literal["capacity", "integral"] = Field(
         default="capacity",
@@ -804,11 +807,12 @@ class WeightSettings(_Group):
         description="Exponent of (fastest / this) latency; 0.5 halves weight at 4x the latency.",
     )
 
-    forecast_horizon: Duration | Literal[0] = Field(
+    forecast_horizon: Annotated[Duration, Field(le=MAX_HORIZON)] | Literal[0] = Field(
         default=0,
         description="Dead-time compensation: judge each cluster by its KV this many seconds "
         "ahead, extrapolated from its recent slope (0 = off). Weights act only after a scrape, "
-        "a tick and propagation, while KV keeps climbing.",
+        "a tick and propagation, while KV keeps climbing. At most 10 minutes: further ahead, "
+        "any rising noise reads as a full cache (an hour wrote 9 times in 12 ticks).",
     )
 
     # ---- the capacity law (law: capacity) ----
