@@ -11,7 +11,8 @@ failed query fails only what it feeds, and values no cluster can have are refuse
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from controller.errors import FetchError
@@ -82,13 +83,10 @@ def pool_of(metric: Mapping[str, str], label: str) -> Pool:
     return key, each, pod
 
 
-def series_by(series: Series, label: str) -> dict[str, float]:
-    """How many series an answer holds, by the value of ``label``."""
-    counts: dict[str, float] = {}
-    for metric, _ in series:
-        key = str(metric.get(label, "")) if label else ""
-        counts[key] = counts.get(key, 0.0) + 1
-    return counts
+def counted(keys: Iterable[str]) -> dict[str, float]:
+    """How many series an answer holds by cluster, from each series' cluster (the value of
+    its label): for live answers and each time of a range answer alike."""
+    return {key: float(n) for key, n in Counter(keys).items()}
 
 
 def pools(series: Series, label: str) -> tuple[dict[str, float], dict[str, float]]:
@@ -142,7 +140,8 @@ def split(name: str, series: Series, label: str) -> Answers:
     queries)."""
     if name == "kv_pools":
         tokens, pods = pools(series, label)
-        return {name: tokens, POOL_PODS: pods, POOL_SERIES: series_by(series, label)}
+        keys = (str(metric.get(label, "")) if label else "" for metric, _ in series)
+        return {name: tokens, POOL_PODS: pods, POOL_SERIES: counted(keys)}
     if name == "kv_tokens":
         tokens, pods = pod_tokens(series, label)
         return {name: tokens, TOKEN_PODS: pods}

@@ -48,6 +48,7 @@ from controller.sources.answers import (
     Pool,
     Series,
     cluster_metrics,
+    counted,
     pool_of,
     pooled,
     split,
@@ -273,11 +274,9 @@ def _range_pools(body: str, times: Sequence[float], label: str, url: str) -> dic
                 [(pools[i], v) for i, v in zip(indices, values, strict=True)]
             )
         tokens, pods = known
-        counted: dict[str, float] = {}
-        for i in indices:  # the series by cluster, as ``split`` counts them (``series_by``)
-            counted[pools[i][0]] = counted.get(pools[i][0], 0.0) + 1
+        by_cluster = counted(pools[i][0] for i in indices)  # as ``split`` counts them
         # each time its own
-        found[t] = {"kv_pools": dict(tokens), POOL_PODS: dict(pods), POOL_SERIES: counted}
+        found[t] = {"kv_pools": dict(tokens), POOL_PODS: dict(pods), POOL_SERIES: by_cluster}
     return found
 
 
