@@ -8,6 +8,7 @@ written here once, beside the field it shows.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +27,11 @@ def _rounded(digits: int) -> Callable[[Any], Any]:
 
 
 def _ms(value: Any) -> Any:
-    return None if value is None else round(value * 1000)
+    """Seconds as whole milliseconds; ``None`` where that is no number: a bucket bound of
+    1e306 (valid on a page) overflowed ``round`` and cost every tick (found by an attack)."""
+    if value is None or not math.isfinite(ms := value * 1000):
+        return None
+    return round(ms)
 
 
 @dataclass(frozen=True, slots=True)

@@ -124,9 +124,11 @@ class Reconciler:
             outcomes = await self._publish_all(plans, inputs)
             self._beat()
             report = self._record(found, outcomes, began)
+            # the report is served before it is logged: a log line that fails (a bug, named
+            # by 'tick failed') never freezes /metrics and /debug/state on an old tick
+            previous, self._snapshot.report = self._snapshot.report, report
             if self._journal is not None:
-                self._journal.write(self._snapshot.report, report)
-            self._snapshot.report = report
+                self._journal.write(previous, report)
         if self._on_tick is not None:
             self._on_tick(report)
         return report

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import structlog
+from aiohttp import web
 from kubernetes_asyncio import client
 from structlog.testing import capture_logs
 
@@ -25,10 +26,13 @@ from controller import logs
 from controller.app import Controller
 from controller.conditions import Conditions
 from controller.demo.runner import apply_scenario, demo_fleet
+from controller.fakes.pages import CumulativeHistogram, vllm_v1_page
 from controller.kube.leader import LeaderElector
 from controller.model import ClusterMetrics
+from controller.reconcile.journal import Journal
 from controller.settings import LeaderSettings, build_settings
 from controller.testing import Driver, VirtualClock
+from tests.conftest import Serve
 from tests.support import crds
 from tests.support.apiserver import FakeAPIServer
 from tests.support.kube import CRD, NS, model, provider, wait_until
@@ -208,6 +212,64 @@ async def test_two_hundred_steady_clusters_write_only_the_summaries() -> None:
     assert len([e for e in summaries if e["event"] == "target summary"]) == 2
     assert len(summaries) == 2 * (1 + 200)
     assert sum(1 for e in lines if e["event"] == "cluster status") == 60 * 200  # debug: all
+
+
+async def test_a_latency_no_millisecond_can_hold_is_logged_unknown_and_ticks_go_on(
+    serve: Serve,
+) -> None:
+    """Found by an attack: a bucket bound of 1e306 (a valid page) made the p50 1e306 s, whose
+    milliseconds overflowed ``round`` in the status line; every tick failed from then on, and
+    /metrics kept the tick before, a dead cluster still healthy in it."""
+    latency = CumulativeHistogram(bounds=(0.3, 1e306), counts=[0.0, 0.0, 0.0])
+
+    async def pod(_: web.Request) -> web.Response:
+        latency.observe(1e305, times=50)  # requests completed since the last scrape
+        page = vllm_v1_page("m", [0.3], [0], [1], [latency])
+        return web.Response(text=page, content_type="text/plain")
+
+    server = await serve({"/metrics": pod})
+    settings = build_settings(
+        {
+            "interval": 10,
+            "scrape": {"min_latency_requests": 1},
+            "clusters": [
+                {"name": "huge", "vllm_urls": [server.url("/metrics")]},
+                {"name": "gone", "vllm_urls": [server.url("/missing")]},
+            ],
+        }
+    )
+    async with Controller(settings, serve=False) as controller:
+        with capture_logs() as lines:
+            for tick in (1, 2):
+                report = await controller.once()
+                assert report.tick == controller.snapshot.report.tick == tick
+    status = {e["cluster"]: e for e in lines if e["event"] == "cluster status"}
+    assert status["huge"]["healthy"] is True and status["huge"]["p50_ms"] is None
+    huge = report.clusters["huge"].metrics
+    assert huge is not None and huge.latency is not None  # read, shown unknown in ms
+    assert status["gone"]["healthy"] is False
+
+
+async def test_a_log_line_that_fails_never_holds_the_report_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A bug in the journal is a failed tick (counted, 'tick failed'), but the tick's report
+    is served first: /metrics and /debug/state never freeze on an old tick behind it."""
+
+    def broken(*_: object) -> None:
+        raise OverflowError("a field the line cannot hold")
+
+    settings = build_settings(
+        {"interval": 10, "clusters": [{"name": "a", "vllm_urls": ["http://127.0.0.1:1/"]}]}
+    )
+    driver = Driver(settings)
+    await driver.tick(1000, steady(["a"], 1000))
+    monkeypatch.setattr(Journal, "write", broken)
+    with pytest.raises(OverflowError):
+        await driver.tick(1010, {"a": ClusterMetrics("a", 1010, 0.01, 2, 2, kv_mean=0.9)})
+    assert driver.snapshot.report.tick == 2
+    served = driver.snapshot.report.clusters["a"].metrics
+    assert served is not None and served.kv_mean == 0.9
 
 
 # ---- the cookbook against the demo's story ---------------------------------------------------
