@@ -128,7 +128,9 @@ def render(state: dict[str, Any], now: float | None = None, explain: bool = Fals
         lines += ["", *_explain(state.get("targets") or {})]
     for key, why in sorted((state.get("refused") or {}).items()):
         lines.append(f"refused: {key}: {why}")
-    return "\n".join(lines)
+    # what objects' annotations and pages say reaches a terminal: no escape sequence of a
+    # tenant's (clear screen, a title, hidden text) may rewrite what an operator reads
+    return "\n".join("".join(c if c.isprintable() else "?" for c in line) for line in lines)
 
 
 def _targets(targets: dict[str, Any], now: float) -> list[str]:

@@ -205,7 +205,9 @@ def _paused(annotations: Mapping[str, str]) -> str | None:
         return None
     if value.strip().lower() in ("true", "yes", "1"):
         return "paused by annotation"
-    # the note goes into logs, /debug/state and status: an operator's sentence, not a file
+    # the note goes into logs, /debug/state and status: an operator's sentence on one line,
+    # not a file, nor a terminal's escape sequences
+    value = "".join(c if c.isprintable() else " " for c in value)
     return value if len(value) <= NOTE_MAX_CHARS else value[:NOTE_MAX_CHARS] + "…"
 
 

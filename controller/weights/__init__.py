@@ -230,6 +230,9 @@ def _per_ref(decision: Decision, refs_of: Mapping[str, Sequence[str]]) -> Decisi
     )
 
 
+PIN_NAMES_SHOWN = 5  # of a pin's unknown refs, in its problem
+
+
 def pin_problem(target: Target) -> str | None:
     """Why ``target``'s pin cannot be applied, or ``None``."""
     pinned = target.pinned
@@ -238,8 +241,12 @@ def pin_problem(target: Target) -> str | None:
     if not pinned:
         return "the pin annotation is not a JSON map of ref name to integer weight"
     unknown = sorted(set(pinned) - set(target.weights))
-    if unknown:
-        return f"the pin names refs the target does not have: {', '.join(unknown)}"
+    if unknown:  # an annotation's keys, quoted and few: they reach logs and a terminal
+        named = ", ".join(ascii(ref[:64]) for ref in unknown[:PIN_NAMES_SHOWN])
+        more = (
+            f" (+{len(unknown) - PIN_NAMES_SHOWN} more)" if len(unknown) > PIN_NAMES_SHOWN else ""
+        )
+        return f"the pin names refs the target does not have: {named}{more}"
     if any(w < target.minimum for w in pinned.values()):
         return f"a pinned weight is below the schema's minimum of {target.minimum}"
     if target.total is None and any(w > MAX_ROUTE_WEIGHT for w in pinned.values()):

@@ -11,9 +11,11 @@ from kubernetes_asyncio import client
 
 from controller.app import Controller
 from controller.fakes.clusters import Fault, Fleet, SimCluster
+from controller.kube.objects import PAUSE_ANNOTATION, PIN_ANNOTATION
+from controller.render import state_json
 from controller.status import fetch_state, render
 from tests.support.apiserver import FakeAPIServer
-from tests.support.kube import seed, settings_for
+from tests.support.kube import CRD, model, provider, seed, settings_for, ticks
 
 
 async def test_state_and_status_table_show_clusters_targets_and_leader() -> None:
@@ -147,3 +149,39 @@ def test_explain_names_the_law_from_each_decision_not_from_its_factors() -> None
     explained = render(state, now=0, explain=True).splitlines()
     assert "KV HEADROOM" in explained[explained.index("law: integral") + 1]
     assert "DEMAND SHARE" in explained[explained.index("law: capacity") + 1]
+
+
+ESC = "\x1b"
+FORGED = f"{ESC}]2;owned\a{ESC}[2J{ESC}[H{ESC}[1;31mALL CLUSTERS HEALTHY{ESC}[8m"
+
+
+async def test_a_tenant_s_annotations_reach_status_printable_and_short(
+    apiserver: FakeAPIServer, api: client.ApiClient
+) -> None:
+    """Found by an attack: a pause note and a pin's keys of escape sequences came out raw in
+    ``status`` (a cleared screen, a window title, hidden text: a forged picture in an
+    incident), and a pin of many unknown keys listed them all, up to 16 KB."""
+    async with Fleet([SimCluster("east", kv=0.5), SimCluster("west", kv=0.2)]) as sims:
+        for ref in ("east", "west"):
+            apiserver.put_object(CRD, "externalproviders", provider(ref, namespace="team-b"))
+        refs = [("east", 50), ("west", 50)]
+        pins = {FORGED: 10, **{f"ref-{i}": 1 for i in range(40)}}
+        for name, annotations in (
+            ("paused", {PAUSE_ANNOTATION: f"incident 42{FORGED}\nsee #ops"}),
+            ("pinned", {PIN_ANNOTATION: json.dumps(pins)}),
+        ):
+            apiserver.put_object(
+                CRD,
+                "externalmodels",
+                model(name, refs, namespace="team-b", annotations=annotations),
+            )
+        async with Controller(settings_for(sims), serve=False, api=api) as controller:
+            await ticks(controller, 2)
+            served = json.dumps(state_json(controller.snapshot.report, True, False))
+    text = render(json.loads(served), explain=True)
+    assert all(c.isprintable() for line in text.splitlines() for c in line)
+    notes = [line for line in text.splitlines() if line.startswith("note: ")]
+    paused = next(n for n in notes if "team-b/paused" in n)
+    assert "incident 42 ]2;owned  [2J [H [1;31mALL CLUSTERS HEALTHY [8m see #ops" in paused
+    pinned = next(n for n in notes if "team-b/pinned" in n)
+    assert "'\\x1b]2;owned\\x07" in pinned and "(+36 more)" in pinned and len(pinned) < 600
