@@ -200,12 +200,15 @@ class ClusterMetrics:
     discovered: tuple[str, ...] | None = None
 
     @classmethod
-    def failed(cls, cluster: str, now: float, reason: Reason, detail: str) -> ClusterMetrics:
-        """A fetch that produced nothing at all (e.g. the tick deadline passed)."""
+    def failed(
+        cls, cluster: str, now: float, reason: Reason, detail: str, duration: float
+    ) -> ClusterMetrics:
+        """A fetch that produced nothing at all (e.g. the tick deadline passed), after
+        ``duration`` seconds: a fetch cut off at the deadline took the deadline, never 0 s."""
         return cls(
             cluster=cluster,
             scraped_at=now,
-            duration=0.0,
+            duration=duration,
             pods_scraped=0,
             pods_answering=0,
             errors=(PodError(url="*", reason=reason, detail=detail),),

@@ -389,8 +389,12 @@ async def fetch_all(
         for task in tasks:  # read now, whatever ends the stage: none is "never retrieved"
             if task.done() and not task.cancelled():
                 task.exception()
+    # what a fetch that failed took, at most: the stage's time (a late one, its deadline)
+    spent = loop.time() - began
     return [
-        _fetched(source, task, task in late, task in stuck, deadline, clock, metrics, conditions)
+        _fetched(
+            source, task, task in late, task in stuck, (deadline, spent), clock, metrics, conditions
+        )
         for source, task in zip(sources, tasks, strict=True)
     ]
 
@@ -400,7 +404,7 @@ def _fetched(
     task: asyncio.Task[ClusterMetrics],
     late: bool,
     stuck: bool,
-    deadline: float,
+    times: tuple[float, float],
     clock: Callable[[], float],
     metrics: ControllerMetrics,
     conditions: Conditions,
@@ -419,9 +423,10 @@ def _fetched(
             wind_down_seconds=WIND_DOWN,
         )
         task.add_done_callback(_clearing(conditions, key))
+    deadline, spent = times
     if late:  # cancelled by us (the tick's own cancel never gets here)
         detail = f"tick deadline {deadline:g}s passed"
-        return ClusterMetrics.failed(source.cluster, clock(), Reason.TIMEOUT, detail)
+        return ClusterMetrics.failed(source.cluster, clock(), Reason.TIMEOUT, detail, spent)
     try:
         return task.result()
     except (Exception, asyncio.CancelledError) as raised:  # the source's own, traceback and all
@@ -430,7 +435,7 @@ def _fetched(
     key = ("fetch", source.cluster)
     conditions.observe("fetch raised", key, "error", cluster=source.cluster, exc_info=error)
     detail = f"{type(error).__name__} (the log has the traceback)"
-    return ClusterMetrics.failed(source.cluster, clock(), Reason.INTERNAL, detail)
+    return ClusterMetrics.failed(source.cluster, clock(), Reason.INTERNAL, detail, spent)
 
 
 # A cancelled fetch or write is given this long to wind down. One that ignores its

@@ -17,7 +17,7 @@ from controller.logs import redact
 from controller.model import ClusterMetrics, Reason, Ref, Target, Write, WriteResult
 from controller.publish import Discovery, Publisher
 from controller.reconcile import loop as loop_module
-from controller.reconcile.loop import WIND_DOWN, Reconciler
+from controller.reconcile.loop import DEADLINE_SHARE, WIND_DOWN, Reconciler
 from controller.settings import Settings, build_settings
 from controller.state import Snapshot
 from controller.testing import ScriptedSource, build_loop
@@ -142,6 +142,8 @@ async def test_the_tick_deadline_fails_only_the_slow_cluster() -> None:
     report = await asyncio.wait_for(reconciler.tick(), 1)
     assert report.clusters["a"].metrics is not None
     assert [e.reason for e in report.clusters["a"].metrics.errors] == [Reason.TIMEOUT]
+    # what it took is the deadline it was cut off at, not 0 s (the fastest bucket: an attack)
+    assert report.clusters["a"].metrics.duration == pytest.approx(0.1 * DEADLINE_SHARE, abs=1e-3)
     assert report.clusters["b"].health is not None and report.clusters["b"].health.healthy
     assert report.targets["configured"].outcome.applied == {"a": 0, "b": 100}
 
@@ -420,7 +422,7 @@ async def test_a_cluster_that_dies_leaves_when_no_routed_request_arrived_anywher
         now += 10
         given = {"a": _served("a", now, 100.0), "b": _served("b", now, 0.0)}
         given["c"] = (
-            ClusterMetrics.failed("c", now, Reason.REFUSED, "connection refused")
+            ClusterMetrics.failed("c", now, Reason.REFUSED, "connection refused", 0.01)
             if tick >= 3
             else _served("c", now, 0.0)
         )
@@ -473,7 +475,7 @@ async def test_a_law_that_raises_holds_its_target_and_weighs_the_others(
     with capture_logs() as logs:
         report = await loop.reconciler.tick()
     assert report.targets["ExternalModel/ns/x"].outcome.applied == {"a": 50, "b": 50}
-    sources[1].next = ClusterMetrics.failed("b", time.time(), Reason.REFUSED, "refused")
+    sources[1].next = ClusterMetrics.failed("b", time.time(), Reason.REFUSED, "refused", 0.01)
     with capture_logs():
         drained = await loop.reconciler.tick()
     assert drained.targets["ExternalModel/ns/x"].outcome.applied == {"a": 100, "b": 0}

@@ -26,7 +26,7 @@ def good(now: float = NOW, **kw: object) -> ClusterMetrics:
 
 
 def bad(reason: Reason = Reason.HTTP_STATUS, now: float = NOW) -> ClusterMetrics:
-    return ClusterMetrics.failed("a", now, reason, "boom")
+    return ClusterMetrics.failed("a", now, reason, "boom", 0.01)
 
 
 def run(
