@@ -426,9 +426,22 @@ def test_no_field_makes_a_line_of_megabytes(fmt: str) -> None:
         structlog.get_logger("controller.test").exception(
             "huge", detail="é" * 3_000_000, pods=[f"http://p{i}" for i in range(5000)]
         )
+    # 64 refs of 253 characters fit the CRD; these differ in the middle only
+    refs = ["r" * 120 + f"{i:03}" + "r" * 130 for i in range(64)]
+    structlog.get_logger("controller.test").info(
+        "weights written",
+        weights_from=dict.fromkeys(refs, 1),
+        weights_to=dict.fromkeys(refs, 2),
+        factors={ref: {"cluster": "c" * 253, "kv": 0.5, "healthy": True} for ref in refs},
+        applied=dict.fromkeys(refs, 2),
+    )
     logging.getLogger("aiohttp.server").warning("peer said %s", "y" * 1_000_000)
     lines = stream.getvalue().splitlines()
     assert len(lines) >= 2 and max(map(len, lines)) <= 8 * 1024, max(map(len, lines))
     assert "more bytes cut" in lines[0] and "(+4984 more)" in lines[0]
+    (refs_line,) = [line for line in lines if "weights written" in line]
+    assert len(re.findall(r'\(more\)\\?"\s*:\s*48', refs_line)) == 4, refs_line[-300:]
+    shown = json.loads(refs_line)["weights_to"] if fmt == "json" else None
+    assert shown is None or len(shown) == 17  # 16 refs, each its own key, and the count
     assert "the last frame's words" in stream.getvalue()
     assert "more bytes cut" in lines[-1]
