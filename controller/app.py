@@ -31,6 +31,7 @@ from controller.publish import Publisher
 from controller.publish.configured import implicit
 from controller.publish.dryrun import DryRun
 from controller.publish.kubernetes import KubernetesPublisher
+from controller.reconcile.fleet import opt_outs
 from controller.reconcile.loop import Reconciler
 from controller.settings import ClusterSettings, Settings
 from controller.settings.schema import host_and_port
@@ -236,18 +237,7 @@ class Controller:
     def _warn_about_opt_outs(self) -> None:
         """Risks an operator chose: said once at start-up, and kept visible as a gauge."""
         for cluster in self.settings.clusters:
-            if cluster.tls_insecure_skip_verify:
-                self.metrics.insecure.labels(cluster.name, "tls_unverified").set(1)
-                log.warning("tls verification off", cluster=cluster.name)
-            plain = [host for host, scheme in cluster.tokened() if scheme == "http"]
-            if cluster.allow_token_over_http and plain:
-                self.metrics.insecure.labels(cluster.name, "token_over_http").set(1)
-                log.warning("bearer token over plain http", cluster=cluster.name, hosts=plain)
-            elif cluster.token_over_cluster_network and plain:
-                self.metrics.insecure.labels(cluster.name, "token_in_cluster").set(1)
-                log.warning(
-                    "bearer token over the cluster network", cluster=cluster.name, hosts=plain
-                )
+            opt_outs(cluster, self.metrics)
 
     async def _start_server(self) -> None:
         bind = self.settings.server

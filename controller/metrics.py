@@ -169,6 +169,7 @@ class ControllerMetrics:
             self.health_transitions,
             self.invalid_samples,
             self.duplicate_samples,
+            self.insecure,
         ):
             metric.remove_by_labels({"cluster": cluster})
         self._pages.pop(cluster, None)

@@ -25,6 +25,22 @@ log = structlog.get_logger("controller.fleet")
 SourceFactory = Callable[[ClusterSettings], ClusterMetricsSource]
 
 
+def opt_outs(cluster: ClusterSettings, metrics: ControllerMetrics) -> None:
+    """The risks a cluster's settings take (TLS unverified, a bearer token over plain http):
+    said when it is first read, configured or defined by a tenant's annotations (which set
+    no gauge before: an attack), and kept visible as ``weight_controller_cluster_insecure``."""
+    if cluster.tls_insecure_skip_verify:
+        metrics.insecure.labels(cluster.name, "tls_unverified").set(1)
+        log.warning("tls verification off", cluster=cluster.name)
+    plain = [host for host, scheme in cluster.tokened() if scheme == "http"]
+    if cluster.allow_token_over_http and plain:
+        metrics.insecure.labels(cluster.name, "token_over_http").set(1)
+        log.warning("bearer token over plain http", cluster=cluster.name, hosts=plain)
+    elif cluster.token_over_cluster_network and plain:
+        metrics.insecure.labels(cluster.name, "token_in_cluster").set(1)
+        log.warning("bearer token over the cluster network", cluster=cluster.name, hosts=plain)
+
+
 class Fleet:
     def __init__(
         self,
@@ -63,6 +79,8 @@ class Fleet:
                 log.info("watching cluster defined by annotations", cluster=name)
                 self._sources[name] = self._factory(cluster)
                 self._metrics.add_cluster(name)
+                self._metrics.insecure.remove_by_labels({"cluster": name})
+                opt_outs(cluster, self._metrics)
         self._defined = defined
 
     def _forget(self, name: str) -> None:

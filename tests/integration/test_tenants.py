@@ -4,15 +4,23 @@ that enforces the upstream CRDs: one team's objects never reach another's routin
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 from aiohttp import web
 from kubernetes_asyncio import client
+from prometheus_client import generate_latest
+from structlog.testing import capture_logs
 
 from controller.app import Controller
 from controller.fakes.clusters import Fleet, SimCluster
 from controller.fakes.pages import CumulativeHistogram, vllm_v1_page
 from controller.kube import objects
-from controller.kube.objects import PAUSE_ANNOTATION, PIN_ANNOTATION, VLLM_URLS_ANNOTATION
+from controller.kube.objects import (
+    PAUSE_ANNOTATION,
+    PIN_ANNOTATION,
+    TOKEN_ANNOTATION,
+    VLLM_URLS_ANNOTATION,
+)
 from controller.render import report_json
 from controller.settings import build_settings
 from tests.conftest import Serve
@@ -195,3 +203,39 @@ async def test_clusters_of_pods_that_hang_cannot_starve_a_healthy_cluster_past_t
     assert report["clusters"]["fine"]["healthy"] is True
     assert report["clusters"]["fine"]["pods_answering"] == 10
     assert report["targets"]["configured"]["applied"]["fine"] == 100
+
+
+async def test_a_tenant_s_token_over_plain_http_is_shown_while_its_cluster_is_read(
+    apiserver: FakeAPIServer, api: client.ApiClient, tmp_path: Path
+) -> None:
+    """Found by an attack: a provider's pages over http with a token annotation sent the
+    token in the clear and said so nowhere (the gauge and warning were for configured
+    clusters only, set at start-up). Shown while the cluster is read, gone with it."""
+    token = tmp_path / "token"
+    token.write_text("abc123")
+    async with Fleet([SimCluster("fine", kv=0.2)]) as sims:
+        plain = {VLLM_URLS_ANNOTATION: "http://vllm.team-b.svc:8000/metrics", TOKEN_ANNOTATION: "t"}
+        apiserver.put_object(CRD, "externalproviders", provider("x", plain, TEAM_B))
+        apiserver.put_object(CRD, "externalproviders", provider("fine", namespace=TEAM_B))
+        refs = [("x", 50), ("fine", 50)]
+        apiserver.put_object(CRD, "externalmodels", model("mine", refs, namespace=TEAM_B))
+        kube = {"annotation_urls": {"allow_loopback": True, "tokens": {"team-b/t": str(token)}}}
+        async with Controller(
+            settings_for(sims, kubernetes=kube), serve=False, api=api
+        ) as controller:
+            with capture_logs() as lines:
+                await ticks(controller, 2)
+            shown = controller.registry.get_sample_value(
+                "weight_controller_cluster_insecure",
+                {"cluster": "team-b/x", "risk": "token_in_cluster"},
+            )
+            apiserver.delete(CRD, "externalproviders", TEAM_B, "x")
+            apiserver.put_object(
+                CRD, "externalmodels", model("mine", [("fine", 100)], namespace=TEAM_B)
+            )
+            await ticks(controller, 2)
+            page = generate_latest(controller.registry).decode()
+    assert shown == 1
+    (warned,) = [e for e in lines if e["event"] == "bearer token over the cluster network"]
+    assert warned["cluster"] == "team-b/x" and warned["hosts"] == ["vllm.team-b.svc"]
+    assert 'cluster="team-b/x"' not in page  # forgotten with its cluster
