@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from controller.kube.errors import APIError, call
+from controller.kube.errors import APIError, call, list_of
 from controller.kube.sdk import client
 from controller.sources.dns import DNSError
 
@@ -33,9 +33,10 @@ def slice_lister(
                 ),
                 seconds,
             )
+            items, _ = list_of(found, f"list endpointslices in {namespace}")
         except APIError as exc:
             raise DNSError(str(exc)) from exc
-        return addresses(found.get("items") or [])
+        return addresses(items)
 
     return ready_addresses
 

@@ -7,7 +7,7 @@ APIError
 │   └── APISchemaError    422 whose ``details.causes`` name fields: the object breaks the
 │                         CRD's schema (``NewInvalid``) — never retried with the same body
 ├── APIForbiddenError     403: RBAC is missing a verb — an operator must fix it
-├── APIServerError        5xx
+├── APIServerError        5xx, or a 200 whose body is no List (a proxy's page)
 ├── APIThrottledError     429 (or 503 with Retry-After): wait as told — ``APIGate`` sends
 │                         nothing until then
 └── APIUnavailableError   no answer at all (connection refused)
@@ -206,3 +206,22 @@ async def call(
     if gate is not None:
         gate.answered()
     return answer
+
+
+def list_of(answer: object, doing: str) -> tuple[list[dict[str, object]], str]:
+    """A LIST answer's items and resourceVersion. One that is no List (a proxy's HTML page
+    during an API server's restart, ``items`` that are no objects) is a server error, retried
+    as any failed LIST: taken as it came, an informer died on it for good and an
+    EndpointSlice lookup dropped the pods found before (found by an attack). ``items: null``
+    is an empty List, as Go's client decodes it."""
+    if isinstance(answer, dict):
+        items, meta = answer.get("items"), answer.get("metadata")
+        items = [] if items is None else items
+        if (
+            isinstance(items, list)
+            and all(isinstance(item, dict) for item in items)
+            and isinstance(meta, dict | None)
+        ):
+            return items, str((meta or {}).get("resourceVersion", ""))
+    shown = answer if isinstance(answer, str) else json.dumps(answer, default=str)[:200]
+    raise APIServerError(f"{doing}: the answer is no List: {shown[:64]!r}", 200)

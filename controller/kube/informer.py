@@ -35,6 +35,7 @@ from controller.kube.errors import (
     APIGate,
     APITimeoutError,
     call,
+    list_of,
     translate,
 )
 from controller.kube.sdk import ApiException, client, watch
@@ -160,10 +161,17 @@ class Informer:
                     else:  # over at once, whatever it said (a 410, one bookmark): paced
                         await asyncio.sleep(self._jittered(backoff))
                         backoff = min(BACKOFF_MAX, backoff * 2)
-            except APIError as exc:
+            except Exception as raised:
                 # A LIST that fails leaves the API unreadable (discovery keeps its targets);
                 # a watch that fails after a LIST that worked leaves the cache that LIST gave,
-                # and the next LIST, a backoff later, brings what the watch missed.
+                # and the next LIST, a backoff later, brings what the watch missed. Whatever
+                # failed, the informer lists again: one that ended left its scope's cache
+                # frozen, or its first LIST awaited forever (an attack).
+                exc = (
+                    raised
+                    if isinstance(raised, APIError)
+                    else APIError(f"{self.scope}: {type(raised).__name__}: {raised}"[:512])
+                )
                 if not listed:
                     self.error = exc
                     self.tried.set()
@@ -174,6 +182,7 @@ class Informer:
                     reason=exc.reason,
                     error=str(exc),
                     retry_seconds=round(delay, 2),
+                    exc_info=None if exc is raised else raised,
                 )
                 await asyncio.sleep(delay)
                 backoff = min(BACKOFF_MAX, backoff * 2)
@@ -203,11 +212,12 @@ class Informer:
             self._timeout,
             self._gate,
         )
-        self._items = {_key(obj): obj for obj in found.get("items", [])}
+        items, version = list_of(found, f"list {self.scope}")
+        self._items = {_key(obj): obj for obj in items}
         self.error = None
         self.synced.set()
         self.tried.set()
-        return str((found.get("metadata") or {}).get("resourceVersion", ""))
+        return version
 
     async def _watch(self, since: str) -> str | None:
         """Apply one watch's events; the version to watch from next, or ``None`` to LIST."""

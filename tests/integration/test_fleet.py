@@ -4,6 +4,7 @@ turns out to be several pods behind a load balancer."""
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import math
 from collections.abc import AsyncIterator
@@ -12,13 +13,14 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from kubernetes_asyncio import client
 from structlog.testing import capture_logs
 
 from controller.app import Controller
 from controller.errors import ConfigError
 from controller.fakes.clusters import Fleet, SimCluster
 from controller.fakes.pages import CumulativeHistogram, vllm_v1_page
-from controller.kube.endpoints import addresses
+from controller.kube.endpoints import SERVICE_LABEL, addresses
 from controller.model import Reason, Signals
 from controller.render import report_json
 from controller.settings import Settings, build_settings
@@ -26,6 +28,7 @@ from controller.signals import on_one_basis
 from controller.sources import dns
 from controller.sources.scrape import ScrapeSource
 from controller.testing import VirtualClock
+from tests.support.apiserver import FakeAPIServer
 from tests.support.dns import DNSServer
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -314,6 +317,37 @@ def test_endpoint_slices_give_the_ready_addresses() -> None:
         {"addressType": "FQDN", "endpoints": [{"addresses": ["x.example"]}]},
     ]
     assert addresses(slices) == ["10.0.0.1", "10.0.0.3"]
+
+
+async def test_endpoint_slices_answered_with_no_list_keep_the_pods_found_before(
+    apiserver: FakeAPIServer, api: client.ApiClient
+) -> None:
+    """Found by an attack: a LIST of EndpointSlices answered 200 with a proxy's page raised
+    AttributeError out of the lookup: the cluster failed as ``internal`` and lost its pods,
+    where a failed lookup keeps the last ones and names why (``discovery``)."""
+    async with Fleet([SimCluster("east", kv=0.2, noise=0.0, pods=1)]) as fleet:
+        ready = {"addresses": ["127.0.0.1"], "conditions": {"ready": True}}
+        meta = {"name": "vllm-abc", "namespace": "llm", "labels": {SERVICE_LABEL: "vllm"}}
+        apiserver.put_object(
+            "discovery.k8s.io/v1",
+            "endpointslices",
+            {"metadata": meta, "addressType": "IPv4", "endpoints": [ready]},
+        )
+        slices = {"namespace": "llm", "service": "vllm"}
+        pods = {"endpoint_slices": slices, "port": fleet["east"].port, "path": "/pod-0/metrics"}
+        settings = settings_for(
+            [{"name": "east", "pods": {**pods, "refresh": 1}}],
+            kubernetes={"enabled": True, "api_timeout": 1, "watch": False},
+        )
+        async with Controller(settings, serve=False, api=api) as controller:
+            before = report_json(await controller.once())["clusters"]["east"]
+            apiserver.fail("GET", "endpointslices", 200, body="<html>502 Bad Gateway</html>")
+            await asyncio.sleep(1.05)  # pods.refresh: the next tick looks them up again
+            after = report_json(await controller.once())["clusters"]["east"]
+    assert before["pods_answering"] == after["pods_answering"] == 1
+    assert after["healthy"] is True and after["vram_utilization"] == 0.2
+    (error,) = after["errors"]
+    assert error["reason"] == "discovery" and "the answer is no List" in error["detail"]
 
 
 # ---- one URL, one pod -----------------------------------------------------------------------

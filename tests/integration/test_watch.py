@@ -199,6 +199,52 @@ async def test_a_line_that_is_no_watch_event_is_named_by_its_first_bytes(
     assert not any("TypeError" in e.get("error", "") for e in failed)
 
 
+NO_LISTS = {
+    "html": "<html><body>503 upstream connect error</body></html>",
+    "item-no-object": {"kind": "ExternalModelList", "metadata": {}, "items": ["x"]},
+    "items-no-list": {"kind": "ExternalModelList", "metadata": {}, "items": {"a": 1}},
+}
+
+
+@pytest.mark.parametrize(
+    ("body", "when"),
+    [*((body, "first") for body in NO_LISTS.values()), (NO_LISTS["html"], "later")],
+    ids=[*(f"{kind}-first" for kind in NO_LISTS), "html-later"],
+)
+async def test_a_list_answered_with_no_list_is_a_failed_list_and_listed_again(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet, body: Any, when: str
+) -> None:
+    """Found by an attack: a LIST answered 200 with a proxy's page, or with items that are
+    no objects, raised out of the informer's task and ended it: on its first LIST every
+    discovery waited api_timeout forever; on a later one the cache froze and new models
+    were never seen. Now a server error, named, backed off and listed again."""
+    for ref, _ in REFS:
+        apiserver.put_object(CRD, "externalproviders", provider(ref))
+    apiserver.put_object(CRD, "externalmodels", model("llama", REFS))
+    async with Controller(watching(sims), serve=False, api=api) as controller:
+        with capture_logs() as logs:
+            if when == "later":
+                await controller.once()
+                apiserver.fail("GET", "externalmodels", 200, body=body)
+                apiserver.compact()  # the watch ends 410: the next LIST gets the page
+            else:
+                apiserver.fail("GET", "externalmodels", 200, body=body)
+                first = await controller.once()
+                assert first.kubernetes[1] is not None and "no List" in first.kubernetes[1]
+            apiserver.put_object(CRD, "externalmodels", model("granite", REFS))
+            # bounded by the backoff: the 410's pacing, then the failed LIST's (at most 8 s)
+            found = lambda: any(  # noqa: E731
+                o["metadata"]["name"] == "granite"
+                for i in informers(controller)
+                for o in i.objects()
+            )
+            await wait_until(found, 15)
+            report = await controller.once()
+    assert f"ExternalModel/{NS}/granite" in report.targets
+    failed = [e for e in logs if e["event"] == "watch failed"]
+    assert [e["reason"] for e in failed if "no List" in e["error"]] == ["server_error"], failed
+
+
 @pytest.mark.parametrize("fault", ["gone", "bookmark"])
 async def test_watches_that_end_at_once_are_paced_whatever_they_said(
     apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet, fault: str

@@ -109,6 +109,7 @@ class Fault:
     times: int
     seconds: float = 0.0
     headers: dict[str, str] = field(default_factory=dict)
+    body: Any = None  # answered with code 200 instead: text as HTML (a proxy's), else JSON
 
 
 @dataclass
@@ -194,8 +195,11 @@ class FakeAPIServer:
         code: int,
         times: int = 1,
         headers: dict[str, str] | None = None,
+        body: Any = None,
     ) -> None:
-        self.faults.append(Fault(method, plural, code, times, headers=headers or {}))
+        """The next ``times`` matching requests answered ``code``; with ``body``, answered
+        200 with it: a proxy's page, or JSON that is no List."""
+        self.faults.append(Fault(method, plural, code, times, headers=headers or {}, body=body))
 
     def slow(self, method: str, plural: str, seconds: float, times: int = 1) -> None:
         """Answer the next ``times`` matching requests ``seconds`` late (a loaded server)."""
@@ -265,9 +269,16 @@ class FakeAPIServer:
             if hook.method == request.method and hook.plural == plural:
                 self.hooks.remove(hook)
                 hook.action()
+        watching = request.query.get("watch", "").lower() in ("true", "1")
         for fault in self.faults:
+            if fault.body is not None and watching:  # a body stands for a LIST's answer
+                continue
             if fault.method == request.method and fault.plural == plural and fault.times > 0:
                 fault.times -= 1
+                if isinstance(fault.body, str):
+                    return web.Response(text=fault.body, content_type="text/html")
+                if fault.body is not None:
+                    return web.json_response(fault.body)
                 answer = status(fault.code, "Injected", f"injected {fault.code}")
                 answer.headers.update(fault.headers)
                 return answer
