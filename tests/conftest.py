@@ -16,6 +16,7 @@ import pytest
 # Before any test imports kubernetes_asyncio: the tests then use the client loaded by the
 # piece, exactly as the daemon does.
 from controller.cli import lean_metrics
+from controller.kube.client import tuned
 from controller.kube.sdk import client
 from tests.support.apiserver import FakeAPIServer
 from tests.support.daemon import Daemon
@@ -44,7 +45,8 @@ async def api(apiserver: FakeAPIServer) -> AsyncIterator[client.ApiClient]:
     environment for proxies (``trust_env``, fixed in kubernetes-asyncio), which looks each
     request's proxy up on a thread: on loopback there is none to find, and under looptime a
     thread still in flight moves the loop's clock with the wall's, so the lookup is off."""
-    async with client.ApiClient(client.Configuration(host=apiserver.url)) as api_client:
+    configuration = tuned(client.Configuration(host=apiserver.url))  # as the daemon's is
+    async with client.ApiClient(configuration) as api_client:
         api_client.rest_client.pool_manager._trust_env = False
         yield api_client
 

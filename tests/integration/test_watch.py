@@ -199,6 +199,26 @@ async def test_a_line_that_is_no_watch_event_is_named_by_its_first_bytes(
     assert not any("TypeError" in e.get("error", "") for e in failed)
 
 
+async def test_more_watches_than_a_connection_pool_holds_never_queue_lists_or_writes(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
+) -> None:
+    """Found by an attack: 60 namespaces watched are 120 watches, each holding a connection;
+    kubernetes-asyncio's pool holds 100, so from the 51st namespace on every LIST, write and
+    Lease renewal waited for one until it timed out: no target found, nothing written, the
+    Lease lost. The daemon's client (``kube.client.tuned``, as the fixture's) has no cap."""
+    names = [f"team-{i}" for i in range(55)]
+    for ns in names:
+        for ref, _ in REFS:
+            apiserver.put_object(CRD, "externalproviders", provider(ref, namespace=ns))
+        apiserver.put_object(CRD, "externalmodels", model("llama", REFS, namespace=ns))
+    kube = {"namespaces": names, "watch": True, "api_timeout": 2}
+    settings = settings_for(sims, interval=30, kubernetes=kube)  # 110 first LISTs: in time
+    async with Controller(settings, serve=False, api=api) as controller:
+        report = await controller.once()
+    assert report.kubernetes == (True, None) and len(report.targets) == len(names)
+    assert all(weights_of(apiserver, "llama", ns) != dict(REFS) for ns in names)
+
+
 NO_LISTS = {
     "html": "<html><body>503 upstream connect error</body></html>",
     "item-no-object": {"kind": "ExternalModelList", "metadata": {}, "items": ["x"]},
