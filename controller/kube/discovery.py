@@ -197,36 +197,72 @@ class TargetDiscovery:
         targets: list[Target] = []
         defined: list[ClusterSettings] = []
         minimum = await self.weight_minimum()
-        for namespace, models in (await self._models()).items():
+        models, unread = await self._models()
+        for namespace, found in models.items():
             mapping = self._mappings[namespace]
             defined += mapping.defined
-            for obj in models:
+            for obj in found:
                 model = self._parsed(obj, mapping, minimum)
                 if model is not None and len(model.refs) >= 2 and self._usable(model):
                     targets.append(model)
+        for namespace in unread:  # as the last discovery left them
+            targets += self._kept("ExternalModel", namespace)
+            if namespace in self._mappings:
+                defined += self._mappings[namespace].defined
         for route in self.routes.values():
             for rule in await self._read_httproute(route):
                 if len(rule.refs) >= 2 and self._usable(rule):
                     targets.append(rule)
         return targets, defined
 
-    async def _models(self) -> dict[str, list[dict[str, Any]]]:
-        """Opted-in ExternalModels by namespace, with each namespace's provider mapping read.
+    def _kept(self, kind: str, namespace: str, name: str | None = None) -> list[Target]:
+        """The known targets of a scope that could not be read now (a namespace's
+        ExternalModels, a route's rules)."""
+        return [
+            t
+            for t in self._targets.values()
+            if (t.kind, t.namespace) == (kind, namespace) and name in (None, t.name)
+        ]
+
+    def _unreadable(
+        self, event: str, key: tuple[str, ...], exc: APIError, kept: int, **where: str
+    ) -> None:
+        """One scope (a namespace, a route) the API would not give: named, its targets kept;
+        a tenant's RoleBinding deleted or its route's 500 stopped every other tenant's
+        discovery (found by an attack)."""
+        self.count(exc)
+        self._problem(event, key, reason=exc.reason, error=str(exc), kept_targets=kept, **where)
+
+    async def _models(self) -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
+        """Opted-in ExternalModels by namespace, with each namespace's provider mapping read,
+        and the configured namespaces that could not be read (each named, its targets kept;
+        when none can be, the API is unreadable).
 
         No namespaces configured (the default): one LIST of each kind across the cluster —
         MaaS puts ExternalModels in model namespaces (e.g. ``llm``), not in ours. Otherwise two
         LISTs per configured namespace, which namespaced Roles can grant."""
         if self._kube.namespaces:
-            found = {}
+            found: dict[str, list[dict[str, Any]]] = {}
+            failed: list[APIError] = []
             for namespace in self._kube.namespaces:
-                self._mappings[namespace] = await self._providers(namespace)
-                found[namespace] = await self._list(objects.EXTERNAL_MODEL, namespace, True)
-            return found
+                try:
+                    mapping = await self._providers(namespace)
+                    found[namespace] = await self._list(objects.EXTERNAL_MODEL, namespace, True)
+                except APIError as exc:
+                    failed.append(exc)
+                    kept = len(self._kept("ExternalModel", namespace))
+                    key = ("namespace", namespace)
+                    self._unreadable("cannot read namespace", key, exc, kept, namespace=namespace)
+                    continue
+                self._mappings[namespace] = mapping
+            if failed and not found:
+                raise failed[0]
+            return found, [ns for ns in self._kube.namespaces if ns not in found]
         providers = _by_namespace(await self._list(objects.EXTERNAL_PROVIDER, None, False))
         models = _by_namespace(await self._list(objects.EXTERNAL_MODEL, None, True))
         for namespace in models:
             self._mappings[namespace] = self._mapping(providers.get(namespace, []))
-        return models
+        return models, []
 
     async def _list(
         self, gvp: tuple[str, str, str], namespace: str | None, selected: bool
@@ -279,6 +315,11 @@ class TargetDiscovery:
                 route=f"{namespace}/{name}",
             )
             return []
+        except APIError as exc:  # the LISTs before it were answered: this route's own
+            kept = self._kept("HTTPRoute", namespace, name)
+            key, route = ("route unreadable", namespace, name), f"{namespace}/{name}"
+            self._unreadable("cannot read HTTPRoute", key, exc, len(kept), route=route)
+            return kept
         owner = objects.controller_owner(obj)
         if owner is not None:
             # e.g. the payload processor's route for an ExternalModel: it rewrites the spec

@@ -46,13 +46,13 @@ LEVELS = {"debug", "info", "warning", "error", "exception", "critical"}
 
 def emitted_events() -> set[str]:
     """Every event name the package logs: ``log.<level>("…")``, ``Conditions.observe("…")``
-    and the publisher's ``_problem("…")`` (a condition)."""
+    and the publisher's ``_problem("…")`` and ``_unreadable("…")`` (conditions)."""
     found = set()
     for path in (ROOT / "controller").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
                 continue
-            if node.func.attr in LEVELS | {"observe", "_problem"} and node.args:
+            if node.func.attr in LEVELS | {"observe", "_problem", "_unreadable"} and node.args:
                 first = node.args[0]
                 if isinstance(first, ast.Constant) and isinstance(first.value, str):
                     found.add(first.value)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
 from aiohttp import web
 from kubernetes_asyncio import client
 from prometheus_client import generate_latest
@@ -25,10 +26,21 @@ from controller.render import report_json
 from controller.settings import build_settings
 from tests.conftest import Serve
 from tests.support.apiserver import FakeAPIServer
-from tests.support.kube import CRD, model, provider, settings_for, ticks, weights_of
+from tests.support.kube import (
+    CRD,
+    GATEWAY,
+    hot_and_cool,
+    model,
+    provider,
+    route,
+    settings_for,
+    ticks,
+    weights_of,
+)
 from tests.support.servers import text_handler
 
 TEAM_A, TEAM_B = "team-a", "team-b"
+REFS = [("east", 50), ("west", 50)]
 LOOPBACK_OK = {"annotation_urls": {"allow_loopback": True}}  # the test's pods are local
 
 
@@ -239,3 +251,41 @@ async def test_a_tenant_s_token_over_plain_http_is_shown_while_its_cluster_is_re
     (warned,) = [e for e in lines if e["event"] == "bearer token over the cluster network"]
     assert warned["cluster"] == "team-b/x" and warned["hosts"] == ["vllm.team-b.svc"]
     assert 'cluster="team-b/x"' not in page  # forgotten with its cluster
+
+
+@pytest.mark.parametrize("broken", ["route", "namespace"])
+async def test_one_tenant_s_unreadable_objects_never_stop_another_s_discovery(
+    apiserver: FakeAPIServer, api: client.ApiClient, broken: str
+) -> None:
+    """Found by an attack: one configured HTTPRoute answering 403 (its namespace's owner
+    deleted our RoleBinding), or one configured namespace's LISTs, failed every discovery:
+    another team's new ExternalModel was never found, the old targets reused. Now that
+    scope is named and its targets kept as last read; the others are read on."""
+    for team in (TEAM_A, TEAM_B):
+        for ref, _ in REFS:
+            apiserver.put_object(CRD, "externalproviders", provider(ref, namespace=team))
+    apiserver.put_object(CRD, "externalmodels", model("llama", REFS, namespace=TEAM_A))
+    apiserver.put_object(GATEWAY, "httproutes", route([[("svc-east", 50), ("svc-west", 50)]]))
+    backends = {"svc-east": "east", "svc-west": "west"}
+    kube = {
+        "namespaces": [TEAM_A, TEAM_B],
+        "httproutes": [{"namespace": "apps", "name": "llama", "backends": backends}],
+    }
+    async with hot_and_cool() as sims:
+        settings = settings_for(sims, kubernetes=kube)
+        async with Controller(settings, serve=False, api=api) as c:
+            before = set((await c.once()).targets)
+            if broken == "route":
+                apiserver.fail("GET", "httproutes", 403, times=1000)
+            else:
+                for plural in ("externalproviders", "externalmodels"):
+                    apiserver.fail("GET", plural, 403, times=1000, namespace=TEAM_A)
+            apiserver.put_object(CRD, "externalmodels", model("granite", REFS, namespace=TEAM_B))
+            with capture_logs() as lines:
+                after = await c.once()
+    assert after.kubernetes == (True, None)
+    assert set(after.targets) == before | {f"ExternalModel/{TEAM_B}/granite"}
+    assert weights_of(apiserver, "granite", TEAM_B) != dict(REFS)  # weighed and written
+    event = {"route": "cannot read HTTPRoute", "namespace": "cannot read namespace"}[broken]
+    (named,) = [e for e in lines if e["event"] == event]
+    assert named["reason"] == "forbidden" and named["kept_targets"] >= 1

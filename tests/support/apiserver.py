@@ -110,6 +110,7 @@ class Fault:
     seconds: float = 0.0
     headers: dict[str, str] = field(default_factory=dict)
     body: Any = None  # answered with code 200 instead: text as HTML (a proxy's), else JSON
+    namespace: str | None = None  # only requests in this namespace
 
 
 @dataclass
@@ -196,10 +197,14 @@ class FakeAPIServer:
         times: int = 1,
         headers: dict[str, str] | None = None,
         body: Any = None,
+        namespace: str | None = None,
     ) -> None:
-        """The next ``times`` matching requests answered ``code``; with ``body``, answered
-        200 with it: a proxy's page, or JSON that is no List."""
-        self.faults.append(Fault(method, plural, code, times, headers=headers or {}, body=body))
+        """The next ``times`` matching requests (in ``namespace``, if given) answered
+        ``code``; with ``body``, answered 200 with it: a proxy's page, or JSON that is no
+        List."""
+        fault = Fault(method, plural, code, times, headers=headers or {}, body=body)
+        fault.namespace = namespace
+        self.faults.append(fault)
 
     def slow(self, method: str, plural: str, seconds: float, times: int = 1) -> None:
         """Answer the next ``times`` matching requests ``seconds`` late (a loaded server)."""
@@ -272,6 +277,8 @@ class FakeAPIServer:
         watching = request.query.get("watch", "").lower() in ("true", "1")
         for fault in self.faults:
             if fault.body is not None and watching:  # a body stands for a LIST's answer
+                continue
+            if fault.namespace not in (None, request.match_info.get("ns")):
                 continue
             if fault.method == request.method and fault.plural == plural and fault.times > 0:
                 fault.times -= 1
