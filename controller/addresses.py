@@ -13,6 +13,7 @@ import fnmatch
 import ipaddress
 import os
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from controller.settings import AnnotationURLSettings
@@ -85,3 +86,45 @@ def _address_refusal(
         if "/" in pattern and address in ipaddress.ip_network(pattern, strict=False):
             return None
     return f"address {address} is not on the allow-list (kubernetes.annotation_urls.allow)"
+
+
+@dataclass
+class NamesFromObjects:
+    """The host names annotation URLs passed ``refusal`` with (discovery's, rebuilt each
+    time it reads them), and what their addresses may not be once resolved: a name is text
+    until it is dialled, and a tenant's ExternalName Service makes ``x.team-b.svc`` answer
+    loopback or the metadata server (found by an attack). The pages' resolver asks
+    ``address_refusal`` of every address such a name resolves to."""
+
+    policy: AnnotationURLSettings
+    names: frozenset[str] = frozenset()
+    api_hosts: frozenset[str] = field(default_factory=api_server_hosts)
+
+    def refusal(self, host: str, address: str) -> str | None:
+        if host.lower().rstrip(".") not in self.names:
+            return None  # configured: the operator's own
+        return address_refusal(address, self.policy, self.api_hosts)
+
+
+def address_refusal(
+    address: str, policy: AnnotationURLSettings, api_hosts: frozenset[str]
+) -> str | None:
+    """Why a name from annotations may not be dialled at ``address``, what it resolved to:
+    loopback (unless ``allow_loopback``), link-local, no host, or the API server. The
+    allow-list is for what was written (names, literal addresses), not for what a cluster's
+    DNS answers for an allowed name (a ClusterIP, a pod's address)."""
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return f"it resolves to {address!r}, no address"
+    mapped = getattr(ip, "ipv4_mapped", None)
+    ip = mapped if mapped is not None else ip
+    if str(ip) in api_hosts:
+        return f"it resolves to the Kubernetes API server ({ip})"
+    if ip.is_loopback:
+        return None if policy.allow_loopback else f"it resolves to loopback address {ip}"
+    if ip.is_link_local:
+        return f"it resolves to link-local address {ip} (cloud metadata lives there)"
+    if ip.is_unspecified or ip.is_multicast or ip.is_reserved:
+        return f"it resolves to {ip}, not a host"
+    return None

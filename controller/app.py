@@ -17,6 +17,7 @@ import aiohttp
 import structlog
 
 from controller import exposition, server
+from controller.addresses import NamesFromObjects
 from controller.exporter import CacheCollector, make_registry
 from controller.kube import client as kube_client
 from controller.kube.access import AccessReviewer
@@ -36,6 +37,7 @@ from controller.reconcile.loop import Reconciler
 from controller.settings import ClusterSettings, Settings
 from controller.settings.schema import host_and_port
 from controller.sources import ClusterMetricsSource
+from controller.sources.dns import GuardedResolver
 from controller.sources.limiter import Limiter
 from controller.sources.page import EPP_EXTRACTOR, pod_extractors
 from controller.sources.prometheus import prometheus_source, shared_queriers
@@ -104,7 +106,7 @@ def source_factory(
     return make
 
 
-def _connector(settings: Settings) -> aiohttp.TCPConnector:
+def _connector(settings: Settings, names: NamesFromObjects) -> aiohttp.TCPConnector:
     # As many connections as pages may be read at once (scrape.max_concurrency), kept alive
     # where the server allows (an EPP), and 8 spare (a connection closing while the next page
     # opens one); PromQL sources have their own
@@ -114,9 +116,15 @@ def _connector(settings: Settings) -> aiohttp.TCPConnector:
     # An idle connection is kept for two intervals, so a pod that keeps it that long (vLLM
     # with VLLM_HTTP_TIMEOUT_KEEP_ALIVE above the interval) is read on it next tick
     # (benchmarks/HISTORY.md measures what that saves).
+    # The hosts of clusters defined by annotations are checked again at the addresses they
+    # resolve to (GuardedResolver): a name is text until it is dialled.
     limit = settings.scrape.max_concurrency + 8
     return aiohttp.TCPConnector(
-        limit=limit, limit_per_host=0, ttl_dns_cache=60, keepalive_timeout=2 * settings.interval
+        limit=limit,
+        limit_per_host=0,
+        ttl_dns_cache=60,
+        keepalive_timeout=2 * settings.interval,
+        resolver=GuardedResolver(names.refusal),
     )
 
 
@@ -197,7 +205,8 @@ class Controller:
         self._cert_watch: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Controller:
-        self._session = _session(_connector(self.settings))
+        self._names = NamesFromObjects(self.settings.kubernetes.annotation_urls)
+        self._session = _session(_connector(self.settings, self._names))
         self._querying = _session(_query_connector(self.settings))
         try:
             await self._connect_kubernetes()
@@ -321,7 +330,9 @@ class Controller:
             self.metrics.leader.set(1)  # a single replica is its own leader
             is_leader = _always
         if kube.enabled:
-            writer = KubernetesPublisher(self.settings, self._api, self.metrics, is_leader)
+            writer = KubernetesPublisher(
+                self.settings, self._api, self.metrics, is_leader, names=self._names
+            )
             self._discovery = writer.discovery
             self.publisher = DryRun(writer) if self._dry_run else writer
 

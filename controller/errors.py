@@ -6,7 +6,8 @@ WeightControllerError
     │                      read into samples; carries a Reason
     ├── FetchTimeoutError
     ├── FetchConnectError
-    │   └── FetchRefusedError
+    │   ├── FetchRefusedError
+    │   └── FetchForbiddenAddressError
     ├── FetchHTTPStatusError
     ├── FetchTruncatedError
     ├── FetchAuthError
@@ -77,6 +78,13 @@ class FetchRefusedError(FetchConnectError):
     server process is gone), unlike a timeout, which may be a slow network."""
 
     reason = Reason.REFUSED
+
+
+class FetchForbiddenAddressError(FetchConnectError):
+    """A name from annotations resolved only to addresses it may not be dialled at
+    (``sources.dns.GuardedResolver``): nothing was sent."""
+
+    reason = Reason.FORBIDDEN_ADDRESS
 
 
 class FetchHTTPStatusError(FetchError):

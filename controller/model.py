@@ -104,6 +104,9 @@ class Reason(StrEnum):
     NO_PODS = "no_pods"
     LOAD_BALANCED = "load_balanced"  # one URL answers as several processes (a Service, an LB)
     DISCOVERY = "discovery"  # the cluster's pods (or its pool) could not be looked up
+    # an annotation URL's name resolved only to addresses it may not reach (loopback, the
+    # metadata server, the API server): never dialled
+    FORBIDDEN_ADDRESS = "forbidden_address"
     INFERENCE_POOL = "inference_pool"  # its InferencePool names no EPP page to read
     INTERNAL = "internal"
 

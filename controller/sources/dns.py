@@ -15,6 +15,10 @@ import ipaddress
 import secrets
 import socket
 import struct
+from collections.abc import Callable
+
+import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
 
 A, AAAA, IN = 1, 28, 1
 _NOERROR, _NXDOMAIN = 0, 3
@@ -24,6 +28,40 @@ _MAX_POINTERS = 32  # a compression loop is refused, not followed for ever
 
 class DNSError(Exception):
     """The name could not be looked up (not: it has no addresses)."""
+
+
+class AddressRefusedError(OSError):
+    """A name resolved only to addresses it may not be dialled at (``GuardedResolver``)."""
+
+
+class GuardedResolver(AbstractResolver):
+    """aiohttp's resolver, whose answers for some names are checked before any is dialled:
+    ``refusal(host, address)`` says why ``host`` may not be reached at ``address``. The
+    addresses refused are dropped; a name left with none fails to connect, named
+    (``AddressRefusedError``), and nothing is sent to it. Checked here, where the address is
+    chosen, not before: the name could answer differently a moment later."""
+
+    def __init__(self, refusal: Callable[[str, str], str | None]) -> None:
+        self._inner = aiohttp.DefaultResolver()
+        self._refusal = refusal
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        found = await self._inner.resolve(host, port, family)
+        kept, why = [], None
+        for result in found:
+            reason = self._refusal(host, result["host"])
+            if reason is None:
+                kept.append(result)
+            else:
+                why = why or reason
+        if not kept and why is not None:
+            raise AddressRefusedError(f"{host}: {why}: not dialled (kubernetes.annotation_urls)")
+        return kept
+
+    async def close(self) -> None:
+        await self._inner.close()
 
 
 async def system_lookup(name: str, seconds: float) -> tuple[list[str], float | None]:

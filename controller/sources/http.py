@@ -21,6 +21,7 @@ from controller.errors import (
     FetchAuthError,
     FetchConnectError,
     FetchError,
+    FetchForbiddenAddressError,
     FetchHTTPStatusError,
     FetchRedirectError,
     FetchRefusedError,
@@ -31,6 +32,7 @@ from controller.errors import (
 )
 from controller.exposition import PageStream
 from controller.settings.files import read_token
+from controller.sources.dns import AddressRefusedError
 from controller.sources.limiter import Limiter
 
 # The classic text format: prometheus-client >= 0.23 would rename vllm: metrics for OpenMetrics.
@@ -197,6 +199,8 @@ async def _request(
     except (aiohttp.ClientConnectionError, OSError) as exc:
         if _refused(exc):
             raise FetchRefusedError(url, f"connection refused: {exc}") from exc
+        if isinstance(refused := getattr(exc, "os_error", exc), AddressRefusedError):
+            raise FetchForbiddenAddressError(url, str(refused)) from exc
         raise FetchConnectError(url, f"{type(exc).__name__}: {exc}") from exc
     except aiohttp.ClientError as exc:
         raise FetchError(url, f"{type(exc).__name__}: {exc}") from exc

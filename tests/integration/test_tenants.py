@@ -4,7 +4,9 @@ that enforces the upstream CRDs: one team's objects never reach another's routin
 from __future__ import annotations
 
 import asyncio
+import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -289,3 +291,45 @@ async def test_one_tenant_s_unreadable_objects_never_stop_another_s_discovery(
     event = {"route": "cannot read HTTPRoute", "namespace": "cannot read namespace"}[broken]
     (named,) = [e for e in lines if e["event"] == event]
     assert named["reason"] == "forbidden" and named["kept_targets"] >= 1
+
+
+async def test_a_tenant_s_name_that_resolves_to_a_forbidden_address_is_never_dialled(
+    apiserver: FakeAPIServer, api: client.ApiClient, monkeypatch: pytest.MonkeyPatch, serve: Serve
+) -> None:
+    """Found by an attack: a name under the default allow-list (``*.svc``) was checked as
+    text only, and a tenant's ExternalName Service makes ``x.team-b.svc`` answer loopback or
+    the metadata server. The cluster's DNS is played by the system resolver answering for
+    the tenant's names; the pages' resolver checks every address such a name resolves to,
+    and dials none that annotation URLs may not reach. Configured clusters are the
+    operator's own and read as before."""
+    asked: list[str] = []
+
+    async def page(request: web.Request) -> web.Response:
+        asked.append(request.path)
+        return web.Response(text=vllm_v1_page("m", [0.1], [0], [1], [CumulativeHistogram()]))
+
+    server = await serve({"/metrics": page})
+    real = socket.getaddrinfo
+    answers = {"hot.team-b.svc": "127.0.0.1", "meta.team-b.svc": "169.254.169.254"}
+
+    def cluster_dns(host: Any, *args: Any, **kwargs: Any) -> Any:
+        return real(answers.get(host, host), *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", cluster_dns)
+    async with Fleet([SimCluster("cool", kv=0.1)]) as sims:
+        for name, host in (("hot", "hot.team-b.svc"), ("meta", "meta.team-b.svc")):
+            urls = {VLLM_URLS_ANNOTATION: f"http://{host}:{server.port}/metrics"}
+            apiserver.put_object(CRD, "externalproviders", provider(name, urls, TEAM_B))
+        apiserver.put_object(CRD, "externalproviders", provider("cool", namespace=TEAM_B))
+        refs = [("hot", 40), ("meta", 20), ("cool", 40)]
+        apiserver.put_object(CRD, "externalmodels", model("llama", refs, namespace=TEAM_B))
+        settings = settings_for(sims)  # annotation_urls.allow_loopback stays off
+        async with Controller(settings, serve=False, api=api) as controller:
+            report = report_json(await controller.once())
+    for name, why in (("hot", "loopback address 127.0.0.1"), ("meta", "link-local address")):
+        cluster = report["clusters"][f"{TEAM_B}/{name}"]
+        assert cluster["healthy"] is False and cluster["vram_utilization"] is None
+        (error,) = cluster["errors"]
+        assert error["reason"] == "forbidden_address" and why in error["detail"], error
+    assert asked == []  # nothing sent: the page behind the loopback name was never asked
+    assert report["clusters"]["cool"]["healthy"] is True
