@@ -330,8 +330,11 @@ class Controller:
             self.metrics.leader.set(1)  # a single replica is its own leader
             is_leader = _always
         if kube.enabled:
+            # a dry run sends only GETs and LISTs: it writes nothing through the publisher,
+            # and posts no Event either (it counted as the leader: an attack saw a Warning)
+            writes = _never if self._dry_run else is_leader
             writer = KubernetesPublisher(
-                self.settings, self._api, self.metrics, is_leader, names=self._names
+                self.settings, self._api, self.metrics, writes, names=self._names
             )
             self._discovery = writer.discovery
             self.publisher = DryRun(writer) if self._dry_run else writer
@@ -451,6 +454,10 @@ def install_signal_handlers(stop: asyncio.Event) -> None:
 
 def _always(margin: float = 0.0) -> bool:
     return True
+
+
+def _never(margin: float = 0.0) -> bool:
+    return False
 
 
 def raise_open_file_limit() -> None:

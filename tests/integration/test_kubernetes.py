@@ -310,7 +310,12 @@ async def test_dry_run_writes_nothing_but_exports_what_it_would_apply(
 ) -> None:
     seed(apiserver, [("east", 50), ("west", 50)])
     sims["east"].kv = 0.95
-    election = {"leader_election": {"enabled": True}}
+    # and a route a live leader would be told by a Warning Event it will not write (an
+    # attack saw a dry run post it: without election, or with, it counted as the leader)
+    owner = {"apiVersion": "v1", "kind": "ConfigMap", "name": "x", "uid": "1", "controller": True}
+    apiserver.put_object(GATEWAY, "httproutes", route([[("svc-east", 1)]], ownerReferences=[owner]))
+    routes = [{"namespace": "apps", "name": "llama", "backends": {"svc-east": "east"}}]
+    election = {"leader_election": {"enabled": True}, "kubernetes": {"httproutes": routes}}
     async with Controller(
         settings_for(sims, **election), serve=False, api=api, dry_run=True
     ) as controller:
