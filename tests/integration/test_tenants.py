@@ -333,3 +333,33 @@ async def test_a_tenant_s_name_that_resolves_to_a_forbidden_address_is_never_dia
         assert error["reason"] == "forbidden_address" and why in error["detail"], error
     assert asked == []  # nothing sent: the page behind the loopback name was never asked
     assert report["clusters"]["cool"]["healthy"] is True
+
+
+async def test_a_provider_s_changed_urls_are_read_on_the_next_tick(
+    apiserver: FakeAPIServer, api: client.ApiClient
+) -> None:
+    """Providers are mapped to clusters again only when one of a namespace's changes (2,000
+    of them mapped every tick cost about a second of the event loop: an attack); a change
+    is still read on the next tick, and an unchanged namespace keeps its mapping."""
+    async with Fleet(
+        [SimCluster("old", kv=0.9, noise=0.0), SimCluster("new", kv=0.1, noise=0.0)]
+    ) as sims:
+        for name, sim in (("gpu", "old"), ("spare", "new")):
+            urls = {VLLM_URLS_ANNOTATION: ",".join(sims[sim].vllm_urls())}
+            apiserver.put_object(CRD, "externalproviders", provider(name, urls, TEAM_B))
+        apiserver.put_object(
+            CRD, "externalmodels", model("llama", [("gpu", 50), ("spare", 50)], namespace=TEAM_B)
+        )
+        settings = settings_for(sims, kubernetes={**LOOPBACK_OK, "watch": False})
+        async with Controller(settings, serve=False, api=api) as controller:
+            first = report_json(await controller.once())["clusters"][f"{TEAM_B}/gpu"]
+            second = report_json(await controller.once())["clusters"][f"{TEAM_B}/gpu"]
+            moved = ",".join(sims["new"].vllm_urls())
+
+            def move(obj: dict[str, Any]) -> None:  # a tenant's edit: same uid, new version
+                obj["metadata"]["annotations"][VLLM_URLS_ANNOTATION] = moved
+
+            apiserver.edit(CRD, "externalproviders", TEAM_B, "gpu", "kubectl", move)
+            third = report_json(await controller.once())["clusters"][f"{TEAM_B}/gpu"]
+    assert first["vram_utilization"] == second["vram_utilization"] == 0.9
+    assert third["vram_utilization"] == 0.1
