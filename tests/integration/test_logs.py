@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import collections
 import io
 import itertools
 import json
 import logging
+import random
 import re
 import shlex
 from collections.abc import Iterator
@@ -28,7 +30,7 @@ from controller.conditions import Conditions
 from controller.demo.runner import apply_scenario, demo_fleet
 from controller.fakes.pages import CumulativeHistogram, vllm_v1_page
 from controller.kube.leader import LeaderElector
-from controller.model import ClusterMetrics
+from controller.model import ClusterMetrics, PodError, Reason
 from controller.reconcile.journal import Journal
 from controller.settings import LeaderSettings, build_settings
 from controller.testing import Driver, VirtualClock
@@ -270,6 +272,59 @@ async def test_a_log_line_that_fails_never_holds_the_report_back(
     assert driver.snapshot.report.tick == 2
     served = driver.snapshot.report.clusters["a"].metrics
     assert served is not None and served.kv_mean == 0.9
+
+
+def flaky(names: list[str], now: float, down: dict[str, list[int]]) -> dict[str, ClusterMetrics]:
+    """Clusters of 50 pods, those ``down`` of each failing this tick (timeouts)."""
+    return {
+        n: ClusterMetrics(
+            n,
+            now,
+            0.01,
+            50,
+            50 - len(down[n]),
+            kv_mean=0.4,
+            kv_max=0.45,
+            errors=tuple(PodError(f"http://{n}-{i}/metrics", Reason.TIMEOUT, "x") for i in down[n]),
+            pages=50,
+        )
+        for n in names
+    }
+
+
+async def test_pods_missing_a_scrape_at_random_are_counted_and_a_pod_down_is_logged() -> None:
+    """Found by an attack: 2 pods of 50 missing at random each tick (a usable cluster) wrote a
+    'pod failing' and a 'condition ended' each, 77 lines a tick for 20 clusters (28,000 an
+    hour). A pod is logged from its second miss in a row, and once back, its end."""
+    names = [f"c{i:02}" for i in range(20)]
+    settings = build_settings(
+        {
+            "interval": 10,
+            "clusters": [{"name": n, "vllm_urls": ["http://127.0.0.1:1/"]} for n in names],
+        }
+    )
+    driver, now, rng = Driver(settings), 1000.0, random.Random(7)
+    await driver.tick(now, steady(names, now))
+    with capture_logs() as lines:
+        for _ in range(60):
+            now += 10
+            await driver.tick(now, flaky(names, now, {n: rng.sample(range(50), 2) for n in names}))
+    said = [e for e in lines if e["log_level"] != "debug"]
+    # 2 of 50 again the next tick: about 0.08 pods a cluster a tick, two lines each
+    assert len(said) <= 60 * 20 * 0.25, collections.Counter(e["event"] for e in said)
+    with capture_logs() as lines:
+        for tick in range(4):  # pod 3 of c00 misses twice, then answers
+            now += 10
+            down = {n: [3] if n == "c00" and tick < 2 else [] for n in names}
+            await driver.tick(now, flaky(names, now, down))
+    failing = [e for e in lines if e["event"] == "pod failing"]
+    ended = [
+        e
+        for e in lines
+        if e["event"] == "condition ended" and e.get("pod") == "http://c00-3/metrics"
+    ]
+    assert [(e["cluster"], e["pod"]) for e in failing] == [("c00", "http://c00-3/metrics")]
+    assert len(ended) == 1 and ended[0]["occurrences"] == 1  # said from its second miss
 
 
 # ---- the cookbook against the demo's story ---------------------------------------------------
