@@ -203,6 +203,13 @@ class TargetDiscovery:
         log.info("weight minimum", minimum=self._minimum, source="crd")
         return self._minimum
 
+    def minimum_refused(self) -> None:
+        """The schema refused a weight: the CRD is read again at the next discovery (MaaS
+        rolled back to a CRD whose minimum is 1, and a dead cluster's 0 was refused for
+        good, its traffic kept until a restart: an attack). A configured minimum stays."""
+        if self._kube.min_weight == "auto":
+            self._minimum = None
+
     def count(self, exc: APIError) -> None:
         self._metrics.api_errors.labels(exc.reason).inc()
 

@@ -144,6 +144,8 @@ class KubernetesPublisher:
                 return WriteResult(Write.DONE, await self._patch(target, desired, why))
         except APISchemaError as exc:  # the same body would be refused again: no retry
             self.discovery.count(exc)
+            if any(c.get("field", "").endswith(".weight") for c in exc.causes):
+                self.discovery.minimum_refused()
             for cause in exc.causes:
                 self._metrics.schema_rejections.labels(target.key, cause.get("field", "")).inc()
             return WriteResult(Write.REFUSED, target, exc.fields, exc.reason)

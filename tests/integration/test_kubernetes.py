@@ -723,6 +723,25 @@ async def test_a_schema_rejection_is_told_from_a_conflict_and_not_retried(
     assert view.write.value == "refused" and view.applied == {"east": 50, "west": 50}
 
 
+@pytest.mark.parametrize("apiserver", ["v0.2.1"], indirect=True)
+async def test_a_crd_whose_minimum_rose_while_running_is_read_again_on_a_refusal(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
+) -> None:
+    """Found by an attack: the CRD's minimum was read once. MaaS rolled back (v0.2.1 to
+    v0.2.0, minimum 0 to 1) while the controller ran: a dead cluster's 0 was refused by the
+    schema, never sent again, and the cluster kept half the traffic until a restart."""
+    seed(apiserver, [("east", 50), ("west", 50)])
+    async with Controller(settings_for(sims), serve=False, api=api) as controller:
+        await ticks(controller, 2)
+        apiserver.crd_version = "v0.2.0"  # the rollback: weights of 0 are refused now
+        sims["east"].fault = Fault.HTTP_500
+        with capture_logs() as logs:
+            await ticks(controller, 4)
+    assert weights_of(apiserver) == {"east": 1, "west": 99}
+    known = [(e["minimum"], e["source"]) for e in logs if e["event"] == "weight minimum"]
+    assert known == [(1, "crd")]
+
+
 async def test_an_unreadable_crd_means_a_minimum_of_one(
     apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
 ) -> None:
