@@ -80,6 +80,7 @@ class LeaderElector:
         self._observed: tuple[str | None, object, str | None] | None = None
         self._observed_at = -math.inf
         self._conditions = Conditions(log, repeat, monotonic)
+        self._written: str | None = None  # the renewTime our last write of the Lease set
 
     def is_leader(self, margin: float = 0.0) -> bool:
         """Leading, with at least ``margin`` seconds of the fence left."""
@@ -158,7 +159,22 @@ class LeaderElector:
         if holder not in (None, self.identity) and valid:
             self._deposed()
             return False  # someone else holds it and has renewed recently enough
-        return await self._replace(lease, spec, renewing=holder == self.identity)
+        mine = holder == self.identity
+        if mine and valid and self._written != micro_time(spec.renew_time):
+            # held under our name, not written by us: two processes given one identity (a
+            # shared config's leader_election.identity) both led, each taking the other's
+            # renewal for its own (found by an attack). One we did not write is another
+            # process's, or this pod's before a crash: waited out as any other holder's.
+            self._conditions.observe(
+                "lease held under this identity by another process",
+                ("twin",),
+                identity=self.identity,
+                renewed=str(spec.renew_time),
+            )
+            self._deposed()
+            return False
+        self._conditions.clear(("twin",))
+        return await self._replace(lease, spec, renewing=mine)
 
     def _deposed(self) -> None:
         """Another replica holds the Lease, as read: this one stops leading now, as client-go's
@@ -196,11 +212,13 @@ class LeaderElector:
     async def _create(self) -> bool:
         s = self._settings
         try:
-            await self._api.create_namespaced_lease(s.namespace, self._body(_now(), 0, None))
+            body = self._body(_now(), 0, None)
+            await self._api.create_namespaced_lease(s.namespace, body)
         except API_EXCEPTIONS as exc:
             if isinstance(exc, ApiException) and exc.status == 409:
                 return False  # another replica created it first (the next read tells)
             raise translate(exc, f"create lease {s.namespace}/{s.lease_name}") from exc
+        self._written = body["spec"]["renewTime"]
         return True
 
     async def _replace(
@@ -220,6 +238,7 @@ class LeaderElector:
                 # added is no reason to stop leading: a review)
                 return False
             raise translate(exc, f"update lease {s.namespace}/{s.lease_name}") from exc
+        self._written = body["spec"]["renewTime"]  # a label someone adds changes no renewal
         if not renewing:
             log.info("lease taken", identity=self.identity, previous=spec.holder_identity)
         return True

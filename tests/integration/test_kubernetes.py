@@ -559,6 +559,31 @@ async def test_two_electors_race_and_exactly_one_leads(
 
 
 @pytest.mark.looptime
+async def test_two_processes_given_one_identity_never_both_lead(
+    apiserver: FakeAPIServer, api: client.ApiClient
+) -> None:
+    """Found by an attack: two replicas reading one config whose leader_election.identity is
+    set both led in 29 of 30 samples, each taking the other's renewal for its own. A renewal
+    under our name that we did not write is another process's: the last to write leads, the
+    other follows and says why; when that one stops, the other takes over."""
+    twins = [elector(api, elector_settings("weight-controller")) for _ in range(2)]
+    stops = [asyncio.Event(), asyncio.Event()]
+    with capture_logs() as logs:
+        tasks = [asyncio.create_task(e.run(stop)) for e, stop in zip(twins, stops, strict=True)]
+        await wait_until(lambda: any(e.is_leader() for e in twins), 3)
+        for _ in range(30):  # a few renew cycles: never both
+            assert not all(e.is_leader() for e in twins)
+            await asyncio.sleep(0.1)
+        leader = next(i for i, e in enumerate(twins) if e.is_leader())
+        tasks[leader].cancel()  # the leading twin crashes: the other takes over
+        await wait_until(twins[1 - leader].is_leader, 5)
+    stops[1 - leader].set()
+    await tasks[1 - leader]
+    said = [e for e in logs if e["event"] == "lease held under this identity by another process"]
+    assert said and said[0]["identity"] == "weight-controller"
+
+
+@pytest.mark.looptime
 async def test_lease_expiry_takeover_and_release(
     apiserver: FakeAPIServer, api: client.ApiClient
 ) -> None:
