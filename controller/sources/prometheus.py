@@ -474,11 +474,27 @@ class Querier:
         limit = endpoint.max_samples
         # Every series is a JSON object, and JSON writes every object with a '{' no escape
         # can hide (a count of "metric" keys was dodged by \u006detric, or no key at all: a
-        # review); a series of labels is two of them, an answer's frame two more.
-        if limit is not None and (objects := body.count("{")) > 2 * limit + 2:
-            detail = f"~{(objects - 2) // 2} series, more than {limit} (scrape.max_page_samples)"
-            raise FetchTooManySamplesError(endpoint.url.partition("?")[0], detail)
+        # review); a series of labels is two of them, an answer's frame two more. A '{' in a
+        # label value is no object: counted only when the quick count is over the cap (one
+        # tenant's label of braces refused every cluster's answer of a shared querier).
+        if limit is not None and body.count("{") > 2 * limit + 2:
+            objects = _objects(body)
+            if objects > 2 * limit + 2:
+                detail = (
+                    f"~{(objects - 2) // 2} series, more than {limit} (scrape.max_page_samples)"
+                )
+                raise FetchTooManySamplesError(endpoint.url.partition("?")[0], detail)
         return body
+
+
+# A JSON string (escapes and all) or a lone escape (inside a string left open): what is left
+# once they are taken out is the answer's structure. Linear: an unclosed string is scanned once.
+_STRINGS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|\\.')
+
+
+def _objects(body: str) -> int:
+    """The JSON objects in ``body``: its '{' outside strings (9 MB of series: ~0.25 s)."""
+    return _STRINGS.sub("", body).count("{")
 
 
 _TIMED_OUT = re.compile(r'"errorType"\s*:\s*"timeout"')

@@ -197,6 +197,28 @@ async def test_an_answer_of_too_many_series_is_refused_before_it_is_parsed(
     assert all(p.get("partial_response") == "false" for p in hub.params)
 
 
+class BracedHub(HubThanos):
+    """A hub whose pool answer carries a label value of 50,000 '{': one series, not 25,000
+    (a tenant's label, in a shared querier's answer for every cluster)."""
+
+    async def handle(self, request: web.Request) -> web.Response:
+        if unwrapped(request.query["query"]).startswith("count by (job, instance, ReplicaId"):
+            series = [{"metric": {"instance": "{" * 50_000}, "value": [1.0, "1"]}]
+            data = {"resultType": "vector", "result": series}
+            return web.json_response({"status": "success", "data": data})
+        return await super().handle(request)
+
+
+async def test_braces_in_a_label_value_are_no_series(serve: Serve) -> None:
+    """The series cap counts the answer's objects by its '{': a label value of braces read
+    as 25,000 series and refused the pool answer of every cluster the querier serves. The
+    braces inside strings are counted out when the quick count is over the cap."""
+    server = await serve({"/api/v1/query": BracedHub().handle})
+    async with Controller(hub_settings(server.url("")), serve=False) as controller:
+        report = report_json(await controller.once())
+    assert all(c["errors"] == [] for c in report["clusters"].values()), report["clusters"]
+
+
 async def test_pods_that_hang_and_a_slow_querier_never_starve_a_sane_querier(
     serve: Serve,
 ) -> None:
