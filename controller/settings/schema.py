@@ -897,6 +897,23 @@ class ServerSettings(_Group):
             raise ValueError("tls_cert_file and tls_key_file go together")
         return self
 
+    @model_validator(mode="after")
+    def _own_probe_port(self) -> Self:
+        """The probes' listener and the main one cannot share a port on one address: the
+        second failed to bind at start-up after check-config had passed (a wildcard address
+        holds the port on every address)."""
+        if self.probe_bind is None:
+            return self
+        (host, port), (probe_host, probe_port) = map(host_and_port, (self.bind, self.probe_bind))
+        wildcard = {"", "0.0.0.0", "::"}
+        shared = host == probe_host or host in wildcard or probe_host in wildcard
+        if port == probe_port != 0 and shared:
+            raise ValueError(
+                f"probe_bind {self.probe_bind!r} takes the port of bind {self.bind!r}: "
+                "give the probes a port of their own"
+            )
+        return self
+
     @field_validator("bind", "probe_bind")
     @classmethod
     def _host_port(cls, value: str | None) -> str | None:

@@ -176,6 +176,10 @@ def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.Monk
             "prometheus_queries: {queue: 'sum(x{a=\"b\"$selector})'}\n",
             "prometheus_queries.queue: a shared querier (queriers[]) needs $by",
         ),
+        (  # both listeners on one port: check-config passed, the second bind failed at start
+            MINIMAL + "server: {bind: '0.0.0.0:8080', probe_bind: '127.0.0.1:8080'}\n",
+            "server: probe_bind '127.0.0.1:8080' takes the port of bind '0.0.0.0:8080'",
+        ),
         (  # a querier's clusters read no model_name: every model's KV was read as one
             "clusters: [{name: a, model_name: m, prometheus: {url: 'http://127.0.0.1:1/'}}]\n",
             "clusters[0]: model_name: read from pages, not through prometheus",
@@ -188,6 +192,11 @@ def test_bad_config_names_field_and_reason(tmp_path: Path, text: str, expected: 
     assert any(expected in line for line in raised.value.lines), raised.value.lines
     # pydantic's union branches are no field (a review: "min_weight.literal['auto']: ...")
     assert not any("literal[" in line or "constrained-" in line for line in raised.value.lines)
+
+
+def test_probes_may_share_a_port_number_on_another_address(tmp_path: Path) -> None:
+    server = "server: {bind: '127.0.0.1:8080', probe_bind: '127.0.0.2:8080'}\n"
+    assert load_settings(write(tmp_path, MINIMAL + server)).server.probe_bind == "127.0.0.2:8080"
 
 
 def test_a_misspelt_environment_name_is_refused_not_ignored(
