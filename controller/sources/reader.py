@@ -371,13 +371,15 @@ class PageReader:
         not stepping: nothing running, waiting or held (``Replicas.gauges``); it is gone
         once it stays so through ``QUIET_READS`` reads in which the model's replicas that step
         had as many requests in flight as the model has replicas, until it steps again
-        (``Replicas.gone``)."""
+        (``Replicas.gone``). One never seen stepping reads so while none of the model's
+        replicas steps, and counts from its first step once one does."""
         found: list[_PodKV] = []
         wrong: list[PodError] = []
         accepted: set[str] = set()
         refused: set[str] = set()
-        gauges = [*engine.kv.names, *engine.waiting.names, *engine.running.names]
-        picked: list[tuple[str, str, Page, ByName]] = []
+        families = (engine.kv, engine.waiting, engine.running)
+        gauges = {n for family in families for n in family.names}
+        picked: list[tuple[str, str, Page, ByName, bool]] = []  # and: stepping now
         ongoing = 0.0  # requests running or waiting at the replicas of the model that step
         keep = self._keep(engine)
         for replica, mine in units.items():  # the cluster's model's (``read``)
@@ -387,17 +389,26 @@ class PageReader:
             if process in live:
                 ongoing += sum(_pod_total(samples, engine.waiting, keep))
                 ongoing += sum(_pod_total(samples, engine.running, keep))
-            picked.append((replica, process, node, samples))
+            picked.append((replica, process, node, samples, process in live))
+        # A replica never seen stepping is the model's while none of its replicas steps: a
+        # model idle since the controller started reads idle, not missing (read as missing,
+        # it was shed, and with no traffic never stepped again: an attack). Once one steps,
+        # such an id may be a dead worker's (its histogram stays on the page for good) and
+        # counts from its first step.
+        if any(now for *_, now in picked):
+            picked = [p for p in picked if p[4] or self._replicas.stepped(p[0])]
         # Ray Serve sends each request to the less loaded of two replicas drawn at random: with
-        # as many requests in flight as replicas, a live one that does not step is sent work
-        busy = ongoing >= len(picked)
-        for replica, process, node, samples in picked:
-            samples = self._replicas.gauges(replica, process, samples, gauges, busy)
+        # as many requests in flight as replicas, a live one that does not step is sent work.
+        # Those gone count no more (a dead id's histogram stays on the page for good: counted,
+        # 20 of them kept a hot model's dead replica from ever going, an attack).
+        busy = ongoing >= sum(1 for replica, *_ in picked if not self._replicas.gone(replica))
+        for replica, process, node, samples, _ in picked:
+            samples = self._replicas.gauges(replica, process, samples, families, busy)
             if self._replicas.gone(replica):
                 continue  # not stepping through QUIET_READS busy reads: gone until it steps
             name, chosen = self._kv_of(samples, engine)
             if name is None:
-                continue  # never seen with its KV use: nothing to read it by yet
+                continue  # no series of the model's left to read it by
             unit = f"{node.url}#{engine.replica_label}={replica}"
             if engine.process_label:
                 unit += f",{engine.process_label}={process}"

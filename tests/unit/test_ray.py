@@ -434,3 +434,66 @@ def test_the_configured_size_is_for_the_replicas_that_never_said_theirs() -> Non
         20_000 * 16 + 100_000,
         CapacityFrom.KV_TOKENS_PER_POD,
     )
+
+
+def test_a_model_idle_since_the_controller_started_reads_idle_not_missing() -> None:
+    """Found by an attack: replicas idle when the controller started (or came back after
+    REPLICA_READS reads without the nodes), their gauges dropped by Ray and their histograms
+    on the page, were never seen with a KV use and skipped: the cluster read missing_metric,
+    was shed, and with no traffic never stepped again. While none of the model's replicas
+    steps, each reads idle; once one steps, one never seen stepping counts from its first
+    step (its id may be a dead worker's: its histogram stays on the page for good)."""
+    r = reader(A)
+    idle = [
+        Replica(A, Load(kv=0.3, running=2, blocks=20_000), "a-1", "01" * 28),
+        Replica(A, Load(kv=0.3, running=2, blocks=30_000), "a-2", "02" * 28),
+    ]
+    asleep = [replace(x, info=False, gauges=False) for x in idle]
+    metrics = read(r, [node(asleep)])
+    assert metrics.errors == ()
+    assert (metrics.replicas, metrics.kv_mean, metrics.queue_depth) == (2, 0.0, 0.0)
+    woken = read(r, [node([idle[0], asleep[1]])], 10.0)  # a-1 is sent work and steps
+    assert (woken.replicas, woken.kv_mean) == (1, 0.3)
+    both = read(r, [node(idle)], 20.0)
+    assert (both.replicas, both.kv_mean) == (2, 0.3)
+
+
+def test_ids_never_seen_stepping_leave_a_busy_model_s_dead_replica_to_go() -> None:
+    """Found by an attack: every replica id on the pages counted towards the bar for a busy
+    model (requests in flight at least the replicas), the dead ids Ray keeps on the page for
+    good included: with 20 of them, 16 requests in flight never reached it, and a hot
+    replica scaled down afterwards counted idle for good (KV 0.61 read for 0.92)."""
+    r = reader(A)
+    hot = [
+        Replica(A, Load(kv=0.92, waiting=2, running=6, blocks=20_000), f"a-{i}", f"a{i}" * 28)
+        for i in range(1, 4)
+    ]
+    dead = [
+        Replica(A, Load(kv=0.0, blocks=20_000, completed=50), f"old-{i}", f"{i:02}" * 28)
+        for i in range(20)
+    ]
+    dead = [replace(x, info=False, gauges=False) for x in dead]
+    for tick in range(2):
+        read(r, [node([*hot, *dead])], 10.0 * tick)
+    down = replace(hot[2], info=False, gauges=False)  # a-3 scaled down: its histogram stays
+    for tick in range(QUIET_READS):
+        metrics = read(r, [node([*hot[:2], down, *dead])], 20.0 + 10 * tick)
+    assert metrics.replicas == 2 and metrics.kv_mean == pytest.approx(0.92)
+
+
+def test_a_replica_restarted_four_times_keeps_its_live_worker_s_state() -> None:
+    """Found by an attack: a replica of five workers on the page (four dead ones' histograms
+    stay) had its processes cut to four each read, the live worker's kept gauges and pool
+    with them, and re-added after it in the order first seen: once idle it vanished."""
+    r = reader(A)
+    live = Replica(A, Load(kv=0.6, running=3, blocks=20_000, completed=100), "a-1", "00" * 28)
+    dead = [
+        Replica(A, Load(kv=0.9, blocks=20_000, completed=50), "a-1", f"{i}{i}" * 28)
+        for i in range(1, 5)
+    ]
+    dead = [replace(x, info=False, gauges=False) for x in dead]
+    other = Replica(A, Load(kv=0.6, running=1, blocks=20_000, completed=100), "a-2", "ee" * 28)
+    for tick in range(12):
+        worker = replace(live, gauges=tick < 3, info=tick == 0)
+        metrics = read(r, [node([worker, *dead, replace(other, info=tick == 0)])], 10.0 * tick)
+        assert (metrics.replicas, metrics.kv_tokens) == (2, 2 * 20_000 * 16), tick
