@@ -98,6 +98,10 @@ class Engine:
     # restarted keeps its id under a new ``process_label`` (Ray's ``WorkerId``).
     replica_label: str | None = None
     process_label: str | None = None
+    # The label naming the node a page is served by, on every series of its: Ray's agent
+    # tags each metric with its node's ``NodeAddress`` (with ``SessionName`` and
+    # ``Version``). One URL's pages never change it: a URL whose pages do is several nodes.
+    node_label: str | None = None
 
     def gauges(self) -> Iterator[str]:
         """Every gauge family name this row reads."""
@@ -135,6 +139,7 @@ def _sglang_row(name: str, prefix: str, replica_label: str | None = None) -> Eng
             Pool(tokens=_sglang("max_total_num_tokens", prefix)),
         ),
         replica_label=replica_label,
+        node_label="NodeAddress" if replica_label else None,
     )
 
 
@@ -210,6 +215,7 @@ RAY_VLLM = Engine(
     ),
     replica_label="ReplicaId",
     process_label="WorkerId",
+    node_label="NodeAddress",
 )
 
 

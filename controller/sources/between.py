@@ -114,6 +114,7 @@ class _Identity:
     fell_from: float | None = None  # the count before it last fell
     since_fall: int = 0
     starts: list[float] = field(default_factory=list)  # recent process start times
+    nodes: list[str] = field(default_factory=list)  # recent Ray nodes its page said it was
     evidence: str = ""
     flagged: int = 0  # scrapes the URL stays named load-balanced without new evidence
 
@@ -138,10 +139,17 @@ class Continuity:
     def retain(self, urls: set[str]) -> None:
         self._urls = {u: v for u, v in self._urls.items() if u in urls}
 
-    def check(self, url: str, total: float | None, started: float | None) -> str | None:
-        """Why ``url`` is several processes, or ``None``."""
+    def check(
+        self, url: str, total: float | None, started: float | None, node: str | None = None
+    ) -> str | None:
+        """Why ``url`` is several processes (or, a Ray node's page, several nodes: ``node``
+        its address, as its series say), or ``None``."""
         state = self._urls.setdefault(url, _Identity())
-        evidence = _start_evidence(state, started) or _count_evidence(state, total)
+        evidence = (
+            _node_evidence(state, node)
+            or _start_evidence(state, started)
+            or _count_evidence(state, total)
+        )
         if evidence:
             state.evidence, state.flagged = evidence, FLAGGED_SCRAPES
         elif state.flagged:
@@ -157,6 +165,19 @@ def _start_evidence(state: _Identity, started: float | None) -> str | None:
     if not seen or started != seen[-1]:
         state.starts = [*(s for s in seen if s != started), started][-4:]
     return f"its process start time went back to {started:.0f}" if returned else None
+
+
+def _node_evidence(state: _Identity, node: str | None) -> str | None:
+    """A Ray node's page that says it is a node it said it was before another: a Service in
+    front of the nodes, its pages flipping between them (found by an attack: read as one
+    node whose replicas changed every scrape). A node replaced once is no evidence."""
+    if node is None:
+        return None
+    seen = state.nodes
+    returned = bool(seen) and node != seen[-1] and node in seen
+    if not seen or node != seen[-1]:
+        state.nodes = [*(n for n in seen if n != node), node][-4:]
+    return f"its Ray node went back to {node}" if returned else None
 
 
 def _count_evidence(state: _Identity, total: float | None) -> str | None:

@@ -206,6 +206,9 @@ class PageReader:
             engine, name, chosen = self._engine_of(result)
             if engine is not None and engine.replica_label is not None:
                 row = engine
+                if isinstance(named := self._identify_node(result, engine), PodError):
+                    errors.append(named)
+                    continue
                 nodes.append(result)
                 for replica, processes in replicas_on(result, engine).items():
                     for process, (samples, models) in processes.items():
@@ -475,6 +478,33 @@ class PageReader:
                 return engine, name, chosen
         only = self._engines[0] if len(self._engines) == 1 else None
         return only, None, []
+
+    def _identify_node(self, page: Page, engine: Engine) -> Page | PodError:
+        """A Ray node's page, or why its URL is several nodes: by the node address Ray's
+        agent puts on every series (``Engine.node_label``), which one node's page never
+        changes."""
+        label = engine.node_label
+        node = (
+            next(
+                (
+                    sample.labels[label]
+                    for name in _families(engine)
+                    for sample in page.samples.get(name, ())
+                    if label in sample.labels
+                ),
+                None,
+            )
+            if label
+            else None
+        )
+        why = self._continuity.check(page.url, None, None, node)
+        if why is None:
+            return page
+        detail = (
+            f"this URL answers as more than one Ray node ({why}): a Service in front of the "
+            "nodes? List each node's metrics port, or discover the pods"
+        )
+        return PodError(page.url, Reason.LOAD_BALANCED, detail)
 
     def _identify(self, page: Page, counters: Sequence[str]) -> Page | PodError:
         """The page, or why its URL is several processes (``Continuity``): by the first of

@@ -497,3 +497,32 @@ def test_a_replica_restarted_four_times_keeps_its_live_worker_s_state() -> None:
         worker = replace(live, gauges=tick < 3, info=tick == 0)
         metrics = read(r, [node([worker, *dead, replace(other, info=tick == 0)])], 10.0 * tick)
         assert (metrics.replicas, metrics.kv_tokens) == (2, 2 * 20_000 * 16), tick
+
+
+def test_a_url_in_front_of_several_ray_nodes_is_named_load_balanced() -> None:
+    """Found by an attack: a Service in front of the Ray nodes (KubeRay's head Service, a
+    non-headless one) served one node's page, then another's, under one URL: read as one
+    node whose replicas changed every scrape (2 replicas at 0.9, then 1 at 0.2), no error.
+    Ray's agent names the node on every series; a URL whose pages go back to a node they
+    left is several nodes. A node replaced once (a new pod behind a stable name) is not."""
+    url = "http://ray-workers.llm.svc:8080/metrics"
+    a = [
+        Replica(A, Load(kv=0.9, running=2, blocks=20_000), "a-1", "01" * 28),
+        Replica(A, Load(kv=0.9, running=2, blocks=20_000), "a-2", "02" * 28),
+    ]
+    b = [Replica(A, Load(kv=0.2, running=1, blocks=60_000), "a-3", "03" * 28)]
+
+    def page(replicas: list[Replica], address: str) -> Page:
+        read = read_page(url, ray_node_page(replicas, address), POD_EXTRACTOR)
+        assert isinstance(read, Page)
+        return read
+
+    r = reader(A)
+    reasons = [
+        [e.reason for e in read(r, [page(*side)], 10.0 * i).errors]
+        for i, side in enumerate([(a, "10.0.0.1"), (b, "10.0.0.2"), (a, "10.0.0.1")])
+    ]
+    assert reasons[:2] == [[], []] and reasons[2] == [Reason.LOAD_BALANCED]
+    replaced = reader(A)
+    for i, side in enumerate([(a, "10.0.0.1"), (b, "10.0.0.7"), (b, "10.0.0.7")]):
+        assert read(replaced, [page(*side)], 10.0 * i).errors == ()
