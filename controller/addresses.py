@@ -29,6 +29,15 @@ API_SERVER_NAMES = frozenset(
 )
 
 
+# Cloud metadata services outside the link-local range, some inside the private ranges the
+# allow-list has by default: Alibaba Cloud's (100.100.100.200, in 100.64.0.0/10), AWS's
+# IPv6 IMDS (fd00:ec2::254, in fd00::/8), Azure's WireServer (168.63.129.16); refused
+# whatever the allow-list says (a review).
+METADATA = frozenset(
+    ipaddress.ip_address(a) for a in ("100.100.100.200", "fd00:ec2::254", "168.63.129.16")
+)
+
+
 def api_server_hosts(extra: Iterable[str] = ()) -> frozenset[str]:
     """The API server as ``host`` (any port: its service names and service IP) or
     ``host:port`` (``extra``: the address our client talks to, which may share a host with
@@ -80,6 +89,8 @@ def _address_refusal(
         return None if policy.allow_loopback else f"loopback address {address}"
     if address.is_link_local:
         return f"link-local address {address} (cloud metadata lives there)"
+    if address in METADATA:
+        return f"address {address}, a cloud's metadata service"
     if address.is_unspecified or address.is_multicast or address.is_reserved:
         return f"address {address} is not a host"
     for pattern in policy.allow:
@@ -89,42 +100,28 @@ def _address_refusal(
 
 
 @dataclass
-class NamesFromObjects:
-    """The host names annotation URLs passed ``refusal`` with (discovery's, rebuilt each
-    time it reads them), and what their addresses may not be once resolved: a name is text
-    until it is dialled, and a tenant's ExternalName Service makes ``x.team-b.svc`` answer
-    loopback or the metadata server (found by an attack). The pages' resolver asks
-    ``address_refusal`` of every address such a name resolves to."""
+class TenantAddresses:
+    """Where the clusters annotations define may be dialled, checked at every address their
+    names resolve to (``sources.dns.GuardedResolver`` on their own connector): a name is
+    text until it is dialled, and a tenant's ExternalName Service makes ``x.team-b.svc``
+    answer loopback or the metadata server (found by an attack). Resolved addresses are
+    judged as written ones are (``refusal``): never loopback (unless allowed), link-local, a
+    metadata service or the API server, and within the allow-list's ranges (a review: a
+    name let through to a public host carried a tenant's token there). ``api_hosts`` is set
+    by discovery, which knows the address its client talks to."""
 
     policy: AnnotationURLSettings
-    names: frozenset[str] = frozenset()
     api_hosts: frozenset[str] = field(default_factory=api_server_hosts)
 
-    def refusal(self, host: str, address: str) -> str | None:
-        if host.lower().rstrip(".") not in self.names:
-            return None  # configured: the operator's own
-        return address_refusal(address, self.policy, self.api_hosts)
-
-
-def address_refusal(
-    address: str, policy: AnnotationURLSettings, api_hosts: frozenset[str]
-) -> str | None:
-    """Why a name from annotations may not be dialled at ``address``, what it resolved to:
-    loopback (unless ``allow_loopback``), link-local, no host, or the API server. The
-    allow-list is for what was written (names, literal addresses), not for what a cluster's
-    DNS answers for an allowed name (a ClusterIP, a pod's address)."""
-    try:
-        ip = ipaddress.ip_address(address.split("%", 1)[0])
-    except ValueError:
-        return f"it resolves to {address!r}, no address"
-    mapped = getattr(ip, "ipv4_mapped", None)
-    ip = mapped if mapped is not None else ip
-    if str(ip) in api_hosts:
-        return f"it resolves to the Kubernetes API server ({ip})"
-    if ip.is_loopback:
-        return None if policy.allow_loopback else f"it resolves to loopback address {ip}"
-    if ip.is_link_local:
-        return f"it resolves to link-local address {ip} (cloud metadata lives there)"
-    if ip.is_unspecified or ip.is_multicast or ip.is_reserved:
-        return f"it resolves to {ip}, not a host"
-    return None
+    def refusal(self, host: str, address: str, port: int) -> str | None:
+        try:
+            ip = ipaddress.ip_address(address.split("%", 1)[0])
+        except ValueError:
+            return f"it resolves to {address!r}, no address"
+        mapped = getattr(ip, "ipv4_mapped", None)
+        ip = mapped if mapped is not None else ip
+        shown = f"[{ip}]" if ip.version == 6 else str(ip)
+        if str(ip) in self.api_hosts or f"{shown}:{port}" in self.api_hosts:
+            return f"it resolves to the Kubernetes API server ({ip})"
+        why = _address_refusal(ip, self.policy)
+        return None if why is None else f"it resolves to {why}"

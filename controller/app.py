@@ -12,12 +12,13 @@ import ssl
 import time
 from collections.abc import Callable
 from types import TracebackType
+from typing import Protocol
 
 import aiohttp
 import structlog
 
 from controller import exposition, server
-from controller.addresses import NamesFromObjects
+from controller.addresses import TenantAddresses
 from controller.exporter import CacheCollector, make_registry
 from controller.kube import client as kube_client
 from controller.kube.access import AccessReviewer
@@ -59,6 +60,12 @@ CERT_CHECK_SECONDS = 60.0
 GC_THRESHOLD = (10_000, 10, 10)
 
 
+class MakeSource(Protocol):
+    """A cluster's source; ``defined``: a cluster objects define (a tenant's)."""
+
+    def __call__(self, cluster: ClusterSettings, defined: bool = False) -> ClusterMetricsSource: ...
+
+
 def source_factory(
     settings: Settings,
     session: aiohttp.ClientSession,
@@ -67,11 +74,17 @@ def source_factory(
     pools: PoolResolver | None = None,
     shared: SharedPages | None = None,
     querying: aiohttp.ClientSession | None = None,
-) -> Callable[[ClusterSettings], ClusterMetricsSource]:
+    tenants: aiohttp.ClientSession | None = None,
+    theirs: SharedPages | None = None,
+) -> MakeSource:
     """``shared``: where a page several clusters read is fetched once a tick (a Ray node's,
     one cluster per model); one of its own when not given. ``querying``: the session PromQL
     sources ask through, apart from the pages' (``_query_connector``); ``session`` if not
-    given."""
+    given. ``tenants``: the session of clusters annotations define (``defined``), whose
+    every address is checked when dialled (``_tenant_connector``), with pages shared among
+    them alone: neither a DNS answer, a pooled connection nor a page of the operator's
+    clusters is a tenant's (a review: a tenant's name, dialled after a configured
+    cluster's, read a loopback page through the configured cluster's cache)."""
     # One limiter for every page of every cluster: bounded, clusters served in the order
     # their fetches began (sources/limiter.py), so one big cluster's pages queue among the
     # others' instead of starving them.
@@ -80,12 +93,13 @@ def source_factory(
     grace = min(settings.scrape.timeout / 2, settings.interval / 4)
     limiter = Limiter(settings.scrape.max_concurrency, grace=grace)
     shared = shared or SharedPages()
+    theirs = theirs or SharedPages()
     queries, scrape = settings.prometheus_queries, settings.scrape
     querying = querying or session
     queriers = shared_queriers(settings.queriers, queries, scrape, querying)
     engines = settings.engine_table()
 
-    def make(cluster: ClusterSettings) -> ClusterMetricsSource:
+    def make(cluster: ClusterSettings, defined: bool = False) -> ClusterMetricsSource:
         if cluster.prometheus is not None:
             return prometheus_source(cluster, queries, scrape, querying, queriers, clock)
         timeout = settings.cluster_timeout(cluster)
@@ -94,19 +108,19 @@ def source_factory(
             cluster,
             scrape,
             timeout,
-            session,
+            tenants if defined and tenants is not None else session,
             clock,
             limiter,
             slices,
             engines=engines,
             pools=pools,
-            shared=shared,
+            shared=theirs if defined else shared,
         )
 
     return make
 
 
-def _connector(settings: Settings, names: NamesFromObjects) -> aiohttp.TCPConnector:
+def _connector(settings: Settings) -> aiohttp.TCPConnector:
     # As many connections as pages may be read at once (scrape.max_concurrency), kept alive
     # where the server allows (an EPP), and 8 spare (a connection closing while the next page
     # opens one); PromQL sources have their own
@@ -116,15 +130,22 @@ def _connector(settings: Settings, names: NamesFromObjects) -> aiohttp.TCPConnec
     # An idle connection is kept for two intervals, so a pod that keeps it that long (vLLM
     # with VLLM_HTTP_TIMEOUT_KEEP_ALIVE above the interval) is read on it next tick
     # (benchmarks/HISTORY.md measures what that saves).
-    # The hosts of clusters defined by annotations are checked again at the addresses they
-    # resolve to (GuardedResolver): a name is text until it is dialled.
     limit = settings.scrape.max_concurrency + 8
     return aiohttp.TCPConnector(
-        limit=limit,
+        limit=limit, limit_per_host=0, ttl_dns_cache=60, keepalive_timeout=2 * settings.interval
+    )
+
+
+def _tenant_connector(settings: Settings, tenants: TenantAddresses) -> aiohttp.TCPConnector:
+    """The connections of clusters annotations define, apart from the operator's: every
+    address their names resolve to is checked before it is dialled (``GuardedResolver``);
+    a name is text until then. Bounded by the pages' limiter, as the pages' own are."""
+    return aiohttp.TCPConnector(
+        limit=settings.scrape.max_concurrency + 8,
         limit_per_host=0,
         ttl_dns_cache=60,
         keepalive_timeout=2 * settings.interval,
-        resolver=GuardedResolver(names.refusal),
+        resolver=GuardedResolver(tenants.refusal),
     )
 
 
@@ -192,6 +213,7 @@ class Controller:
         self._serve = serve
         self._session: aiohttp.ClientSession | None = None  # pages
         self._querying: aiohttp.ClientSession | None = None  # PromQL sources
+        self._tenants: aiohttp.ClientSession | None = None  # clusters objects define
         self._runner: server.Serving | None = None
         self._probe_runner: server.Serving | None = None
         self.probe_port: int | None = None
@@ -199,20 +221,23 @@ class Controller:
         self._pools: PoolResolver | None = None
         # a page several clusters read (a Ray node's, one cluster per model), once a tick
         self._shared = SharedPages()
+        self._tenant_pages = SharedPages()  # the pages of clusters objects define
         self.port: int | None = None
         self.reconciler: Reconciler | None = None
         self._certificate: server.ServingCertificate | None = None
         self._cert_watch: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> Controller:
-        self._names = NamesFromObjects(self.settings.kubernetes.annotation_urls)
-        self._session = _session(_connector(self.settings, self._names))
+        self._addresses = TenantAddresses(self.settings.kubernetes.annotation_urls)
+        self._session = _session(_connector(self.settings))
+        self._tenants = _session(_tenant_connector(self.settings, self._addresses))
         self._querying = _session(_query_connector(self.settings))
         try:
             await self._connect_kubernetes()
             self._pools = self._pool_resolver()
         except BaseException:
             await self._session.close()
+            await self._tenants.close()
             await self._querying.close()
             raise
         self._warn_about_opt_outs()
@@ -224,6 +249,8 @@ class Controller:
             self._pools,
             self._shared,
             self._querying,
+            self._tenants,
+            self._tenant_pages,
         )
         self.reconciler = Reconciler(
             self.settings,
@@ -233,7 +260,7 @@ class Controller:
             self.snapshot,
             self._clock,
             self._on_tick,
-            make_source,
+            lambda cluster: make_source(cluster, defined=True),  # the clusters objects define
         )
         if self._serve:
             try:
@@ -334,7 +361,7 @@ class Controller:
             # and posts no Event either (it counted as the leader: an attack saw a Warning)
             writes = _never if self._dry_run else is_leader
             writer = KubernetesPublisher(
-                self.settings, self._api, self.metrics, writes, names=self._names
+                self.settings, self._api, self.metrics, writes, tenants=self._addresses
             )
             self._discovery = writer.discovery
             self.publisher = DryRun(writer) if self._dry_run else writer
@@ -355,12 +382,15 @@ class Controller:
         if self._pools is not None:
             await self._pools.close()
         await self._shared.close()  # its fetches in flight, before the session they use
+        await self._tenant_pages.close()
         if self._api is not None and self._owns_api:
             await self._api.close()
         if self._session is not None:
             await self._session.close()
         if self._querying is not None:
             await self._querying.close()
+        if self._tenants is not None:
+            await self._tenants.close()
 
     async def once(self) -> TickReport:
         """One tick. With leader election on (``once --apply``), it writes only holding the

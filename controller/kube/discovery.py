@@ -78,7 +78,7 @@ class TargetDiscovery:
         settings: Settings,
         api: client.ApiClient,
         metrics: ControllerMetrics,
-        names: addresses.NamesFromObjects | None = None,
+        tenants: addresses.TenantAddresses | None = None,
     ):
         self._kube = settings.kubernetes
         self._custom = client.CustomObjectsApi(api)
@@ -111,9 +111,9 @@ class TargetDiscovery:
         ours = urlsplit(api.configuration.host or "")
         port = ours.port or (443 if ours.scheme == "https" else 80)
         self._api_hosts = addresses.api_server_hosts([f"{(ours.hostname or '').lower()}:{port}"])
-        # the hosts of the clusters annotations define, checked again once resolved
-        self.names = names or addresses.NamesFromObjects(self._kube.annotation_urls)
-        self.names.api_hosts = self._api_hosts
+        # where the clusters annotations define may be dialled, checked once resolved
+        self.tenants = tenants or addresses.TenantAddresses(self._kube.annotation_urls)
+        self.tenants.api_hosts = self._api_hosts
 
     @property
     def targets(self) -> Mapping[str, Target]:
@@ -149,7 +149,6 @@ class TargetDiscovery:
         self._conditions.retain(("discovery",), set(self._seen))
         self._targets = {t.key: t for t in targets}
         self._defined = defined
-        self.names.names = frozenset(_hosts(defined))
         self._cache.parsed = {t.uid: v for t in targets if (v := self._cache.parsed.get(t.uid))}
         return Discovery(tuple(targets), defined, self._last_refused, True)
 
@@ -416,12 +415,6 @@ def _by_namespace(items: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]
     for item in items:
         grouped.setdefault(str(item.get("metadata", {}).get("namespace", "")), []).append(item)
     return grouped
-
-
-def _hosts(clusters: list[ClusterSettings]) -> set[str]:
-    """The hosts of the URLs clusters defined by annotations are read at."""
-    urls = (u for c in clusters for u in (*c.vllm_urls, c.epp_url) if u is not None)
-    return {(u.host or "").lower().rstrip(".") for u in urls}
 
 
 def _version(obj: Mapping[str, Any]) -> tuple[str, str]:

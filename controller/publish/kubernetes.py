@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 import structlog
 
-from controller.addresses import NamesFromObjects
+from controller.addresses import TenantAddresses
 from controller.conditions import Conditions
 from controller.kube import objects
 from controller.kube.discovery import Discovery, TargetDiscovery
@@ -78,7 +78,7 @@ class KubernetesPublisher:
         metrics: ControllerMetrics,
         is_leader: Callable[[float], bool] = lambda margin: True,
         discovery: TargetDiscovery | None = None,
-        names: NamesFromObjects | None = None,
+        tenants: TenantAddresses | None = None,
     ) -> None:
         self._settings = settings
         self._kube = settings.kubernetes
@@ -86,7 +86,7 @@ class KubernetesPublisher:
         self._core = client.CoreV1Api(api)
         self._metrics = metrics
         self._is_leader = is_leader
-        self.discovery = discovery or TargetDiscovery(settings, api, metrics, names)
+        self.discovery = discovery or TargetDiscovery(settings, api, metrics, tenants)
         self._warned: set[tuple[str, str]] = set()  # refused objects told by an Event
         # per target: the mode of its last Event, when it went out, writes since
         self._told: dict[str, tuple[str, float, int]] = {}

@@ -35,13 +35,13 @@ class AddressRefusedError(OSError):
 
 
 class GuardedResolver(AbstractResolver):
-    """aiohttp's resolver, whose answers for some names are checked before any is dialled:
-    ``refusal(host, address)`` says why ``host`` may not be reached at ``address``. The
-    addresses refused are dropped; a name left with none fails to connect, named
+    """aiohttp's resolver, whose answers are checked before any is dialled:
+    ``refusal(host, address, port)`` says why ``host`` may not be reached at ``address``.
+    The addresses refused are dropped; a name left with none fails to connect, named
     (``AddressRefusedError``), and nothing is sent to it. Checked here, where the address is
     chosen, not before: the name could answer differently a moment later."""
 
-    def __init__(self, refusal: Callable[[str, str], str | None]) -> None:
+    def __init__(self, refusal: Callable[[str, str, int], str | None]) -> None:
         self._inner = aiohttp.DefaultResolver()
         self._refusal = refusal
 
@@ -51,7 +51,7 @@ class GuardedResolver(AbstractResolver):
         found = await self._inner.resolve(host, port, family)
         kept, why = [], None
         for result in found:
-            reason = self._refusal(host, result["host"])
+            reason = self._refusal(host, result["host"], port)
             if reason is None:
                 kept.append(result)
             else:

@@ -366,7 +366,6 @@ async def test_in_the_demo_the_requests_follow_the_weights() -> None:
 async def test_an_idle_connection_outlives_the_interval() -> None:
     """A pod that keeps its connection across a tick (VLLM_HTTP_TIMEOUT_KEEP_ALIVE above
     the interval) is read on it next tick: the client keeps an idle one for two intervals."""
-    from controller.addresses import NamesFromObjects
     from controller.app import _connector
 
     for interval in (10.0, 45.0):
@@ -376,7 +375,7 @@ async def test_an_idle_connection_outlives_the_interval() -> None:
                 "clusters": [{"name": "a", "vllm_urls": ["http://127.0.0.1:1/m"]}],
             }
         )
-        connector = _connector(settings, NamesFromObjects(settings.kubernetes.annotation_urls))
+        connector = _connector(settings)
         try:
             assert connector._keepalive_timeout == 2 * interval
         finally:

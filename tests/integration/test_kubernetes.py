@@ -1101,6 +1101,9 @@ async def test_a_route_owned_by_another_controller_is_refused(
             "host 'metrics.example.com' is not on the allow-list",
         ),
         ("http://8.8.8.8/metrics", "address 8.8.8.8 is not on the allow-list"),
+        # metadata services inside the default ranges (a review)
+        ("http://100.100.100.200/latest/meta-data/", "address 100.100.100.200, a cloud's"),
+        ("http://[fd00:ec2::254]/latest/meta-data/", "address fd00:ec2::254, a cloud's"),
         ("http://u:p@vllm.llm.svc/metrics", "credentials in the URL"),
         ("file:///etc/passwd", "scheme 'file' is not http or https"),
         ("http://vllm-0.vllm.llm.svc.cluster.local:8000/metrics", None),

@@ -299,39 +299,54 @@ async def test_a_tenant_s_name_that_resolves_to_a_forbidden_address_is_never_dia
     """Found by an attack: a name under the default allow-list (``*.svc``) was checked as
     text only, and a tenant's ExternalName Service makes ``x.team-b.svc`` answer loopback or
     the metadata server. The cluster's DNS is played by the system resolver answering for
-    the tenant's names; the pages' resolver checks every address such a name resolves to,
-    and dials none that annotation URLs may not reach. Configured clusters are the
-    operator's own and read as before."""
+    the tenant's names; the tenants' connector checks every address a name resolves to as a
+    written one is (a review: a public address let a tenant's token out), and dials none
+    that annotation URLs may not reach. The operator's own cluster reads the same host
+    first, on its own connector (a review: its DNS cache and connection let the tenant's
+    name through), and is read as before."""
     asked: list[str] = []
 
     async def page(request: web.Request) -> web.Response:
-        asked.append(request.path)
+        asked.append(request.headers.get("X-Who", request.path))
         return web.Response(text=vllm_v1_page("m", [0.1], [0], [1], [CumulativeHistogram()]))
 
-    server = await serve({"/metrics": page})
+    server = await serve({"/metrics": page, "/mine": page})
     real = socket.getaddrinfo
-    answers = {"hot.team-b.svc": "127.0.0.1", "meta.team-b.svc": "169.254.169.254"}
+    answers = {
+        "hot.team-b.svc": "127.0.0.1",
+        "meta.team-b.svc": "169.254.169.254",
+        "far.team-b.svc": "192.0.2.7",  # no private range: a host outside the cluster
+    }
 
     def cluster_dns(host: Any, *args: Any, **kwargs: Any) -> Any:
         return real(answers.get(host, host), *args, **kwargs)
 
     monkeypatch.setattr(socket, "getaddrinfo", cluster_dns)
     async with Fleet([SimCluster("cool", kv=0.1)]) as sims:
-        for name, host in (("hot", "hot.team-b.svc"), ("meta", "meta.team-b.svc")):
+        hosts = {"hot": "hot.team-b.svc", "meta": "meta.team-b.svc", "far": "far.team-b.svc"}
+        for name, host in hosts.items():
             urls = {VLLM_URLS_ANNOTATION: f"http://{host}:{server.port}/metrics"}
             apiserver.put_object(CRD, "externalproviders", provider(name, urls, TEAM_B))
         apiserver.put_object(CRD, "externalproviders", provider("cool", namespace=TEAM_B))
-        refs = [("hot", 40), ("meta", 20), ("cool", 40)]
+        refs = [("hot", 20), ("meta", 20), ("far", 20), ("cool", 40)]
         apiserver.put_object(CRD, "externalmodels", model("llama", refs, namespace=TEAM_B))
-        settings = settings_for(sims)  # annotation_urls.allow_loopback stays off
+        mine = {"name": "mine", "vllm_urls": [f"http://hot.team-b.svc:{server.port}/mine"]}
+        settings = settings_for(sims, clusters=[*sims.settings_clusters(), mine])
+        assert settings.kubernetes.annotation_urls.allow_loopback is False
         async with Controller(settings, serve=False, api=api) as controller:
             report = report_json(await controller.once())
-    for name, why in (("hot", "loopback address 127.0.0.1"), ("meta", "link-local address")):
+            report = report_json(await controller.once())
+    for name, why in (
+        ("hot", "loopback address 127.0.0.1"),
+        ("meta", "link-local address"),
+        ("far", "address 192.0.2.7 is not on the allow-list"),
+    ):
         cluster = report["clusters"][f"{TEAM_B}/{name}"]
         assert cluster["healthy"] is False and cluster["vram_utilization"] is None
         (error,) = cluster["errors"]
         assert error["reason"] == "forbidden_address" and why in error["detail"], error
-    assert asked == []  # nothing sent: the page behind the loopback name was never asked
+    assert set(asked) == {"/mine"}  # the operator's page alone: no tenant's was asked
+    assert report["clusters"]["mine"]["healthy"] is True
     assert report["clusters"]["cool"]["healthy"] is True
 
 
