@@ -82,7 +82,8 @@ def _kubernetes(state: dict[str, Any]) -> str:
     if kube.get("reachable") is None:
         return "not used"
     if kube["reachable"]:
-        return "reachable"
+        unread = kube.get("error")  # scopes it would not give: their targets kept, then dropped
+        return f"reachable; unreadable: {unread}" if unread else "reachable"
     return f"UNREACHABLE ({kube.get('error') or 'no answer'}): last known targets kept"
 
 

@@ -72,6 +72,12 @@ class _Cache:
         return target
 
 
+# Discoveries in a row a scope (a namespace, a route) may be unreadable by its own fault and
+# keep its targets as last read: a blip rides through; a namespace gone with our RoleBinding
+# is dropped after this many (a minute at the default interval).
+KEPT_UNREAD = 6
+
+
 class TargetDiscovery:
     def __init__(
         self,
@@ -106,6 +112,10 @@ class TargetDiscovery:
         self._conditions = Conditions(log, settings.log.repeat_interval)
         self._seen: set[tuple[str, ...]] = set()
         self._minimum: int | None = None  # the ExternalModel CRD's lowest weight, once known
+        # scopes (a namespace, a route) the API refused to give, and for how many discoveries
+        # in a row; and this discovery's, with why (``_unreadable``)
+        self._unread: dict[str, int] = {}
+        self._unreadable_now: dict[str, str] = {}
         self._refused: dict[str, str] = {}  # objects we will not write, and why
         self._last_refused: dict[str, str] = {}
         ours = urlsplit(api.configuration.host or "")
@@ -123,6 +133,7 @@ class TargetDiscovery:
         """Refresh the targets and the clusters ExternalProviders define by annotation."""
         self._seen = set()
         self._refused = {}
+        self._unreadable_now = {}
         try:
             targets, defined = await self._read_targets()
         except APIError as exc:
@@ -150,7 +161,8 @@ class TargetDiscovery:
         self._targets = {t.key: t for t in targets}
         self._defined = defined
         self._cache.parsed = {t.uid: v for t in targets if (v := self._cache.parsed.get(t.uid))}
-        return Discovery(tuple(targets), defined, self._last_refused, True)
+        partly = "; ".join(f"{scope}: {why}" for scope, why in self._unreadable_now.items())
+        return Discovery(tuple(targets), defined, self._last_refused, True, partly or None)
 
     def remember(self, target: Target) -> None:
         """``target`` as it is now (after a write or a re-read)."""
@@ -246,12 +258,25 @@ class TargetDiscovery:
 
     def _unreadable(
         self, event: str, key: tuple[str, ...], exc: APIError, kept: int, **where: str
-    ) -> None:
-        """One scope (a namespace, a route) the API would not give: named, its targets kept;
-        a tenant's RoleBinding deleted or its route's 500 stopped every other tenant's
-        discovery (found by an attack)."""
+    ) -> bool:
+        """One scope (a namespace, a route) the API would not give, by its own fault (403,
+        404, 5xx): named, and in ``Discovery.error``; its targets kept for ``KEPT_UNREAD``
+        discoveries in a row, then dropped (a namespace deleted with our RoleBinding was
+        kept, frozen and alerting, for good: a review). A tenant's RoleBinding deleted or its
+        route's 500 stopped every other tenant's discovery (found by an attack). A server
+        that does not answer (a timeout, refused, throttled) is every scope's: raised, as
+        before (a review: a hung server cost an api_timeout a namespace). Whether to keep
+        the scope's targets."""
+        if isinstance(exc, APIUnavailableError | APIThrottledError):
+            raise exc
         self.count(exc)
+        scope = " ".join(key)  # "namespace team-b", "route apps/llama"
+        self._unread[scope] = misses = self._unread.get(scope, 0) + 1
+        keep = misses <= KEPT_UNREAD
+        self._unreadable_now[scope] = f"{exc.reason} ({'kept' if keep else 'dropped'})"
+        kept = kept if keep else 0
         self._problem(event, key, reason=exc.reason, error=str(exc), kept_targets=kept, **where)
+        return keep
 
     async def _models(self) -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
         """Opted-in ExternalModels by namespace, with each namespace's provider mapping read,
@@ -264,20 +289,25 @@ class TargetDiscovery:
         if self._kube.namespaces:
             found: dict[str, list[dict[str, Any]]] = {}
             failed: list[APIError] = []
+            unread: list[str] = []
             for namespace in self._kube.namespaces:
                 try:
                     mapping = await self._providers(namespace)
                     found[namespace] = await self._list(objects.EXTERNAL_MODEL, namespace, True)
                 except APIError as exc:
-                    failed.append(exc)
                     kept = len(self._kept("ExternalModel", namespace))
                     key = ("namespace", namespace)
-                    self._unreadable("cannot read namespace", key, exc, kept, namespace=namespace)
+                    if self._unreadable(
+                        "cannot read namespace", key, exc, kept, namespace=namespace
+                    ):
+                        unread.append(namespace)
+                    failed.append(exc)
                     continue
+                self._unread.pop(f"namespace {namespace}", None)
                 self._mappings[namespace] = mapping
             if failed and not found:
                 raise failed[0]
-            return found, [ns for ns in self._kube.namespaces if ns not in found]
+            return found, unread
         providers = _by_namespace(await self._list(objects.EXTERNAL_PROVIDER, None, False))
         models = _by_namespace(await self._list(objects.EXTERNAL_MODEL, None, True))
         for namespace in models:
@@ -353,9 +383,10 @@ class TargetDiscovery:
             return []
         except APIError as exc:  # the LISTs before it were answered: this route's own
             kept = self._kept("HTTPRoute", namespace, name)
-            key, route = ("route unreadable", namespace, name), f"{namespace}/{name}"
-            self._unreadable("cannot read HTTPRoute", key, exc, len(kept), route=route)
-            return kept
+            key, route = ("route", f"{namespace}/{name}"), f"{namespace}/{name}"
+            keeping = self._unreadable("cannot read HTTPRoute", key, exc, len(kept), route=route)
+            return kept if keeping else []
+        self._unread.pop(f"route {namespace}/{name}", None)
         owner = objects.controller_owner(obj)
         if owner is not None:
             # e.g. the payload processor's route for an ExternalModel: it rewrites the spec

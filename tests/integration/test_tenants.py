@@ -4,6 +4,7 @@ that enforces the upstream CRDs: one team's objects never reach another's routin
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from pathlib import Path
 from typing import Any
@@ -18,14 +19,16 @@ from controller.app import Controller
 from controller.fakes.clusters import Fleet, SimCluster
 from controller.fakes.pages import CumulativeHistogram, vllm_v1_page
 from controller.kube import objects
+from controller.kube.discovery import KEPT_UNREAD
 from controller.kube.objects import (
     PAUSE_ANNOTATION,
     PIN_ANNOTATION,
     TOKEN_ANNOTATION,
     VLLM_URLS_ANNOTATION,
 )
-from controller.render import report_json
+from controller.render import report_json, state_json
 from controller.settings import build_settings
+from controller.status import render
 from tests.conftest import Serve
 from tests.support.apiserver import FakeAPIServer
 from tests.support.kube import (
@@ -285,12 +288,22 @@ async def test_one_tenant_s_unreadable_objects_never_stop_another_s_discovery(
             apiserver.put_object(CRD, "externalmodels", model("granite", REFS, namespace=TEAM_B))
             with capture_logs() as lines:
                 after = await c.once()
-    assert after.kubernetes == (True, None)
+            for _ in range(KEPT_UNREAD):
+                last = await c.once()
+    scope = {"route": "route apps/llama", "namespace": f"namespace {TEAM_A}"}[broken]
+    assert after.kubernetes == (True, f"{scope}: forbidden (kept)")
     assert set(after.targets) == before | {f"ExternalModel/{TEAM_B}/granite"}
     assert weights_of(apiserver, "granite", TEAM_B) != dict(REFS)  # weighed and written
     event = {"route": "cannot read HTTPRoute", "namespace": "cannot read namespace"}[broken]
     (named,) = [e for e in lines if e["event"] == event]
     assert named["reason"] == "forbidden" and named["kept_targets"] >= 1
+    # for good (a namespace deleted with our RoleBinding): dropped after KEPT_UNREAD
+    assert last.kubernetes == (True, f"{scope}: forbidden (dropped)")
+    shown = render(json.loads(json.dumps(state_json(last, True, False))))
+    assert f"kubernetes: reachable; unreadable: {scope}: forbidden (dropped)" in shown
+    gone = {"route": "HTTPRoute/", "namespace": f"ExternalModel/{TEAM_A}/"}[broken]
+    assert set(last.targets) == {k for k in after.targets if not k.startswith(gone)}
+    assert set(last.targets) < set(after.targets)
 
 
 async def test_a_tenant_s_name_that_resolves_to_a_forbidden_address_is_never_dialled(
@@ -378,3 +391,26 @@ async def test_a_provider_s_changed_urls_are_read_on_the_next_tick(
             third = report_json(await controller.once())["clusters"][f"{TEAM_B}/gpu"]
     assert first["vram_utilization"] == second["vram_utilization"] == 0.9
     assert third["vram_utilization"] == 0.1
+
+
+async def test_an_api_server_that_hangs_is_asked_once_a_discovery_not_once_a_namespace(
+    apiserver: FakeAPIServer, api: client.ApiClient
+) -> None:
+    """A review: with each namespace read on its own, an API server that hangs was waited
+    for an api_timeout a namespace, in turn (6 namespaces: 3.0 s for 0.5), past the
+    discovery stage's deadline. A server that does not answer is every namespace's: the
+    first timeout ends the discovery, the last targets kept, as before."""
+    names = [f"team-{i}" for i in range(6)]
+    for ns in names:
+        for ref, _ in REFS:
+            apiserver.put_object(CRD, "externalproviders", provider(ref, namespace=ns))
+        apiserver.put_object(CRD, "externalmodels", model("m", REFS, namespace=ns))
+    async with hot_and_cool() as sims:
+        settings = settings_for(sims, interval=10, kubernetes={"namespaces": names})
+        async with Controller(settings, serve=False, api=api) as controller:
+            before = await controller.once()
+            apiserver.slow("GET", "externalproviders", 30, times=100)  # it hangs
+            after = await controller.once()
+    assert apiserver.most_waiting == 1  # one LIST left hanging, not one a namespace
+    assert after.kubernetes[0] is False and "timed out" in str(after.kubernetes[1])
+    assert set(after.targets) == set(before.targets) and len(before.targets) == len(names)
