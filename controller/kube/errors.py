@@ -212,9 +212,11 @@ def list_of(answer: object, doing: str) -> tuple[list[dict[str, object]], str]:
     """A LIST answer's items and resourceVersion. One that is no List (a proxy's HTML page
     during an API server's restart, ``items`` that are no objects) is a server error, retried
     as any failed LIST: taken as it came, an informer died on it for good and an
-    EndpointSlice lookup dropped the pods found before (found by an attack). ``items: null``
-    is an empty List, as Go's client decodes it."""
-    if isinstance(answer, dict):
+    EndpointSlice lookup dropped the pods found before (found by an attack). A List says it
+    is one (``kind: …List``) and has its ``items`` (``null``: empty, as Go's client decodes
+    it); ``{}``, a Status or a gateway's ``{"error": …}`` answered 200 is no List (a
+    review: read as an empty one, every pod was dropped without a word)."""
+    if isinstance(answer, dict) and "items" in answer and _a_list(answer.get("kind")):
         items, meta = answer.get("items"), answer.get("metadata")
         items = [] if items is None else items
         if (
@@ -225,3 +227,8 @@ def list_of(answer: object, doing: str) -> tuple[list[dict[str, object]], str]:
             return items, str((meta or {}).get("resourceVersion", ""))
     shown = answer if isinstance(answer, str) else json.dumps(answer, default=str)[:200]
     raise APIServerError(f"{doing}: the answer is no List: {shown[:64]!r}", 200)
+
+
+def _a_list(kind: object) -> bool:
+    """A List's ``kind`` (``ExternalModelList``, ``EndpointSliceList``, or ``List``)."""
+    return isinstance(kind, str) and kind.endswith("List")

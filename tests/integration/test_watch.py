@@ -223,6 +223,9 @@ NO_LISTS = {
     "html": "<html><body>503 upstream connect error</body></html>",
     "item-no-object": {"kind": "ExternalModelList", "metadata": {}, "items": ["x"]},
     "items-no-list": {"kind": "ExternalModelList", "metadata": {}, "items": {"a": 1}},
+    # a review: these read as an empty List, every object dropped without a word
+    "empty-object": {},
+    "a-status": {"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 200},
 }
 
 
