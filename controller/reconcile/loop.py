@@ -378,6 +378,9 @@ async def fetch_all(
     tasks = [loop.create_task(source.fetch()) for source in sources]
     if not tasks:
         return []
+    ended: dict[asyncio.Task[ClusterMetrics], float] = {}  # what each fetch took, as it ends
+    for task in tasks:
+        task.add_done_callback(lambda done: ended.setdefault(done, loop.time() - began))
     late: set[asyncio.Task[ClusterMetrics]] = set()
     try:
         await asyncio.sleep(0)  # one turn: a fetch with its answer at hand (replay's) is done
@@ -389,11 +392,18 @@ async def fetch_all(
         for task in tasks:  # read now, whatever ends the stage: none is "never retrieved"
             if task.done() and not task.cancelled():
                 task.exception()
-    # what a fetch that failed took, at most: the stage's time (a late one, its deadline)
-    spent = loop.time() - began
+    # what a fetch that failed took: a late one its deadline (a review: the stage's time,
+    # wind-down and all, was given to every failed fetch), one that raised until it did
     return [
         _fetched(
-            source, task, task in late, task in stuck, (deadline, spent), clock, metrics, conditions
+            source,
+            task,
+            task in late,
+            task in stuck,
+            (deadline, deadline if task in late else ended.get(task, deadline)),
+            clock,
+            metrics,
+            conditions,
         )
         for source, task in zip(sources, tasks, strict=True)
     ]
