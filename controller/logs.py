@@ -55,12 +55,18 @@ TRACEBACK_MAX = 3072
 def bound(_: object, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     """Cap every string field, and every list's and map's length and items (a map's keys
     too: a target's refs, by name), saying what was cut."""
+    counts: dict[str, int] = {}
     for key, value in event.items():
         if isinstance(value, str):
             limit = TRACEBACK_MAX if key == "exception" else FIELD_MAX
             event[key] = _fit(value, limit, keep_end=key == "exception")
         elif isinstance(value, list | tuple | dict):
             event[key] = _items(value, depth=2)
+            if isinstance(value, dict) and len(value) > ITEMS_MAX:
+                # beside the map, not in it: a ref named "(more)" broke jq's '.weights_to|add'
+                # and '.factors[]|.kv' (a review)
+                counts[f"{key}_more"] = len(value) - ITEMS_MAX
+    event.update(counts)
     return event
 
 
@@ -71,8 +77,10 @@ def _items(value: Any, depth: int) -> Any:
     container runtimes split (found by an attack)."""
     if isinstance(value, str):
         return _fit(value, ITEM_MAX)
-    if depth <= 0 or not isinstance(value, list | tuple | dict):
+    if not isinstance(value, list | tuple | dict):
         return value
+    if depth <= 0:  # deeper still: as short text (a review: left whole, it was uncapped)
+        return _fit(json.dumps(value, default=str), ITEM_MAX)
     more = len(value) - ITEMS_MAX
     if isinstance(value, dict):
         kept = itertools.islice(value.items(), ITEMS_MAX)
@@ -84,7 +92,7 @@ def _items(value: Any, depth: int) -> Any:
             if key in capped_map:
                 key = f"{key} ({len(capped_map) + 1})"
             capped_map[key] = _items(v, depth - 1)
-        if more > 0:
+        if more > 0 and depth < 2:  # a map inside: its count in it (a field's: beside it)
             capped_map["(more)"] = more
         return capped_map
     items = [_items(v, depth - 1) for v in value[:ITEMS_MAX]]

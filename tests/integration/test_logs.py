@@ -495,8 +495,14 @@ def test_no_field_makes_a_line_of_megabytes(fmt: str) -> None:
     assert len(lines) >= 2 and max(map(len, lines)) <= 8 * 1024, max(map(len, lines))
     assert "more bytes cut" in lines[0] and "(+4984 more)" in lines[0]
     (refs_line,) = [line for line in lines if "weights written" in line]
-    assert len(re.findall(r'\(more\)\\?"\s*:\s*48', refs_line)) == 4, refs_line[-300:]
-    shown = json.loads(refs_line)["weights_to"] if fmt == "json" else None
-    assert shown is None or len(shown) == 17  # 16 refs, each its own key, and the count
+    for field in ("weights_from", "weights_to", "factors", "applied"):  # the count beside
+        assert re.search(rf'"?{field}_more"?[=:] ?48\b', refs_line), (field, refs_line[-300:])
+    shown = json.loads(refs_line) if fmt == "json" else None
+    assert shown is None or len(shown["weights_to"]) == 16  # 16 refs, each its own key
+    assert shown is None or sum(shown["weights_to"].values()) == 32  # jq's 'add' reads refs
+    # deeper than a ref's factors: short text, never whole
+    structlog.get_logger("controller.test").info("deep", nested={"a": {"b": ["c" * 9000]}})
+    (deep,) = [line for line in stream.getvalue().splitlines() if "deep" in line]
+    assert len(deep) < 1024, len(deep)
     assert "the last frame's words" in stream.getvalue()
     assert "more bytes cut" in lines[-1]
