@@ -29,6 +29,7 @@ import math
 import os
 import socket
 import time
+from collections import deque
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -80,7 +81,9 @@ class LeaderElector:
         self._observed: tuple[str | None, object, str | None] | None = None
         self._observed_at = -math.inf
         self._conditions = Conditions(log, repeat, monotonic)
-        self._written: str | None = None  # the renewTime our last write of the Lease set
+        # the renewTimes our last writes of the Lease sent, answered or not (a reply lost
+        # after the server applied it left our own renewal looking foreign: a review)
+        self._sent: deque[str] = deque(maxlen=4)
 
     def is_leader(self, margin: float = 0.0) -> bool:
         """Leading, with at least ``margin`` seconds of the fence left."""
@@ -160,7 +163,7 @@ class LeaderElector:
             self._deposed()
             return False  # someone else holds it and has renewed recently enough
         mine = holder == self.identity
-        if mine and valid and self._written != micro_time(spec.renew_time):
+        if mine and valid and micro_time(spec.renew_time) not in self._sent:
             # held under our name, not written by us: two processes given one identity (a
             # shared config's leader_election.identity) both led, each taking the other's
             # renewal for its own (found by an attack). One we did not write is another
@@ -213,12 +216,12 @@ class LeaderElector:
         s = self._settings
         try:
             body = self._body(_now(), 0, None)
+            self._sent.append(body["spec"]["renewTime"])
             await self._api.create_namespaced_lease(s.namespace, body)
         except API_EXCEPTIONS as exc:
             if isinstance(exc, ApiException) and exc.status == 409:
                 return False  # another replica created it first (the next read tells)
             raise translate(exc, f"create lease {s.namespace}/{s.lease_name}") from exc
-        self._written = body["spec"]["renewTime"]
         return True
 
     async def _replace(
@@ -230,6 +233,7 @@ class LeaderElector:
         transitions = (spec.lease_transitions or 0) + (0 if renewing else 1)
         acquired = (spec.acquire_time or _now()) if renewing else _now()
         body = self._body(acquired, transitions, lease.metadata.resource_version)
+        self._sent.append(body["spec"]["renewTime"])  # a label someone adds changes no renewal
         try:
             await self._api.replace_namespaced_lease(s.lease_name, s.namespace, body)
         except API_EXCEPTIONS as exc:
@@ -238,7 +242,6 @@ class LeaderElector:
                 # added is no reason to stop leading: a review)
                 return False
             raise translate(exc, f"update lease {s.namespace}/{s.lease_name}") from exc
-        self._written = body["spec"]["renewTime"]  # a label someone adds changes no renewal
         if not renewing:
             log.info("lease taken", identity=self.identity, previous=spec.holder_identity)
         return True
