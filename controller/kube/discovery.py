@@ -280,15 +280,14 @@ class TargetDiscovery:
 
     async def _models(self) -> tuple[dict[str, list[dict[str, Any]]], list[str]]:
         """Opted-in ExternalModels by namespace, with each namespace's provider mapping read,
-        and the configured namespaces that could not be read (each named, its targets kept;
-        when none can be, the API is unreadable).
+        and the configured namespaces that could not be read by their own fault (each named,
+        its targets kept for a while: ``_unreadable``).
 
         No namespaces configured (the default): one LIST of each kind across the cluster —
         MaaS puts ExternalModels in model namespaces (e.g. ``llm``), not in ours. Otherwise two
         LISTs per configured namespace, which namespaced Roles can grant."""
         if self._kube.namespaces:
             found: dict[str, list[dict[str, Any]]] = {}
-            failed: list[APIError] = []
             unread: list[str] = []
             for namespace in self._kube.namespaces:
                 try:
@@ -301,12 +300,12 @@ class TargetDiscovery:
                         "cannot read namespace", key, exc, kept, namespace=namespace
                     ):
                         unread.append(namespace)
-                    failed.append(exc)
                     continue
                 self._unread.pop(f"namespace {namespace}", None)
                 self._mappings[namespace] = mapping
-            if failed and not found:
-                raise failed[0]
+            # every namespace refusing by its own fault (403: a one-namespace config whose
+            # RoleBinding went) is still that: kept, then dropped (a review: raised, it was
+            # kept for good); a server that does not answer was raised by _unreadable
             return found, unread
         providers = _by_namespace(await self._list(objects.EXTERNAL_PROVIDER, None, False))
         models = _by_namespace(await self._list(objects.EXTERNAL_MODEL, None, True))

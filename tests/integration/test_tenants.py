@@ -414,3 +414,26 @@ async def test_an_api_server_that_hangs_is_asked_once_a_discovery_not_once_a_nam
     assert apiserver.most_waiting == 1  # one LIST left hanging, not one a namespace
     assert after.kubernetes[0] is False and "timed out" in str(after.kubernetes[1])
     assert set(after.targets) == set(before.targets) and len(before.targets) == len(names)
+
+
+async def test_the_only_namespace_refusing_for_good_is_dropped_in_time(
+    apiserver: FakeAPIServer, api: client.ApiClient
+) -> None:
+    """A review: when every configured namespace refused (a one-namespace config whose
+    RoleBinding went), the discovery was failed whole and its targets kept for good."""
+    for ref, _ in REFS:
+        apiserver.put_object(CRD, "externalproviders", provider(ref, namespace=TEAM_A))
+    apiserver.put_object(CRD, "externalmodels", model("llama", REFS, namespace=TEAM_A))
+    async with hot_and_cool() as sims:
+        settings = settings_for(sims, kubernetes={"namespaces": [TEAM_A]})
+        async with Controller(settings, serve=False, api=api) as controller:
+            assert len((await controller.once()).targets) == 1
+            for plural in ("externalproviders", "externalmodels"):
+                apiserver.fail("GET", plural, 403, times=1000)
+            kept = await controller.once()
+            for _ in range(KEPT_UNREAD):
+                last = await controller.once()
+    assert kept.kubernetes == (True, f"namespace {TEAM_A}: forbidden (kept)")
+    assert len(kept.targets) == 1
+    assert last.kubernetes == (True, f"namespace {TEAM_A}: forbidden (dropped)")
+    assert last.targets == {}
