@@ -289,6 +289,7 @@ class Replicas:
         samples: ByName,
         families: Sequence[Family],
         busy: bool,
+        model_label: str,
     ) -> ByName:
         """``samples`` with the gauges of ``families`` as the replica is: where none is on
         the page (Ray dropped them: the engine is not stepping), each at 0, nothing running,
@@ -307,7 +308,7 @@ class Replicas:
                 for n in names
                 if n in kept
             }
-            labels = _replica_labels(samples)
+            labels = _replica_labels(samples, model_label)
             for family in families:
                 if labels is not None and not any(n in idle for n in family.names):
                     first = family.names[0]
@@ -349,10 +350,12 @@ class Replicas:
         self._reads += 1
 
 
-def _replica_labels(samples: ByName) -> dict[str, str] | None:
-    """A replica's labels as its series carry them, from one of them (``le`` and
-    ``quantile`` left out): what a gauge of its would carry."""
+def _replica_labels(samples: ByName, model_label: str) -> dict[str, str] | None:
+    """A replica's labels as its series carry them, from one that names its model (an info
+    gauge need not: a review found an idle model missing when its pool's info came first;
+    ``le`` and ``quantile`` left out): what a gauge of its would carry."""
     for series in samples.values():
         for sample in series:
-            return {k: v for k, v in sample.labels.items() if k not in ("le", "quantile")}
+            if model_label in sample.labels:
+                return {k: v for k, v in sample.labels.items() if k not in ("le", "quantile")}
     return None

@@ -393,20 +393,23 @@ class PageReader:
                 ongoing += sum(_pod_total(samples, engine.waiting, keep))
                 ongoing += sum(_pod_total(samples, engine.running, keep))
             picked.append((replica, process, node, samples, process in live))
-        # A replica never seen stepping is the model's while none of its replicas steps: a
-        # model idle since the controller started reads idle, not missing (read as missing,
-        # it was shed, and with no traffic never stepped again: an attack). Once one steps,
-        # such an id may be a dead worker's (its histogram stays on the page for good) and
-        # counts from its first step.
-        if any(now for *_, now in picked):
-            picked = [p for p in picked if p[4] or self._replicas.stepped(p[0])]
+        # A replica never seen stepping is the model's while none of its replicas on the
+        # pages ever stepped: a model idle since the controller started reads idle, not
+        # missing (read as missing, it was shed, and with no traffic never stepped again: an
+        # attack). Once one has, such an id may be a dead worker's (its histogram stays on
+        # the page for good) and counts from its first step.
+        stepped = [p for p in picked if p[4] or self._replicas.stepped(p[0])]
+        if stepped:  # one seen stepping, now or before: those alone (a review: counted
+            picked = stepped  # until a sibling stepped, an idle one flapped in and out)
         # Ray Serve sends each request to the less loaded of two replicas drawn at random: with
         # as many requests in flight as replicas, a live one that does not step is sent work.
         # Those gone count no more (a dead id's histogram stays on the page for good: counted,
         # 20 of them kept a hot model's dead replica from ever going, an attack).
         busy = ongoing >= sum(1 for replica, *_ in picked if not self._replicas.gone(replica))
         for replica, process, node, samples, _ in picked:
-            samples = self._replicas.gauges(replica, process, samples, families, busy)
+            samples = self._replicas.gauges(
+                replica, process, samples, families, busy, engine.model_label
+            )
             if self._replicas.gone(replica):
                 continue  # not stepping through QUIET_READS busy reads: gone until it steps
             name, chosen = self._kv_of(samples, engine)

@@ -526,3 +526,30 @@ def test_a_url_in_front_of_several_ray_nodes_is_named_load_balanced() -> None:
     replaced = reader(A)
     for i, side in enumerate([(a, "10.0.0.1"), (b, "10.0.0.7"), (b, "10.0.0.7")]):
         assert read(replaced, [page(*side)], 10.0 * i).errors == ()
+
+
+def test_an_idle_model_read_by_name_whatever_series_comes_first() -> None:
+    """A review: the idle gauges of replicas never seen stepping took their labels from the
+    replica's first series; where that was its pool's info gauge (no model_name), a cluster
+    naming its model read missing_metric."""
+    asleep = [
+        Replica(A, Load(kv=0.3, running=2, blocks=20_000), f"a-{i}", f"0{i}" * 28, gauges=False)
+        for i in (1, 2)
+    ]
+    metrics = read(reader(A), [node(asleep)])
+    assert (metrics.replicas, metrics.kv_mean, metrics.errors) == (2, 0.0, ())
+
+
+def test_a_replica_never_seen_stepping_beside_one_sent_a_request_now_and_then_holds_still() -> None:
+    """A review: a replica never seen stepping counted while none stepped, so one request
+    now and then to its sibling flipped the count (2, 1, 2, 1) and the capacity with it.
+    Once one of the model's replicas on the pages has stepped, the others count from their
+    own first step."""
+    r = reader(A, per_pod=100_000)
+    a1 = Replica(A, Load(kv=0.2, running=1, blocks=20_000), "a-1", "01" * 28, info=False)
+    a2 = Replica(A, Load(kv=0.0, blocks=20_000), "a-2", "02" * 28, info=False, gauges=False)
+    counts = [
+        read(r, [node([a1 if tick % 2 else replace(a1, gauges=False), a2])], 10.0 * tick).replicas
+        for tick in range(8)
+    ]
+    assert counts == [2, 1, 1, 1, 1, 1, 1, 1]
