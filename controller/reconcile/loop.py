@@ -393,14 +393,17 @@ async def fetch_all(
             if task.done() and not task.cancelled():
                 task.exception()
     # what a fetch that failed took: a late one its deadline (a review: the stage's time,
-    # wind-down and all, was given to every failed fetch), one that raised until it did
+    # wind-down and all, was given to every failed fetch), one that raised until it did (a
+    # done callback runs a loop turn after: one that ended in the stage's last turn is
+    # timed by the stage, never by the deadline it did not wait for)
+    spent = loop.time() - began
     return [
         _fetched(
             source,
             task,
             task in late,
             task in stuck,
-            (deadline, deadline if task in late else ended.get(task, deadline)),
+            (deadline, deadline if task in late else ended.get(task, spent)),
             clock,
             metrics,
             conditions,

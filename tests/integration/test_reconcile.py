@@ -495,3 +495,26 @@ async def test_a_law_that_raises_holds_its_target_and_weighs_the_others(
         await loop.reconciler.tick()
     ended = [e for e in later if e["event"] == "condition ended"]
     assert [e["condition"] for e in ended] == ["weighing raised"]
+
+
+@pytest.mark.looptime
+async def test_a_fetch_that_raised_at_once_is_timed_by_itself_not_the_deadline() -> None:
+    """A review: each fetch's end was noted by a done callback, which asyncio runs a loop
+    turn later; a stage whose every fetch ended in its first turn gave each the deadline
+    (8 s recorded for a fetch that raised at once)."""
+    from controller.conditions import Conditions
+    from controller.metrics import ControllerMetrics
+    from controller.reconcile.loop import fetch_all
+
+    class Raising(Timed):
+        async def fetch(self) -> ClusterMetrics:
+            raise RuntimeError("a bug in this source")
+
+    metrics = ControllerMetrics(CollectorRegistry())
+    conditions = Conditions(structlog.get_logger())
+    (alone,) = await fetch_all([Raising("a")], 8.0, time.time, metrics, conditions)
+    assert alone.errors[0].reason is Reason.INTERNAL and alone.duration < 0.01
+    beside = await fetch_all(
+        [Raising("a"), Timed("b", delay=0.05)], 8.0, time.time, metrics, conditions
+    )
+    assert beside[0].duration < 0.01 and beside[1].errors == ()
