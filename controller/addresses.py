@@ -62,13 +62,30 @@ def refusal(url: str, policy: AnnotationURLSettings, api_hosts: frozenset[str]) 
     if not host:
         return "no host"
     port = parts.port or (443 if parts.scheme == "https" else 80)
-    if host in api_hosts or f"{host}:{port}" in api_hosts:
-        return "it is the Kubernetes API server"
     try:
         address = ipaddress.ip_address(host)
     except ValueError:
+        if _api_server(host, port, api_hosts):
+            return "it is the Kubernetes API server"
         return _name_refusal(host, policy)
+    if _api_server(_unmapped(address), port, api_hosts):
+        return "it is the Kubernetes API server"
     return _address_refusal(address, policy)
+
+
+def _unmapped(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:
+    """An address as the API server's is written: an IPv4-mapped IPv6 one as its IPv4 (a
+    review: ``[::ffff:10.96.0.1]`` passed, and dials the IPv4 address)."""
+    mapped = getattr(address, "ipv4_mapped", None)
+    return str(mapped if mapped is not None else address)
+
+
+def _api_server(host: str, port: int, api_hosts: frozenset[str]) -> bool:
+    """``host`` (a name, or an address as ``_unmapped`` writes it) on ``port`` is the API
+    server: by host alone, or ``host:port`` with an IPv6 address bracketed or not (the
+    client's own address is kept without brackets: a review)."""
+    forms = {host, f"{host}:{port}", f"[{host}]:{port}"}
+    return not forms.isdisjoint(api_hosts)
 
 
 def _name_refusal(host: str, policy: AnnotationURLSettings) -> str | None:
@@ -118,10 +135,7 @@ class TenantAddresses:
             ip = ipaddress.ip_address(address.split("%", 1)[0])
         except ValueError:
             return f"it resolves to {address!r}, no address"
-        mapped = getattr(ip, "ipv4_mapped", None)
-        ip = mapped if mapped is not None else ip
-        shown = f"[{ip}]" if ip.version == 6 else str(ip)
-        if str(ip) in self.api_hosts or f"{shown}:{port}" in self.api_hosts:
-            return f"it resolves to the Kubernetes API server ({ip})"
+        if _api_server(_unmapped(ip), port, self.api_hosts):
+            return f"it resolves to the Kubernetes API server ({_unmapped(ip)})"
         why = _address_refusal(ip, self.policy)
         return None if why is None else f"it resolves to {why}"

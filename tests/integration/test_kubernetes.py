@@ -1120,6 +1120,7 @@ async def test_a_route_owned_by_another_controller_is_refused(
         ("http://localhost:8000/metrics", "loopback (localhost)"),
         ("https://kubernetes.default.svc/metrics", "it is the Kubernetes API server"),
         ("https://10.96.0.1:443/metrics", "it is the Kubernetes API server"),
+        ("http://[::ffff:10.96.0.1]:443/metrics", "it is the Kubernetes API server"),  # review
         ("http://0.0.0.0/metrics", "address 0.0.0.0 is not a host"),
         (
             "http://metrics.example.com/metrics",
@@ -1146,6 +1147,19 @@ def test_annotation_urls_are_held_to_the_allow_list(url: str, why: str | None) -
     assert (found is None) == (why is None), found
     if why is not None:
         assert found is not None and found.startswith(why)
+
+
+def test_a_tenant_name_resolving_to_the_api_server_is_refused_in_either_address_form() -> None:
+    """A review: the client's own address is kept as ``fd00::1:6443`` (no brackets) and the
+    resolved check looked for ``[fd00::1]:6443``: a tenant's name resolving there passed."""
+    from controller import addresses
+    from controller.settings import AnnotationURLSettings
+
+    for api, address in (("fd00::1:6443", "fd00::1"), ("10.0.0.9:6443", "::ffff:10.0.0.9")):
+        tenants = addresses.TenantAddresses(AnnotationURLSettings(), frozenset({api}))
+        why = tenants.refusal("epp.team-b.svc", address, 6443)
+        assert why is not None and why.startswith("it resolves to the Kubernetes API server")
+        assert tenants.refusal("epp.team-b.svc", address, 8000) is None  # another port
 
 
 async def test_a_hostile_annotation_is_refused_and_never_fetched(
