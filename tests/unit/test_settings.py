@@ -180,6 +180,10 @@ def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.Monk
             MINIMAL + "server: {bind: '0.0.0.0:8080', probe_bind: '127.0.0.1:8080'}\n",
             "server: probe_bind '127.0.0.1:8080' takes the port of bind '0.0.0.0:8080'",
         ),
+        (  # a name may be the other's address (a review)
+            MINIMAL + "server: {bind: '127.0.0.1:8080', probe_bind: 'localhost:8080'}\n",
+            "server: probe_bind 'localhost:8080' takes the port of bind '127.0.0.1:8080'",
+        ),
         (  # a querier's clusters read no model_name: every model's KV was read as one
             "clusters: [{name: a, model_name: m, prometheus: {url: 'http://127.0.0.1:1/'}}]\n",
             "clusters[0]: model_name: read from pages, not through prometheus",
