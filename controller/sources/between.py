@@ -114,7 +114,8 @@ class _Identity:
     fell_from: float | None = None  # the count before it last fell
     since_fall: int = 0
     starts: list[float] = field(default_factory=list)  # recent process start times
-    nodes: list[str] = field(default_factory=list)  # recent Ray nodes its page said it was
+    nodes: dict[str, int] = field(default_factory=dict)  # Ray nodes its page said it was, when
+    scrapes: int = 0  # scrapes of this URL
     evidence: str = ""
     flagged: int = 0  # scrapes the URL stays named load-balanced without new evidence
 
@@ -167,16 +168,25 @@ def _start_evidence(state: _Identity, started: float | None) -> str | None:
     return f"its process start time went back to {started:.0f}" if returned else None
 
 
+# Scrapes within which a URL's page going back to a node it left is a Service's flip.
+NODE_WINDOW = 10
+
+
 def _node_evidence(state: _Identity, node: str | None) -> str | None:
     """A Ray node's page that says it is a node it said it was before another: a Service in
     front of the nodes, its pages flipping between them (found by an attack: read as one
     node whose replicas changed every scrape). A node replaced once is no evidence."""
     if node is None:
         return None
-    seen = state.nodes
-    returned = bool(seen) and node != seen[-1] and node in seen
-    if not seen or node != seen[-1]:
-        state.nodes = [*(n for n in seen if n != node), node][-4:]
+    state.scrapes += 1
+    seen, now = state.nodes, state.scrapes
+    last = max(seen, key=seen.__getitem__) if seen else None
+    before = seen.get(node)
+    returned = node != last and before is not None and now - before <= NODE_WINDOW
+    # only nodes seen lately count: a stable name whose pod was replaced twice, the third
+    # reusing the first's address hundreds of scrapes on, is no Service (a review)
+    state.nodes = {n: at for n, at in seen.items() if now - at < NODE_WINDOW}
+    state.nodes[node] = now
     return f"its Ray node went back to {node}" if returned else None
 
 

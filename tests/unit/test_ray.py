@@ -14,7 +14,7 @@ from controller.exposition import Extractor, Sample
 from controller.model import CapacityFrom, ClusterMetrics, PodError, Reason
 from controller.settings import build_settings
 from controller.signals import capacity_from, pods
-from controller.sources.between import QUIET_READS, REPLICA_READS
+from controller.sources.between import NODE_WINDOW, QUIET_READS, REPLICA_READS
 from controller.sources.page import (
     POD_EXTRACTOR,
     POD_GAUGES,
@@ -526,6 +526,10 @@ def test_a_url_in_front_of_several_ray_nodes_is_named_load_balanced() -> None:
     replaced = reader(A)
     for i, side in enumerate([(a, "10.0.0.1"), (b, "10.0.0.7"), (b, "10.0.0.7")]):
         assert read(replaced, [page(*side)], 10.0 * i).errors == ()
+    # replaced twice, the third pod given the first's address long after (a review)
+    later = [(b, "10.0.0.7")] * NODE_WINDOW + [(a, "10.0.0.1")]
+    for i, side in enumerate(later):
+        assert read(replaced, [page(*side)], 30.0 + 10 * i).errors == (), i
 
 
 def test_an_idle_model_read_by_name_whatever_series_comes_first() -> None:
