@@ -201,6 +201,7 @@ async def test_a_line_that_is_no_watch_event_is_named_by_its_first_bytes(
     assert not any("TypeError" in e.get("error", "") for e in failed)
 
 
+@pytest.mark.parametrize("apiserver", ["v0.2.1"], indirect=True)  # the pool is no CRD's
 async def test_more_watches_than_a_connection_pool_holds_never_queue_lists_or_writes(
     apiserver: FakeAPIServer, sims: Fleet, tmp_path: Path
 ) -> None:
@@ -233,6 +234,7 @@ NO_LISTS = {
 }
 
 
+@pytest.mark.parametrize("apiserver", ["v0.2.1"], indirect=True)  # a List is no CRD's
 @pytest.mark.parametrize(
     ("body", "when"),
     [*((body, "first") for body in NO_LISTS.values()), (NO_LISTS["html"], "later")],
