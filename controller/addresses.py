@@ -82,10 +82,9 @@ def _unmapped(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:
 
 def _api_server(host: str, port: int, api_hosts: frozenset[str]) -> bool:
     """``host`` (a name, or an address as ``_unmapped`` writes it) on ``port`` is the API
-    server: by host alone, or ``host:port`` with an IPv6 address bracketed or not (the
-    client's own address is kept without brackets: a review)."""
-    forms = {host, f"{host}:{port}", f"[{host}]:{port}"}
-    return not forms.isdisjoint(api_hosts)
+    server: by host alone, or ``host:port`` as ``api_server_hosts`` keeps it (an IPv6
+    address without brackets, as the client's own is kept: a review)."""
+    return host in api_hosts or f"{host}:{port}" in api_hosts
 
 
 def _name_refusal(host: str, policy: AnnotationURLSettings) -> str | None:
@@ -135,7 +134,7 @@ class TenantAddresses:
             ip = ipaddress.ip_address(address.split("%", 1)[0])
         except ValueError:
             return f"it resolves to {address!r}, no address"
-        if _api_server(_unmapped(ip), port, self.api_hosts):
-            return f"it resolves to the Kubernetes API server ({_unmapped(ip)})"
+        if _api_server(plain := _unmapped(ip), port, self.api_hosts):
+            return f"it resolves to the Kubernetes API server ({plain})"
         why = _address_refusal(ip, self.policy)
         return None if why is None else f"it resolves to {why}"

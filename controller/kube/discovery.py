@@ -270,7 +270,7 @@ class TargetDiscovery:
         if isinstance(exc, APIUnavailableError | APIThrottledError):
             raise exc
         self.count(exc)
-        scope = " ".join(key)  # "namespace team-b", "route apps/llama"
+        scope = _scope(key)
         self._unread[scope] = misses = self._unread.get(scope, 0) + 1
         keep = misses <= KEPT_UNREAD
         self._unreadable_now[scope] = f"{exc.reason} ({'kept' if keep else 'dropped'})"
@@ -301,7 +301,7 @@ class TargetDiscovery:
                     ):
                         unread.append(namespace)
                     continue
-                self._unread.pop(f"namespace {namespace}", None)
+                self._unread.pop(_scope(("namespace", namespace)), None)
                 self._mappings[namespace] = mapping
             # every namespace refusing by its own fault (403: a one-namespace config whose
             # RoleBinding went) is still that: kept, then dropped (a review: raised, it was
@@ -385,7 +385,7 @@ class TargetDiscovery:
             key, route = ("route", f"{namespace}/{name}"), f"{namespace}/{name}"
             keeping = self._unreadable("cannot read HTTPRoute", key, exc, len(kept), route=route)
             return kept if keeping else []
-        self._unread.pop(f"route {namespace}/{name}", None)
+        self._unread.pop(_scope(("route", f"{namespace}/{name}")), None)
         owner = objects.controller_owner(obj)
         if owner is not None:
             # e.g. the payload processor's route for an ExternalModel: it rewrites the spec
@@ -451,3 +451,8 @@ def _version(obj: Mapping[str, Any]) -> tuple[str, str]:
     found = obj.get("metadata")
     meta: Mapping[str, Any] = found if isinstance(found, dict) else {}
     return str(meta.get("uid", "")), str(meta.get("resourceVersion", ""))
+
+
+def _scope(key: tuple[str, ...]) -> str:
+    """A scope's name as ``Discovery.error`` shows it: "namespace team-b", "route apps/llama"."""
+    return " ".join(key)

@@ -225,8 +225,13 @@ def list_of(answer: object, doing: str) -> tuple[list[dict[str, object]], str]:
             and isinstance(meta, dict | None)
         ):
             return items, str((meta or {}).get("resourceVersion", ""))
-    shown = answer if isinstance(answer, str) else json.dumps(answer, default=str)[:200]
-    raise APIServerError(f"{doing}: the answer is no List: {shown[:64]!r}", 200)
+    if isinstance(answer, str):
+        shown = repr(answer[:64])
+    elif isinstance(answer, dict):  # its keys, never its items serialised whole
+        shown = f"an object with keys {sorted(map(str, answer))[:8]}"
+    else:
+        shown = type(answer).__name__
+    raise APIServerError(f"{doing}: the answer is no List: {shown}", 200)
 
 
 def _a_list(kind: object) -> bool:

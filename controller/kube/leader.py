@@ -180,7 +180,8 @@ class LeaderElector:
         return await self._replace(lease, spec, renewing=mine)
 
     def _deposed(self) -> None:
-        """Another replica holds the Lease, as read: this one stops leading now, as client-go's
+        """Another replica (or process under this identity) holds the Lease, as read: this one
+        stops leading now, as client-go's
         ``IsLeader`` turns false the moment it observes another holder, not when its own
         fence runs out. Kept until then, a deleted or taken-over Lease had two replicas
         writing for up to ``renew_deadline`` (found by an attack). A failed write of the
@@ -207,17 +208,23 @@ class LeaderElector:
                 "holderIdentity": self.identity,
                 "leaseDurationSeconds": max(1, math.ceil(s.lease_duration)),
                 "acquireTime": micro_time(acquired),
-                "renewTime": micro_time(_now()),
+                "renewTime": self._renewal(),
                 "leaseTransitions": transitions,
             },
         }
 
+    def _renewal(self) -> str | None:
+        """A renewTime to send, kept as this process's own before it is sent (a label someone
+        adds changes no renewal)."""
+        renewed = micro_time(_now())
+        if renewed is not None:
+            self._sent.append(renewed)
+        return renewed
+
     async def _create(self) -> bool:
         s = self._settings
         try:
-            body = self._body(_now(), 0, None)
-            self._sent.append(body["spec"]["renewTime"])
-            await self._api.create_namespaced_lease(s.namespace, body)
+            await self._api.create_namespaced_lease(s.namespace, self._body(_now(), 0, None))
         except API_EXCEPTIONS as exc:
             if isinstance(exc, ApiException) and exc.status == 409:
                 return False  # another replica created it first (the next read tells)
@@ -233,7 +240,6 @@ class LeaderElector:
         transitions = (spec.lease_transitions or 0) + (0 if renewing else 1)
         acquired = (spec.acquire_time or _now()) if renewing else _now()
         body = self._body(acquired, transitions, lease.metadata.resource_version)
-        self._sent.append(body["spec"]["renewTime"])  # a label someone adds changes no renewal
         try:
             await self._api.replace_namespaced_lease(s.lease_name, s.namespace, body)
         except API_EXCEPTIONS as exc:

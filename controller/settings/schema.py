@@ -909,7 +909,7 @@ class ServerSettings(_Group):
         # two literal addresses, neither a wildcard, are two listeners; a name may be either
         # (a review: localhost and 127.0.0.1 passed, and the second bind failed)
         apart = host != probe_host and not ({host, probe_host} & wildcard)
-        if port == probe_port != 0 and not (apart and _literal(host) and _literal(probe_host)):
+        if port == probe_port != 0 and not (apart and _ip(host) and _ip(probe_host)):
             raise ValueError(
                 f"probe_bind {self.probe_bind!r} takes the port of bind {self.bind!r}: "
                 "give the probes a port of their own"
@@ -933,14 +933,6 @@ class ServerSettings(_Group):
     @property
     def port(self) -> int:
         return host_and_port(self.bind)[1]
-
-
-def _literal(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
 
 
 def host_and_port(bind: str) -> tuple[str, int]:

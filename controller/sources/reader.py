@@ -487,19 +487,11 @@ class PageReader:
         agent puts on every series (``Engine.node_label``), which one node's page never
         changes."""
         label = engine.node_label
-        node = (
-            next(
-                (
-                    sample.labels[label]
-                    for name in _families(engine)
-                    for sample in page.samples.get(name, ())
-                    if label in sample.labels
-                ),
-                None,
-            )
-            if label
-            else None
-        )
+        if label is None:
+            return page
+        names = _families(engine)
+        series = (s for name in names for s in page.samples.get(name, ()) if label in s.labels)
+        node = next((s.labels[label] for s in series), None)
         why = self._continuity.check(page.url, None, None, node)
         if why is None:
             return page
