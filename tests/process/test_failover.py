@@ -8,6 +8,7 @@ import signal
 from pathlib import Path
 
 import aiohttp
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.fakes.clusters import Fleet, SimCluster
@@ -62,6 +63,7 @@ async def replica(
     return child, port
 
 
+@pytest.mark.parametrize("apiserver", ["v0.2.1"], indirect=True)  # the Lease is no CRD's
 async def test_two_processes_elect_one_leader_and_fail_over(
     apiserver: FakeAPIServer, tmp_path: Path, daemon: StartDaemon
 ) -> None:

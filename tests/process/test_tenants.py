@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import aiohttp
+import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -75,6 +76,7 @@ async def test_huge_label_values_that_change_every_scrape_cost_parsing_never_mem
     assert 0 <= held["labels_vllm"] <= 2 * _CACHE_BYTES  # counted on /metrics, and bounded
 
 
+@pytest.mark.parametrize("apiserver", ["v0.2.1"], indirect=True)  # a hung API is no CRD's
 async def test_a_hung_api_server_leaves_the_daemon_live_and_scraping(
     apiserver: FakeAPIServer, tmp_path: Path, daemon: StartDaemon
 ) -> None:
