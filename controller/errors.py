@@ -40,6 +40,13 @@ class ConfigError(WeightControllerError):
 DETAIL_MAX = 1024
 
 
+def printable(text: str, instead: str = " ") -> str:
+    """``text`` with every character that is not printable (a control character, an escape
+    sequence's ESC, a newline) as ``instead``: what a peer or a tenant wrote, made safe for
+    one line of a log or a terminal."""
+    return "".join(c if c.isprintable() else instead for c in text)
+
+
 def capped(text: str, limit: int, keep_end: bool = False) -> str:
     """``text`` at most ``limit`` characters, saying how much was cut (and where: its head,
     or with ``keep_end`` its tail, as a traceback's last frames are what matter)."""

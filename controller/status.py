@@ -11,6 +11,7 @@ from typing import Any
 
 import aiohttp
 
+from controller.errors import printable
 from controller.logs import mask_url
 from controller.render import health_words
 from controller.settings.files import read_token
@@ -131,7 +132,7 @@ def render(state: dict[str, Any], now: float | None = None, explain: bool = Fals
         lines.append(f"refused: {key}: {why}")
     # what objects' annotations and pages say reaches a terminal: no escape sequence of a
     # tenant's (clear screen, a title, hidden text) may rewrite what an operator reads
-    return "\n".join("".join(c if c.isprintable() else "?" for c in line) for line in lines)
+    return "\n".join(printable(line, "?") for line in lines)
 
 
 def _targets(targets: dict[str, Any], now: float) -> list[str]:

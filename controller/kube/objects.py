@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from controller.errors import printable
 from controller.model import Ref, Target
 from controller.settings import ClusterSettings, HTTPRouteTarget
 from controller.settings.schema import CLUSTER_NAME_MAX, CLUSTER_NAME_PATTERN
@@ -207,7 +208,7 @@ def _paused(annotations: Mapping[str, str]) -> str | None:
         return "paused by annotation"
     # the note goes into logs, /debug/state and status: an operator's sentence on one line,
     # not a file, nor a terminal's escape sequences
-    value = "".join(c if c.isprintable() else " " for c in value)
+    value = printable(value)
     return value if len(value) <= NOTE_MAX_CHARS else value[:NOTE_MAX_CHARS] + "…"
 
 

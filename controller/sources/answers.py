@@ -275,24 +275,24 @@ def _checked(
             why = f"{query}={seconds:g}: a latency {past}"
             refused.append(PodError(f"{asked.base} ({query})", Reason.OUT_OF_RANGE, why))
             values = {**values, query: None}
-    for query, counted in (("kv_pools", POOL_PODS), ("kv_tokens", TOKEN_PODS)):
+    for query, pods_key in (("kv_pools", POOL_PODS), ("kv_tokens", TOKEN_PODS)):
         cut = asked.per_cluster
-        answered = values.get(POOL_SERIES if query == "kv_pools" else counted) or 0.0
+        answered = values.get(POOL_SERIES if query == "kv_pools" else pods_key) or 0.0
         if cut is not None and answered >= cut:
             why = (
                 f"{query}: {cut} pool series or more, this cluster's share of "
                 "scrape.max_page_samples among its querier's: cut, so its pool is unknown"
             )
             refused.append(PodError(f"{asked.base} ({query})", Reason.TOO_MANY_SAMPLES, why))
-            values = {**values, query: None, counted: None}
+            values = {**values, query: None, pods_key: None}
             continue
         tokens = values.get(query)
         if tokens is None or 0 < tokens <= MAX_KV_TOKENS_PER_POD:  # within any pod's cache
             continue
-        pool_pods = values.get(counted) or 0.0
+        pool_pods = values.get(pods_key) or 0.0
         if why := kv_tokens_problem(tokens, pool_pods, query):
             refused.append(PodError(f"{asked.base} ({query})", Reason.OUT_OF_RANGE, why))
-            values = {**values, query: None, counted: None}
+            values = {**values, query: None, pods_key: None}
     return values, refused
 
 

@@ -29,6 +29,7 @@ from controller.errors import (
     FetchTooLargeError,
     FetchTooManySamplesError,
     FetchTruncatedError,
+    printable,
 )
 from controller.exposition import PageStream
 from controller.settings.files import read_token
@@ -243,7 +244,7 @@ def snippet(text: str, limit: int = SNIPPET_CHARS) -> str:
     """A short, printable, one-line excerpt of an error body: markup dropped, control
     characters gone, whitespace collapsed, at most ``limit`` characters."""
     text = _TAG.sub(" ", text)
-    text = "".join(c if c.isprintable() else " " for c in text)
+    text = printable(text)
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
