@@ -123,6 +123,7 @@ async def test_the_answer_is_cached_and_plain_http_is_refused(
         await get(base.replace("https://", "http://") + "/metrics", False, "prom-token")
 
 
+@pytest.mark.parametrize("apiserver", ["v0.2.1"], indirect=True)  # reviews are no CRD's
 async def test_made_up_tokens_never_evict_a_real_scrapers_answer(
     apiserver: FakeAPIServer,
 ) -> None:

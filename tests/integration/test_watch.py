@@ -105,6 +105,7 @@ async def test_a_new_model_and_a_pause_take_effect_on_the_next_tick(
     assert lists == 2  # both changes came by the watch
 
 
+@pytest.mark.parametrize("apiserver", ["v0.2.1"], indirect=True)  # a watch is no CRD's
 async def test_a_compacted_watch_lists_again_and_misses_nothing(
     apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
 ) -> None:
@@ -166,6 +167,7 @@ async def _watched_through(
     return logs, watches
 
 
+@pytest.mark.parametrize("apiserver", ["v0.2.1"], indirect=True)  # a watch is no CRD's
 async def test_watches_answered_with_an_empty_body_back_off_and_list_again(
     apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
 ) -> None:
@@ -180,6 +182,7 @@ async def test_watches_answered_with_an_empty_body_back_off_and_list_again(
     assert watches <= 2 * 6, watches
 
 
+@pytest.mark.parametrize("apiserver", ["v0.2.1"], indirect=True)  # a watch is no CRD's
 async def test_a_silent_watch_is_dropped_and_the_objects_listed_again(
     apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
 ) -> None:
@@ -190,6 +193,7 @@ async def test_a_silent_watch_is_dropped_and_the_objects_listed_again(
     assert failed and "no event or bookmark for 0.3s" in failed[0]["error"]
 
 
+@pytest.mark.parametrize("apiserver", ["v0.2.1"], indirect=True)  # a watch is no CRD's
 async def test_a_line_that_is_no_watch_event_is_named_by_its_first_bytes(
     apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
 ) -> None:
@@ -274,6 +278,7 @@ async def test_a_list_answered_with_no_list_is_a_failed_list_and_listed_again(
     assert [e["reason"] for e in failed if "no List" in e["error"]] == ["server_error"], failed
 
 
+@pytest.mark.parametrize("apiserver", ["v0.2.1"], indirect=True)  # a watch is no CRD's
 @pytest.mark.parametrize("fault", ["gone", "bookmark"])
 async def test_watches_that_end_at_once_are_paced_whatever_they_said(
     apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet, fault: str
