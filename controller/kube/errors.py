@@ -225,13 +225,22 @@ def list_of(answer: object, doing: str) -> tuple[list[dict[str, object]], str]:
             and isinstance(meta, dict | None)
         ):
             return items, str((meta or {}).get("resourceVersion", ""))
+    raise no_answer("List", answer, doing)
+
+
+def no_answer(kind: str, answer: object, doing: str) -> APIServerError:
+    """A 200 whose body is no ``kind`` (a proxy's page, ``{}``): a server error, retried as
+    any failed call. Shown by its first characters or its keys, never serialised whole."""
+    to_dict = getattr(answer, "to_dict", None)
+    if callable(to_dict):  # a model the client filled from what it could (all None from a page)
+        answer = {k: v for k, v in to_dict().items() if v is not None}
     if isinstance(answer, str):
         shown = repr(answer[:64])
-    elif isinstance(answer, dict):  # its keys, never its items serialised whole
+    elif isinstance(answer, dict):
         shown = f"an object with keys {sorted(map(str, answer))[:8]}"
     else:
         shown = type(answer).__name__
-    raise APIServerError(f"{doing}: the answer is no List: {shown}", 200)
+    return APIServerError(f"{doing}: the answer is no {kind}: {shown}", 200)
 
 
 def _a_list(kind: object) -> bool:

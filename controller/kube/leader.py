@@ -38,7 +38,13 @@ import structlog
 from prometheus_client import Gauge
 
 from controller.conditions import Conditions
-from controller.kube.errors import API_EXCEPTIONS, APIError, APINotFoundError, translate
+from controller.kube.errors import (
+    API_EXCEPTIONS,
+    APIError,
+    APINotFoundError,
+    no_answer,
+    translate,
+)
 from controller.kube.sdk import ApiException, client
 from controller.settings import LeaderSettings
 
@@ -92,22 +98,26 @@ class LeaderElector:
     async def run(self, stop: asyncio.Event) -> None:
         """Try to acquire or renew every ``retry_period`` until ``stop``; then release."""
         was_leader = False
-        while not stop.is_set():
-            await self._attempt()
-            leading = self.is_leader()
-            if leading and not was_leader:
-                log.info("leadership acquired", identity=self.identity)
-            elif was_leader and not leading:
-                log.warning("leadership lost", identity=self.identity)
-            was_leader = leading
-            if self._gauge is not None:
-                self._gauge.set(float(leading))
-            try:
-                async with asyncio.timeout(self._settings.retry_period):
-                    await stop.wait()
-            except TimeoutError:
-                pass
-        await self.release()
+        try:
+            while not stop.is_set():
+                await self._attempt()
+                leading = self.is_leader()
+                if leading and not was_leader:
+                    log.info("leadership acquired", identity=self.identity)
+                elif was_leader and not leading:
+                    log.warning("leadership lost", identity=self.identity)
+                was_leader = leading
+                if self._gauge is not None:
+                    self._gauge.set(float(leading))
+                try:
+                    async with asyncio.timeout(self._settings.retry_period):
+                        await stop.wait()
+                except TimeoutError:
+                    pass
+            await self.release()
+        finally:
+            if self._gauge is not None:  # however it ends, it no longer says it leads
+                self._gauge.set(0)
 
     async def try_once(self) -> bool:
         """One try, for a single tick (``once --apply``), under an identity of this process's
@@ -141,18 +151,44 @@ class LeaderElector:
             self._conditions.observe(
                 "lease attempt failed", ("lease",), identity=self.identity, error=error
             )
+        except Exception as exc:  # the elector outlives any one attempt
+            # An attempt that raised what no API call should (a bug, an answer no check
+            # foresaw) is a failed attempt: let out, it ended the elector's task for good while
+            # the gauge kept saying it led (found by an attack). Retried, as client-go's
+            # wait.Until recovers a panicking renewal; the fence stops the writes meanwhile.
+            self._conditions.observe(
+                "lease attempt failed",
+                ("lease",),
+                level="error",
+                identity=self.identity,
+                error=f"{type(exc).__name__}: {exc}",
+                exc_info=exc,
+            )
         else:
             self._conditions.clear(("lease",))
+
+    async def _read(self) -> client.V1Lease:
+        """The Lease. An answer that is no Lease (a proxy's page answered 200 during an API
+        server's restart, ``{}``: the client fills a V1Lease with nothing) is a server error,
+        as a LIST's is (``errors.list_of``): taken as it came, its missing ``metadata`` ended
+        the elector's task for good (found by an attack)."""
+        s = self._settings
+        doing = f"get lease {s.namespace}/{s.lease_name}"
+        try:
+            lease = await self._api.read_namespaced_lease(s.lease_name, s.namespace)
+        except API_EXCEPTIONS as exc:
+            raise translate(exc, doing) from exc
+        metadata = getattr(lease, "metadata", None)
+        if not isinstance(lease, client.V1Lease) or not getattr(metadata, "resource_version", None):
+            raise no_answer("Lease", lease, doing)
+        return lease
 
     async def _try_acquire_or_renew(self) -> bool:
         s = self._settings
         try:
-            lease = await self._api.read_namespaced_lease(s.lease_name, s.namespace)
-        except API_EXCEPTIONS as exc:
-            error = translate(exc, f"get lease {s.namespace}/{s.lease_name}")
-            if isinstance(error, APINotFoundError):
-                return await self._create()
-            raise error from exc
+            lease = await self._read()
+        except APINotFoundError:
+            return await self._create()
         spec = lease.spec or client.V1LeaseSpec()
         holder = spec.holder_identity or None
         self._observe(holder, spec.renew_time, lease.metadata.resource_version)
@@ -262,7 +298,7 @@ class LeaderElector:
         s = self._settings
         try:
             async with asyncio.timeout(2):
-                lease = await self._api.read_namespaced_lease(s.lease_name, s.namespace)
+                lease = await self._read()
                 spec = lease.spec
                 if spec is not None and spec.holder_identity == self.identity:
                     body = self._body(
@@ -273,5 +309,5 @@ class LeaderElector:
                     body["spec"].update(holderIdentity="", leaseDurationSeconds=1)
                     await self._api.replace_namespaced_lease(s.lease_name, s.namespace, body)
                     log.info("lease released", identity=self.identity)
-        except API_EXCEPTIONS as exc:
+        except (*API_EXCEPTIONS, APIError, TimeoutError) as exc:
             log.warning("could not release the lease", error=str(exc) or type(exc).__name__)

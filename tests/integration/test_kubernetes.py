@@ -541,6 +541,53 @@ async def test_once_apply_with_election_writes_only_holding_the_lease(
         assert lease is not None and not lease["spec"].get("holderIdentity")  # given back
 
 
+@pytest.mark.parametrize("apiserver", ["v0.2.1"], indirect=True)  # a Lease is no CRD's
+@pytest.mark.parametrize(
+    "body",
+    [
+        "<html><body>503 upstream restarting</body></html>",
+        {},
+        {
+            "kind": "Lease",
+            "metadata": {"name": "weight-controller", "resourceVersion": "9"},
+            "spec": {"holderIdentity": "solo", "leaseDurationSeconds": "fifteen"},
+        },
+    ],
+    ids=["a-proxy-page", "an-empty-object", "a-field-no-client-reads"],
+)
+@pytest.mark.looptime
+async def test_a_lease_read_that_is_no_lease_is_a_failed_attempt_and_retried(
+    apiserver: FakeAPIServer, api: client.ApiClient, body: object
+) -> None:
+    """Found by an attack: one 200 to the Lease's GET that was no Lease (a proxy's page while
+    the API server restarts, ``{}``) or that the client could not decode ended the elector's
+    task for good: it never renewed again, nothing was written, and its gauge and
+    /debug/state kept saying it led until SIGTERM raised the AttributeError. Now it is a
+    failed attempt, said, and the next one renews within the fence."""
+    leader = elector(api, elector_settings("solo"))
+    stop = asyncio.Event()
+    with capture_logs() as logs:
+        task = asyncio.create_task(leader.run(stop))
+        await wait_until(leader.is_leader, 3)
+        apiserver.fail("GET", "leases", 200, times=1, body=body)
+        for _ in range(60):  # 6 s: three leases' worth of renewals, always leading
+            await asyncio.sleep(0.1)
+            assert leader.is_leader() and not task.done()
+        stop.set()
+        await task
+    failed = [e for e in logs if e["event"] == "lease attempt failed"]
+    assert len(failed) == 1, failed
+    if isinstance(body, str | dict) and "spec" not in body:
+        assert (
+            "get lease maas-system/weight-controller: the answer is no Lease" in failed[0]["error"]
+        )
+    else:
+        assert failed[0]["error"].startswith("ValueError")  # no API call should raise it
+    assert [e for e in logs if e["event"] == "condition ended"]
+    lease = apiserver.get("coordination.k8s.io/v1", "leases", "maas-system", "weight-controller")
+    assert lease is not None and not lease["spec"].get("holderIdentity")  # released at the end
+
+
 @pytest.mark.looptime
 async def test_two_electors_race_and_exactly_one_leads(
     apiserver: FakeAPIServer, api: client.ApiClient
