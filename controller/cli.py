@@ -10,6 +10,7 @@ import asyncio
 import hashlib
 import json
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -229,7 +230,10 @@ def _command(args: argparse.Namespace) -> int:
         return _check_config(args.path)
     if args.command == "status":
         access = (args.token_file, args.ca_file)
-        return asyncio.run(_status(args.url, args.explain, args.output, args.watch, access))
+        try:
+            return asyncio.run(_status(args.url, args.explain, args.output, args.watch, access))
+        except KeyboardInterrupt:  # how --watch ends: no traceback, the shell's own code
+            return 128 + signal.SIGINT
     lean_metrics()  # each command from here runs the loop, with a registry (run serves it)
     if args.command == "simulate":
         return _simulate(args)
@@ -408,20 +412,32 @@ async def _status(
 
     import aiohttp
 
-    from controller.status import STATE_PATH, fetch_state, render
+    from controller.status import STATE_PATH, StateError, fetch_state, render
 
     while True:
+        shown = ""
         try:
             state = await fetch_state(url, token_file=access[0], ca_file=access[1])
-        except (aiohttp.ClientError, TimeoutError, OSError, ssl.SSLError, ValueError) as exc:
-            error = exc or type(exc).__name__  # ValueError: a token file that holds no token
+        except (aiohttp.ClientError, OSError, ssl.SSLError, ValueError, StateError) as exc:
+            error = str(exc) or type(exc).__name__  # ValueError: a token file with no token
             print(f"error: cannot read {url}{STATE_PATH}: {error}", file=sys.stderr)
-            return EXIT_RUNTIME
-        if watch is not None and output == "table":
-            print("\033[2J\033[H", end="")  # clear the terminal between frames
-        print(json.dumps(state, indent=2) if output == "json" else render(state, explain=explain))
+        else:
+            try:
+                shown = json.dumps(state, indent=2) if output == "json" else render(state, explain)
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:  # another version's
+                error = f"{type(exc).__name__}: {exc}"
+                print(
+                    f"error: cannot show {url}{STATE_PATH} ({error}); -o json prints it as it came",
+                    file=sys.stderr,
+                )
         if watch is None:
-            return 0
+            if shown:
+                print(shown)
+            return 0 if shown else EXIT_RUNTIME
+        if shown:  # watching: a frame that failed is said, and the next one reads again
+            if output == "table":
+                print("\033[2J\033[H", end="")  # clear the terminal between frames
+            print(shown)
         await asyncio.sleep(max(0.5, watch))
 
 

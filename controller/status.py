@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import ssl
 import time
 from datetime import UTC, datetime
@@ -20,6 +21,15 @@ STATE_PATH = "/debug/state"
 DISCOVERED_SHOWN = 8
 
 
+STATE_MAX_BYTES = 64 << 20
+"""A ``/debug/state`` larger than this is refused: a bound on what an answer can make the CLI
+hold (an endless body grew it to 1.5 GB before its timeout: found by an attack)."""
+
+
+class StateError(Exception):
+    """What was read is no controller's state, or nothing was read in time: one line."""
+
+
 async def fetch_state(
     base_url: str,
     seconds: float = 5.0,
@@ -28,19 +38,56 @@ async def fetch_state(
 ) -> dict[str, Any]:
     """``/debug/state`` of a running controller. A deployed one serves HTTPS with the service
     CA's certificate and asks for a token (``server.authenticate``): ``token_file`` is sent as
-    a bearer token (read at each call: projected tokens rotate), ``ca_file`` verifies it."""
+    a bearer token (read at each call: projected tokens rotate), ``ca_file`` verifies it. A
+    redirect is not followed: the state is at the address given, and the token goes nowhere
+    else."""
     if "://" not in base_url:  # 127.0.0.1:8080 means http://127.0.0.1:8080
         base_url = "http://" + base_url
     url = base_url.rstrip("/") + STATE_PATH
     headers, tls = _access(token_file, ca_file)
-    async with (
-        asyncio.timeout(seconds),
-        aiohttp.ClientSession() as session,
-        session.get(url, headers=headers, ssl=tls) as response,
+    try:
+        async with (
+            asyncio.timeout(seconds),
+            aiohttp.ClientSession() as session,
+            session.get(url, headers=headers, ssl=tls, allow_redirects=False) as response,
+        ):
+            if 300 <= response.status < 400:
+                where = mask_url(printable(response.headers.get("Location", "nowhere")))
+                raise StateError(f"HTTP {response.status} to {where}: not followed")
+            response.raise_for_status()
+            body = await _bounded(response)
+    except TimeoutError:
+        raise StateError(f"no answer within {seconds:g}s") from None
+    return parse_state(body)
+
+
+async def _bounded(response: aiohttp.ClientResponse) -> bytes:
+    if (response.content_length or 0) > STATE_MAX_BYTES:
+        raise StateError(f"{response.content_length} bytes: more than {STATE_MAX_BYTES} read")
+    chunks, size = [], 0
+    async for chunk in response.content.iter_chunked(1 << 16):
+        size += len(chunk)
+        if size > STATE_MAX_BYTES:
+            raise StateError(f"more than {STATE_MAX_BYTES} bytes: not read further")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def parse_state(body: bytes) -> dict[str, Any]:
+    """A state as ``render`` reads it: a JSON object with its ``ticks`` and ``clusters``."""
+    try:
+        state = json.loads(body)
+    except RecursionError:
+        raise StateError("not JSON this reads: nested too deeply") from None
+    except ValueError as exc:
+        raise StateError(f"not JSON: {exc}") from None
+    if not (
+        isinstance(state, dict)
+        and isinstance(state.get("ticks"), int)
+        and isinstance(state.get("clusters"), dict)
     ):
-        response.raise_for_status()
-        state: dict[str, Any] = await response.json()
-        return state
+        raise StateError("not a controller's state: no ticks and clusters")
+    return state
 
 
 def _access(

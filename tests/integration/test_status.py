@@ -3,19 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
+from aiohttp import web
 from kubernetes_asyncio import client
 
 from controller.app import Controller
+from controller.cli import main
 from controller.fakes.clusters import Fault, Fleet, SimCluster
 from controller.kube.objects import PAUSE_ANNOTATION, PIN_ANNOTATION
 from controller.render import state_json
-from controller.status import fetch_state, render
+from controller.status import STATE_MAX_BYTES, StateError, fetch_state, render
 from tests.support.apiserver import FakeAPIServer
 from tests.support.kube import CRD, model, provider, seed, settings_for, ticks
+from tests.support.servers import Handler
 
 
 async def test_state_and_status_table_show_clusters_targets_and_leader() -> None:
@@ -185,3 +192,141 @@ async def test_a_tenant_s_annotations_reach_status_printable_and_short(
     assert "incident 42 ]2;owned  [2J [H [1;31mALL CLUSTERS HEALTHY [8m see #ops" in paused
     pinned = next(n for n in notes if "team-b/pinned" in n)
     assert "'\\x1b]2;owned\\x07" in pinned and "(+36 more)" in pinned and len(pinned) < 600
+
+
+SMALL = {"ticks": 2, "leader": True, "clusters": {}, "targets": {}, "kubernetes": {}}
+
+
+async def _answering(handler: Handler) -> tuple[web.AppRunner, str]:
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", handler)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+
+def _json(text: str) -> Handler:
+    async def answer(request: web.Request) -> web.StreamResponse:
+        return web.Response(text=text, content_type="application/json")
+
+    return answer
+
+
+@pytest.mark.parametrize(
+    ("answer", "said"),
+    [
+        ("{}", "cannot read {url}/debug/state: not a controller's state: no ticks and clusters"),
+        ("null", "cannot read {url}/debug/state: not a controller's state"),
+        ("[" * 200_000 + "]" * 200_000, "cannot read {url}/debug/state: not JSON this reads"),
+        ("<html>", "cannot read {url}/debug/state: not JSON: Expecting value"),
+        (
+            json.dumps({**SMALL, "clusters": {"a": {"vram_utilization": "x"}}}),
+            "cannot show {url}/debug/state (ValueError: Unknown format code 'f'",
+        ),
+    ],
+    ids=["empty", "null", "deep", "html", "another-version"],
+)
+async def test_a_state_that_is_no_state_is_one_line_and_exit_1(
+    answer: str, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by an attack: ``{}``, ``null``, a field of another type or JSON nested 200,000
+    deep printed a traceback of 32 lines (KeyError, AttributeError, ValueError,
+    RecursionError). Now one line naming what was read, and exit 1."""
+    runner, url = await _answering(_json(answer))
+    try:
+        code = await asyncio.to_thread(main, ["status", "--url", url])
+    finally:
+        await runner.cleanup()
+    err = capsys.readouterr().err
+    assert code == 1 and len(err.splitlines()) == 1, err
+    assert err.startswith("error: " + said.format(url=url)), err
+
+
+async def test_a_redirect_is_not_followed_and_the_token_goes_nowhere_else(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by an attack: a 302 to another address was followed and rendered."""
+    seen: list[str | None] = []
+
+    async def elsewhere(request: web.Request) -> web.StreamResponse:
+        seen.append(request.headers.get("Authorization"))
+        return web.json_response(SMALL)
+
+    other, other_url = await _answering(elsewhere)
+
+    async def moved(request: web.Request) -> web.StreamResponse:
+        raise web.HTTPFound(f"{other_url}/debug/state")
+
+    runner, url = await _answering(moved)
+    token = tmp_path / "token"
+    token.write_text("sa-token\n")
+    try:
+        code = await asyncio.to_thread(main, ["status", "--url", url, "--token-file", str(token)])
+    finally:
+        await runner.cleanup()
+        await other.cleanup()
+    err = capsys.readouterr().err
+    assert code == 1 and seen == []
+    assert f"HTTP 302 to {other_url}/debug/state: not followed" in err
+
+
+async def test_an_endless_or_silent_answer_is_bounded_and_named() -> None:
+    """Found by an attack: an endless body grew the CLI to 1.5 GB before its timeout, and a
+    silent server's error said nothing after its colon (``TimeoutError()`` prints empty)."""
+
+    async def endless(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        with contextlib.suppress(ConnectionError):
+            await response.write(b'{"ticks": 1, "x": "')
+            for _ in range(STATE_MAX_BYTES // (1 << 20) + 2):
+                await response.write(b"a" * (1 << 20))
+        return response
+
+    done = asyncio.Event()
+
+    async def silent(request: web.Request) -> web.StreamResponse:
+        await done.wait()
+        return web.json_response(SMALL)
+
+    for handler, said in ((endless, "bytes: not read further"), (silent, "no answer within 0.2s")):
+        runner, url = await _answering(handler)
+        try:
+            with pytest.raises(StateError, match=said):
+                await fetch_state(url, seconds=0.2 if handler is silent else 30)
+        finally:
+            if handler is silent:
+                done.set()
+            await runner.cleanup()
+
+
+async def test_watching_says_a_failed_frame_and_reads_again() -> None:
+    """Found by an attack: ``--watch`` quit on the first answer that came late or failed (a
+    restart of the controller it watches)."""
+    answers = iter([web.Response(status=503), web.json_response(SMALL)])
+
+    async def flaky(request: web.Request) -> web.StreamResponse:
+        return next(answers, web.json_response(SMALL))
+
+    runner, url = await _answering(flaky)
+    watching = await asyncio.create_subprocess_exec(
+        sys.executable,
+        *("-m", "controller", "status", "--url", url, "--watch", "0.5", "-o", "json"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert watching.stdout is not None and watching.stderr is not None
+        failed = await asyncio.wait_for(watching.stderr.readline(), 30)
+        frame = await asyncio.wait_for(watching.stdout.readline(), 30)
+        watching.send_signal(signal.SIGINT)  # Ctrl-C: how watching ends
+        _, rest = await asyncio.wait_for(watching.communicate(), 30)
+    finally:
+        if watching.returncode is None:
+            watching.kill()
+            await watching.wait()
+        await runner.cleanup()
+    assert b"503" in failed and frame.strip() == b"{"
+    assert watching.returncode == 130 and b"Traceback" not in rest, rest
