@@ -59,6 +59,11 @@ def parse_duration(value: object) -> object:
 Duration = Annotated[float, BeforeValidator(parse_duration), Field(gt=0, allow_inf_nan=False)]
 """Seconds, written as ``10s``/``500ms``/``2m`` or a number."""
 
+DurationOrZero = Annotated[float, BeforeValidator(parse_duration), Field(ge=0, allow_inf_nan=False)]
+"""A ``Duration`` where 0 means off, written as any duration is (``0``, ``"0"``, ``0s``): a
+``Duration | Literal[0]`` refused the string forms, the environment's only one (found by an
+attack), and took ``false`` for 0."""
+
 
 def seconds(value: object) -> float | None:
     """``value`` as a positive number of seconds, or ``None`` if it is not one (lenient: for

@@ -38,6 +38,7 @@ from controller.settings.durations import (
     RETRY_PERIOD,
     SCRAPE_TIMEOUT,
     Duration,
+    DurationOrZero,
     default_staleness,
     parse_duration,
     seconds,
@@ -807,7 +808,7 @@ class WeightSettings(_Group):
         description="Exponent of (fastest / this) latency; 0.5 halves weight at 4x the latency.",
     )
 
-    forecast_horizon: Annotated[Duration, Field(le=MAX_HORIZON)] | Literal[0] = Field(
+    forecast_horizon: Annotated[DurationOrZero, Field(le=MAX_HORIZON)] = Field(
         default=0,
         description="Dead-time compensation: judge each cluster by its KV this many seconds "
         "ahead, extrapolated from its recent slope (0 = off). Weights act only after a scrape, "
@@ -840,7 +841,7 @@ class WeightSettings(_Group):
         "EWMA; 1 = no filter). Pressure is also judged on the newest scrape alone, so a "
         "cluster filling up is seen at once.",
     )
-    settle: Duration | Literal[0] | None = Field(
+    settle: DurationOrZero | None = Field(
         default=None,
         description="After a change, no further step for at least this long (except to take "
         "traffic off an unhealthy cluster); past it, none until the change is seen acting "
@@ -1102,6 +1103,41 @@ class KubernetesSettings(_Group):
         default="weight-controller",
         description="Our name in managedFields, so humans see who wrote the weights.",
     )
+
+    @field_validator("label_selector")
+    @classmethod
+    def _opted_in(cls, value: str) -> str:
+        """A selector that asks for a label: empty, it matched every ExternalModel, and one of
+        only ``!key`` or ``key!=value`` matches exactly those that never opted in (found by an
+        attack: an unlabelled model's weights were rewritten)."""
+        if not any(_asks_for_a_label(term) for term in _selector_terms(value)):
+            raise ValueError(
+                f"{value!r} selects ExternalModels that never opted in: name a label they "
+                "carry (key, key=value or key in (...))"
+            )
+        return value
+
+
+def _selector_terms(selector: str) -> list[str]:
+    """A label selector's requirements: split at the commas outside ``in (...)`` lists."""
+    terms, depth, term = [], 0, ""
+    for char in selector:
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            terms.append(term.strip())
+            term = ""
+        else:
+            term += char
+    return [t for t in (*terms, term.strip()) if t]
+
+
+def _asks_for_a_label(term: str) -> bool:
+    """``key``, ``key=value``, ``key==value``, ``key in (...)`` need the label; ``!key``,
+    ``key!=value`` and ``key notin (...)`` are met by an object without it
+    (k8s.io/apimachinery/pkg/labels/selector.go)."""
+    words = term.split()
+    negated = len(words) > 1 and words[1].startswith("notin")
+    return not (term.startswith("!") or "!=" in term or negated)
 
 
 class LeaderSettings(_Group):

@@ -71,6 +71,19 @@ def test_example_documents_every_field_with_its_default() -> None:
     assert set(example["clusters"][2]["prometheus"]) == set(type(prometheus).model_fields)
 
 
+@pytest.mark.parametrize("zero", ["0", "0s", "0ms"])
+def test_off_is_written_as_any_duration_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, zero: str
+) -> None:
+    """Found by an attack: ``settle: 0`` ("never wait", documented) and the default
+    ``forecast_horizon: 0`` were refused as strings, the environment's only form."""
+    monkeypatch.setenv("WEIGHT_CONTROLLER_CONFIG", str(write(tmp_path, MINIMAL)))
+    monkeypatch.setenv("WEIGHT_CONTROLLER_WEIGHTS__SETTLE", zero)
+    monkeypatch.setenv("WEIGHT_CONTROLLER_WEIGHTS__FORECAST_HORIZON", zero)
+    settings = load_settings()
+    assert (settings.settle, settings.weights.forecast_horizon) == (0.0, 0.0)
+
+
 def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WEIGHT_CONTROLLER_CONFIG", str(write(tmp_path, MINIMAL)))
     monkeypatch.setenv("WEIGHT_CONTROLLER_INTERVAL", "20s")
@@ -160,6 +173,22 @@ def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.Monk
             "leader_election.retry_period: Input should be greater than or equal to 0.1",
         ),
         ("clusters: " + "[" * 20_000 + "\n", "not a config: nested too deeply"),
+        (  # found by an attack: an empty selector had an unlabelled model's weights written
+            MINIMAL + "kubernetes: {label_selector: ''}\n",
+            "kubernetes.label_selector: '' selects ExternalModels that never opted in",
+        ),
+        (  # and a negated one selects exactly those that never opted in
+            MINIMAL + "kubernetes: {label_selector: '!weight-controller.opendatahub.io/managed'}\n",
+            "kubernetes.label_selector: '!weight-controller.opendatahub.io/managed' selects",
+        ),
+        (
+            MINIMAL + "kubernetes: {label_selector: 'team notin (a, b), tier!=x'}\n",
+            "selects ExternalModels that never opted in",
+        ),
+        (  # 0 is off, as any duration is written; false is no duration
+            MINIMAL + "weights: {settle: false}\n",
+            "weights.settle: not a duration: False",
+        ),
         (  # an hour ahead, any rising noise read as a full cache: 9 writes in 12 ticks
             MINIMAL + "weights: {forecast_horizon: 1h}\n",
             "weights.forecast_horizon: Input should be less than or equal to 600",
