@@ -506,6 +506,7 @@ class ClusterSettings(_Group):
     kv_tokens_per_pod: int | None = Field(
         default=None,
         gt=0,
+        le=10**12,  # past a float's range, a cluster's capacity failed every tick (an attack)
         description="KV-cache tokens one pod holds (num_gpu_blocks × block_size), for a "
         "cluster whose pages do not say: read through its EPP alone, its capacity is then "
         "ready endpoints × this; its pods' pages publishing no pool, answering pods × this. "

@@ -185,6 +185,24 @@ def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.Monk
             MINIMAL + "kubernetes: {label_selector: 'team notin (a, b), tier!=x'}\n",
             "selects ExternalModels that never opted in",
         ),
+        (  # found by an attack: a traceback from check-config
+            MINIMAL + "scrape: {timeout: " + "9" * 5000 + "}\n",
+            "not a config: Exceeds the limit (4300 digits) for integer string conversion",
+        ),
+        (  # found by an attack: accepted, then the cluster's read failed every tick
+            "clusters: [{name: a, epp: {url: 'http://127.0.0.1:1/m'}, kv_tokens_per_pod: 1"
+            + "0" * 400
+            + "}]\n",
+            "clusters[0].kv_tokens_per_pod: Input should be less than or equal to 1000000000000",
+        ),
+        (  # found by an attack: 66 KB ran check-config past 300 s at 1.8 GB
+            "urls: &u ["
+            + ", ".join(["x"] * 2000)
+            + "]\nclusters: ["
+            + ", ".join(f"{{name: c{i}, vllm_urls: *u}}" for i in range(500))
+            + "]\n",
+            "not a config: more than 200,000 values, anchors counted each time they are used",
+        ),
         (  # 0 is off, as any duration is written; false is no duration
             MINIMAL + "weights: {settle: false}\n",
             "weights.settle: not a duration: False",
@@ -225,6 +243,17 @@ def test_bad_config_names_field_and_reason(tmp_path: Path, text: str, expected: 
     assert any(expected in line for line in raised.value.lines), raised.value.lines
     # pydantic's union branches are no field (a review: "min_weight.literal['auto']: ...")
     assert not any("literal[" in line or "constrained-" in line for line in raised.value.lines)
+
+
+def test_twenty_thousand_problems_are_a_hundred_lines_and_a_count(tmp_path: Path) -> None:
+    """Found by an attack: each line was checked against all before it, so 20,000 bad URLs
+    took 11 s to list (40,000: past 30 s), and all were printed."""
+    urls = ", ".join(f"'not-a-url-{i}'" for i in range(20_000))
+    with pytest.raises(ConfigError) as raised:
+        load_settings(write(tmp_path, f"clusters: [{{name: a, vllm_urls: [{urls}]}}]\n"))
+    lines = raised.value.lines
+    assert len(lines) == 101 and lines[-1] == "... and 19,900 more problems", lines[-3:]
+    assert lines[0].startswith("clusters[0].vllm_urls[0]: ")
 
 
 def test_probes_may_share_a_port_number_on_another_address(tmp_path: Path) -> None:
