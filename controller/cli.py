@@ -521,7 +521,10 @@ async def _replay(settings: Settings, args: argparse.Namespace) -> int:
     replay.recorded_split(args.recorded, names)  # a bad one refused before anything is read
     try:
         if args.plot is not None:
-            replay.plotting()
+            replay.plotting(args.plot)
+            replay.writable("--plot", args.plot)
+        if args.json is not None:
+            replay.writable("--json", args.json)
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
             history = await replay.read_history(chosen, start, end, session)
             founds = await replay.record_of(chosen, start, end, session, args.target)
@@ -604,7 +607,29 @@ async def _replay(settings: Settings, args: argparse.Namespace) -> int:
             },
         }
         args.json.write_text(json.dumps(document, indent=2) + "\n")
-    return 0
+    return _read_whole(runs)
+
+
+def _read_whole(runs: Sequence[Any]) -> int:
+    """0 if every tick read its clusters' KV; else the summary above counts ticks the querier
+    failed to answer (after its retries) as unread, and the exit says so: found by an attack,
+    a replay that read nothing at 91% of its ticks printed 0.0 writes/h and exited 0."""
+    from controller.replay import utc
+
+    failed = {
+        one.target.key if one.target else "the config's clusters": one.summary
+        for one in runs
+        if "kv_mean" in one.summary.failed
+    }
+    for title, summary in failed.items():
+        ticks, first, why = summary.failed["kv_mean"]
+        print(
+            f"replay: {title}: the querier failed to answer kv_mean at {ticks} of "
+            f"{summary.ticks} ticks ({100 * ticks / summary.ticks:.0f}%), the first at "
+            f"{utc(first)}: {why}; the figures count those ticks as unread",
+            file=sys.stderr,
+        )
+    return EXIT_RUNTIME if failed else 0
 
 
 async def _once(settings: Settings, apply: bool) -> int:

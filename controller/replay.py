@@ -31,6 +31,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import os
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -660,14 +661,35 @@ class Trace:
             self.recorded.setdefault(name, []).append(100 * then)
 
 
-def plotting() -> None:
-    """Say now, before anything is read or written, if ``--plot`` cannot draw."""
+def plotting(path: Path | None = None) -> None:
+    """Say now, before anything is read or written, if ``--plot`` cannot draw (to ``path``:
+    in a format matplotlib writes)."""
     try:
         import matplotlib  # noqa: F401
     except ImportError as exc:  # an optional extra: say how to get it
         raise ReplayError(
             "plotting needs matplotlib: pip install 'weight-controller[plot]'"
         ) from exc
+    if path is not None:
+        from matplotlib.backend_bases import FigureCanvasBase
+
+        kinds = FigureCanvasBase.get_supported_filetypes()
+        if path.suffix.lstrip(".").lower() not in kinds:
+            raise ReplayError(
+                f"--plot {path}: no format matplotlib writes (name it .{', .'.join(sorted(kinds))})"
+            )
+
+
+def writable(flag: str, path: Path) -> None:
+    """Say now, before a window is read (minutes for a week), if ``path`` cannot be written:
+    found by an attack, a missing directory lost every tick read, after the whole replay."""
+    where = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise ReplayError(f"{flag} {path}: a directory")
+    if not where.is_dir():
+        raise ReplayError(f"{flag} {path}: no directory {where}")
+    if not os.access(where, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ReplayError(f"{flag} {path}: not writable")
 
 
 def plot(traces: Sequence[tuple[str, Trace]], path: Path, closed: bool = False) -> None:
@@ -675,7 +697,7 @@ def plot(traces: Sequence[tuple[str, Trace]], path: Path, closed: bool = False) 
     fed to the loop per cluster over the window (``closed``: the recorded load moved with the
     replayed weights; else as recorded), one pair of panes a target, with matplotlib (the
     ``plot`` extra); a tick without a reading is a gap, never 0."""
-    plotting()
+    plotting(path)
     import matplotlib
 
     matplotlib.use("Agg")

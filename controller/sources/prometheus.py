@@ -27,12 +27,15 @@ import aiohttp
 from yarl import URL
 
 from controller.errors import (
+    FetchConnectError,
     FetchError,
+    FetchForbiddenAddressError,
     FetchHTTPStatusError,
     FetchParseError,
     FetchTimeoutError,
     FetchTooLargeError,
     FetchTooManySamplesError,
+    FetchTruncatedError,
 )
 from controller.model import ClusterMetrics
 from controller.settings import ClusterSettings, PrometheusQueries, ScrapeSettings
@@ -61,7 +64,26 @@ ACCEPT_JSON = "application/json"
 # 11,000 points per timeseries", prometheus/prometheus web/api/v1/api.go, queryRange): a
 # history is read in chunks of at most this many steps.
 MAX_STEPS = 11_000
+# A range read is history, not a tick: it may take as long as the server lets a query run
+# (Prometheus's --query.timeout, 2m by default: cmd/prometheus/main.go), never the live
+# per-query timeout (a week of 20 clusters read nothing at 3 s: found by an attack). A few at
+# once per querier, and one that failed on the way (a timeout, a 5xx, a reset) is asked
+# again after a pause: one 503 cost a whole chunk, 30 hours of a 10 s replay.
+RANGE_TIMEOUT = 120.0
+RANGE_AT_ONCE = 4
+RANGE_RETRIES = (0.5, 2.0)  # the pauses before the second and third try
 _T = TypeVar("_T")
+
+
+def _passing(error: FetchError) -> bool:
+    """A failure another try may not meet: a timeout, a connection lost or refused (a
+    restarting server), a body cut short, a 5xx. Not a 4xx (the query is wrong), nor an
+    answer too large (read in halves instead)."""
+    if isinstance(error, FetchTimeoutError | FetchTruncatedError):
+        return True
+    if isinstance(error, FetchConnectError):
+        return not isinstance(error, FetchForbiddenAddressError)
+    return isinstance(error, FetchHTTPStatusError) and error.detail.startswith("HTTP 5")
 
 
 def selector(matchers: Mapping[str, str]) -> str:
@@ -312,6 +334,7 @@ class Querier:
         self._round: asyncio.Task[Answers] | None = None
         self._asked: set[str] = set()  # the clusters that had this round's answers
         self.sent = 0  # queries sent, for benchmarks and tests
+        self._ranges = asyncio.Semaphore(RANGE_AT_ONCE)
 
     def hold(self, value: str) -> None:
         """Read the cluster whose label has ``value`` through this querier."""
@@ -450,7 +473,17 @@ class Querier:
             **_WHOLE,
         }
         url = str(URL(self.base + "_range").with_query(query))
-        return await self._get(replace(self._endpoint, url=url))
+        timeout = max(self._endpoint.timeout, RANGE_TIMEOUT)
+        endpoint = replace(self._endpoint, url=url, timeout=timeout)
+        for pause in (*RANGE_RETRIES, None):
+            try:
+                async with self._ranges:
+                    return await self._get(endpoint)
+            except FetchError as exc:
+                if pause is None or not _passing(exc):
+                    raise
+            await asyncio.sleep(pause)
+        raise AssertionError("unreachable")  # the last try returns or raises
 
     async def _ask(self, promql: str) -> str:
         self.sent += 1

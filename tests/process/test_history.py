@@ -25,7 +25,12 @@ from controller.errors import FetchError
 from controller.replay import replay
 from controller.settings import Settings, build_settings
 from controller.sources.answers import Asked, cluster_metrics, split
-from controller.sources.prometheus import Querier, answer_series, shared_queriers
+from controller.sources.prometheus import (
+    RANGE_AT_ONCE,
+    Querier,
+    answer_series,
+    shared_queriers,
+)
 from controller.state import TickReport
 from controller.testing import VirtualClock
 from tests.support.prometheus import Prometheus, binary
@@ -170,20 +175,25 @@ async def backfilled(tmp_path: Path) -> AsyncIterator[tuple[Prometheus, float]]:
         yield prometheus, start
 
 
-def hub(prometheus: Prometheus, session: aiohttp.ClientSession, cap: int | None = None) -> Querier:
-    """``cap``: the body cap (``scrape.max_body_bytes``), the default if not given."""
-    settings = build_settings(
+def hub_settings(url: str, cap: int | None = None, timeout: str = "3s") -> Settings:
+    querier = {"name": "hub", "url": url, "push_interval": "10s", "timeout": timeout}
+    return build_settings(
         {
             "interval": STEP,
             "scrape": {"max_body_bytes": cap or 10 * 1024 * 1024},
             "health": {"max_staleness": "10m"},
-            "queriers": [{"name": "hub", "url": prometheus.url, "push_interval": "10s"}],
+            "queriers": [querier],
             "clusters": [
                 {"name": c, "prometheus": {"querier": "hub", "cluster": c}}
                 for c in ("east", "west")
             ],
         }
     )
+
+
+def hub(prometheus: Prometheus, session: aiohttp.ClientSession, cap: int | None = None) -> Querier:
+    """``cap``: the body cap (``scrape.max_body_bytes``), the default if not given."""
+    settings = hub_settings(prometheus.url, cap)
     querier = shared_queriers(
         settings.queriers, settings.prometheus_queries, settings.scrape, session
     )["hub"]
@@ -233,6 +243,53 @@ async def test_a_history_at_each_step_is_what_an_instant_query_answered_then(
             assert metrics.kv_tokens == 2 * 2048 * 16 and metrics.pods_answering == 2
         before = await querier.history(start - 3600, start - 1800, STEP)
         assert all(answers["kv_mean"] == {} for answers in before.values())  # no data: unknown
+
+
+async def test_a_range_read_outlasts_the_live_timeout_and_is_asked_again_after_a_5xx(
+    backfilled: tuple[Prometheus, float],
+) -> None:
+    """Found by an attack: range reads ran under the live per-query timeout (a week of 20
+    clusters read nothing at 3 s, and 10 s is refused for a 10 s interval), all at once, and
+    one 503 cost its query a whole chunk: 11,000 ticks read as no data, and exit 0. Here
+    every answer comes later than the querier's timeout, and the first of each query is a
+    503 (as a restarting server, or a frontend shedding load, answers)."""
+    prometheus, start = backfilled
+    end = start + 1800
+    seen: dict[str, int] = {}
+    at_once = [0, 0]
+
+    async def behind(request: web.Request) -> web.Response:
+        query = request.query["query"]
+        seen[query] = seen.get(query, 0) + 1
+        at_once[0] += 1
+        at_once[1] = max(at_once)
+        try:
+            await asyncio.sleep(0.3)  # past the querier's 0.1 s
+            if seen[query] == 1:
+                return web.Response(status=503, text="upstream restarting")
+            async with aiohttp.ClientSession() as session:
+                target = f"{prometheus.url}/api/v1/query_range"
+                async with session.get(target, params=request.query) as answer:
+                    text = await answer.text()
+            return web.Response(text=text, content_type="application/json")
+        finally:
+            at_once[0] -= 1
+
+    proxy = await Server().start({"/api/v1/query_range": behind})
+    try:
+        async with aiohttp.ClientSession() as session:
+            direct = await hub(prometheus, session).history(start, end, STEP)
+            settings = hub_settings(proxy.url("").rstrip("/"), timeout="100ms")
+            through = shared_queriers(
+                settings.queriers, settings.prometheus_queries, settings.scrape, session
+            )["hub"]
+            for cluster in ("east", "west"):
+                through.hold(cluster)
+            assert await through.history(start, end, STEP) == direct
+    finally:
+        await proxy.stop()
+    assert set(seen.values()) == {2} and len(seen) == len(through.queries)
+    assert at_once[1] == RANGE_AT_ONCE  # a few at a time, never all the queries at once
 
 
 async def test_a_range_prometheus_refuses_is_each_time_s_named_error(
@@ -409,6 +466,10 @@ async def test_a_replay_that_cannot_run_says_why_in_one_line_and_exits_2(
         ("--step", "5s"): "shorter than the config's interval",
         ("--step", "2h"): "longer than 3600s",
         ("--step", "soon"): "not a duration",
+        # found by an attack: checked after the whole replay, every tick read was lost
+        ("--json", str(tmp_path / "missing" / "r.json")): "no directory",
+        ("--plot", str(tmp_path / "r.txt")): "no format matplotlib writes",
+        ("--json", str(tmp_path)): "a directory",
     }.items():
         done = await asyncio.to_thread(replay_cli, config, start, start + 600, *given)
         assert done.returncode == 2 and done.stdout == "", (given, done.stderr)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 
+from controller.cli import _read_whole
 from controller.errors import ConfigError, FetchError, FetchParseError, FetchTimeoutError
 from controller.model import IMPLICIT_TARGET, ClusterMetrics, Reason
 from controller.replay import History, Response, moved, recorded_split, run, table
@@ -198,7 +200,9 @@ def test_a_kv_reading_no_cache_can_have_is_not_made_usable() -> None:
             assert east(moved(answers, {"east": factor})).kv_mean is None, (bad, factor)
 
 
-async def test_a_range_refused_in_part_is_named_in_the_summary() -> None:
+async def test_a_range_refused_in_part_is_named_in_the_summary(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     """A querier that refused some chunks (too many points, a timeout) leaves those ticks'
     answers failed: the loop runs on, and the summary names the query, how many ticks, the
     first and why, never a value made up for them."""
@@ -222,6 +226,14 @@ async def test_a_range_refused_in_part_is_named_in_the_summary() -> None:
     shown = table(summary, names)
     assert "kv_mean could not be read at 5 ticks, the first at 1970-01-01T00:18:20Z" in shown
     assert summary.row(names)["failed_queries"]["kv_mean"]["ticks"] == 5
+    # and the exit says so (found by an attack: 91% unread printed 0.0 writes/h, exit 0)
+    assert _read_whole([SimpleNamespace(target=None, summary=summary)]) == 1
+    said = capsys.readouterr().err.splitlines()
+    assert said == [
+        "replay: the config's clusters: the querier failed to answer kv_mean at 5 of 30 ticks"
+        " (17%), the first at 1970-01-01T00:18:20Z: no complete answer within 5s; the figures"
+        " count those ticks as unread"
+    ]
 
 
 def test_a_range_answer_reads_each_time_as_its_instant_answer_would() -> None:
