@@ -228,19 +228,23 @@ def _json(text: str) -> Handler:
     ],
     ids=["empty", "null", "deep", "html", "another-version"],
 )
-async def test_a_state_that_is_no_state_is_one_line_and_exit_1(
-    answer: str, said: str, capsys: pytest.CaptureFixture[str]
-) -> None:
+async def test_a_state_that_is_no_state_is_one_line_and_exit_1(answer: str, said: str) -> None:
     """Found by an attack: ``{}``, ``null``, a field of another type or JSON nested 200,000
     deep printed a traceback of 32 lines (KeyError, AttributeError, ValueError,
     RecursionError). Now one line naming what was read, and exit 1."""
     runner, url = await _answering(_json(answer))
     try:
-        code = await asyncio.to_thread(main, ["status", "--url", url])
+        done = await asyncio.create_subprocess_exec(
+            sys.executable,
+            *("-m", "controller", "status", "--url", url),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        _, said_bytes = await asyncio.wait_for(done.communicate(), 30)
     finally:
         await runner.cleanup()
-    err = capsys.readouterr().err
-    assert code == 1 and len(err.splitlines()) == 1, err
+    err = said_bytes.decode()
+    assert done.returncode == 1 and len(err.splitlines()) == 1, err
     assert err.startswith("error: " + said.format(url=url)), err
 
 
