@@ -36,6 +36,7 @@ class Journal:
         self._engines: dict[str, str] = {}  # the engine each cluster's pages were last read by
         self._shown: dict[str, tuple[object, ...]] = {}  # each cluster's last status_key
         self._misses: dict[tuple[str, str, str], int] = {}  # a usable cluster's pods, in a row
+        self._held: dict[str, tuple[str, dict[str, Any]]] = {}  # each target's hand-hold
 
     def write(self, previous: TickReport, current: TickReport) -> None:
         for name, cluster in current.clusters.items():
@@ -206,15 +207,23 @@ class Journal:
         else:
             self._conditions.clear(("fail static", key))
         control = ("control", key)
+        held: tuple[str, dict[str, Any]] | None = None
         if decision.mode is Mode.PAUSED:
-            self._conditions.observe("target paused", control, "info", target=key, note=note)
+            held = "target paused", {"note": note}
         elif decision.mode is Mode.PINNED:
-            weights = dict(decision.weights or {})
-            self._conditions.observe("target pinned", control, "info", target=key, weights=weights)
+            held = "target pinned", {"weights": dict(decision.weights or {})}
         elif decision.mode is Mode.FROZEN:
-            self._conditions.observe("target frozen", control, "info", target=key, note=note)
-        else:
+            held = "target frozen", {"note": note}
+        if held != self._held.get(key):
+            # a hold that changes (a pin for a pause, a new note, a pin ignored) ends the one
+            # before and is said: one condition for all of them said none of the changes and
+            # ended with the first's name (found by an attack)
             self._conditions.clear(control)
+        if held is None:
+            self._held.pop(key, None)
+            return
+        self._held[key] = held
+        self._conditions.observe(held[0], control, "info", target=key, **held[1])
 
     def _write(self, view: TargetView, report: TickReport) -> None:
         """One line per change of a target's weights, with what drove it; a write that keeps

@@ -9,7 +9,7 @@ import itertools
 import json
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -1344,6 +1344,50 @@ async def test_a_paused_target_holds_its_weights_until_unpaused(
     ]
     assert len(paused) == 1 and paused[0]["note"] == "INC-42: investigating east"
     assert len(ended) == 1
+
+
+@pytest.mark.parametrize("apiserver", ["v0.2.1"], indirect=True)  # the log is no CRD's
+async def test_each_change_of_a_hand_hold_is_said_and_each_end_by_its_name(
+    apiserver: FakeAPIServer, api: client.ApiClient, sims: Fleet
+) -> None:
+    """Found by an attack: pause, pin and freeze were one condition per target, so a pin
+    re-written to 110 (ignored, weights held), a pin swapped for a pause and a new pause note
+    logged nothing, and the pause's end was 'condition ended: target pinned'."""
+    from controller.kube.objects import PAUSE_ANNOTATION, PIN_ANNOTATION
+
+    def said(logs: list[MutableMapping[str, Any]]) -> list[tuple[str, object]]:
+        lines = []
+        for e in logs:
+            if e["event"] in ("target paused", "target pinned"):
+                lines.append((e["event"], e.get("note") or e.get("weights")))
+            elif e["event"] == "condition ended" and e["condition"].startswith("target "):
+                lines.append(("ended", e["condition"]))
+        return lines
+
+    seed(apiserver, [("east", 50), ("west", 50)])
+    steps: list[tuple[str, str | None, str | None]] = [
+        (PIN_ANNOTATION, '{"east": 10, "west": 90}', None),
+        (PIN_ANNOTATION, '{"east": 20, "west": 90}', None),  # a typo: 110, ignored
+        (PIN_ANNOTATION, None, "INC-42: east under investigation"),
+        (PAUSE_ANNOTATION, "INC-43: west too", None),
+        (PAUSE_ANNOTATION, None, None),
+    ]
+    seen = []
+    async with Controller(settings_for(sims), serve=False, api=api) as controller:
+        for annotation, value, pause in steps:
+            annotate(apiserver, annotation, value)
+            if pause is not None:
+                annotate(apiserver, PAUSE_ANNOTATION, pause)
+            with capture_logs() as logs:
+                await ticks(controller, 2)
+            seen.append(said(logs))
+    pinned, retyped, paused, renoted, resumed = seen
+    assert pinned == [("target pinned", {"east": 10, "west": 90})]
+    assert retyped[0] == ("ended", "target pinned") and retyped[1][0] == "target paused"
+    assert "must add up to 100" in str(retyped[1][1]) and len(retyped) == 2
+    assert paused == [("ended", "target paused"), ("target paused", steps[2][2])]
+    assert renoted == [("ended", "target paused"), ("target paused", "INC-43: west too")]
+    assert resumed == [("ended", "target paused")]
 
 
 @pytest.mark.parametrize("annotated", [True, False], ids=["annotated", "no-annotations"])
