@@ -8,6 +8,7 @@ import asyncio
 import os
 import socket
 import ssl
+import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -305,3 +306,48 @@ async def test_accept_errors_are_one_line_a_burst_with_their_count() -> None:
     assert events == [("accept failing", None), ("accept failing ended", 1000)]
     assert "Too many open files" in logs[0]["error"]
     assert [c["message"] for c in others] == ["something else"]  # to the handler it replaced
+
+
+class _Held(Collector):
+    """A collector that holds its render until told: the loop must answer meanwhile."""
+
+    def __init__(self) -> None:
+        self.started, self.release = threading.Event(), threading.Event()
+
+    def collect(self) -> Iterator[Metric]:
+        self.started.set()
+        self.release.wait(30)
+        yield GaugeMetricFamily("held", "rendered once released", value=1.0)
+
+
+async def test_a_render_of_metrics_or_state_leaves_the_loop_free_for_probes() -> None:
+    """Found by an attack: /metrics and /debug/state were rendered on the loop, so 16
+    scrapers of a 200-cluster fleet (470 KB each) held /healthz, on its own port too, for up
+    to 2.15 s (the kubelet's probe times out at 1 s) and the loop ticked 4 times in 20 s.
+    Here a render is held until a probe has been answered: on the loop, it never would be."""
+    held = _Held()
+    registry = CollectorRegistry()
+    registry.register(held)
+    app = server.make_app(registry, Snapshot(), 10.0)
+    serving, port = await server.start(app, "127.0.0.1", 0)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as session:
+            for path in ("/metrics", "/debug/state"):
+                held.started.clear()
+                held.release.clear()
+
+                async def fetch(path: str = path) -> tuple[int, str]:
+                    async with session.get(base + path) as answer:
+                        return answer.status, await answer.text()
+
+                rendering = asyncio.create_task(fetch())
+                assert await asyncio.to_thread(held.started.wait, 30), path
+                async with session.get(base + "/healthz") as probe:
+                    assert probe.status == 200, path  # answered while the render is held
+                held.release.set()
+                status, text = await asyncio.wait_for(rendering, 30)
+                assert status == 200 and ("held 1.0" in text or '"ticks"' in text), path
+    finally:
+        held.release.set()
+        await serving.cleanup()
