@@ -129,7 +129,20 @@ def _label_names(value: dict[str, str]) -> dict[str, str]:
     for name in value:
         if not re.fullmatch(_LABEL_NAME, name):
             raise ValueError(f"not a label name: {name!r}")
+        if name.startswith("__"):  # found by an attack: __name__ dropped every other signal
+            raise ValueError(f"{name!r}: labels starting __ are Prometheus's own, not a matcher")
     return value
+
+
+def _base(url: _PydanticHttpUrl) -> _PydanticHttpUrl:
+    """A querier's base URL, to which ``/api/v1/query`` is added: one with a query or a
+    fragment had the path land inside them, and every query failed (found by an attack)."""
+    if url.query or url.fragment:
+        raise ValueError(f"{str(url)!r}: a base URL, without ?query or #fragment")
+    return url
+
+
+QuerierUrl = Annotated[HttpUrl, AfterValidator(_base)]
 
 
 Matchers = Annotated[dict[str, str], AfterValidator(_label_names)]
@@ -251,7 +264,7 @@ class Querier(_Group):
         max_length=63,
         description="How clusters name this querier (clusters[].prometheus.querier).",
     )
-    url: HttpUrl = Field(description="Base URL of its HTTP API (…/api/v1 is added).")
+    url: QuerierUrl = Field(description="Base URL of its HTTP API (…/api/v1 is added).")
     cluster_label: str = Field(
         default="cluster",
         pattern=_LABEL_NAME,
@@ -293,7 +306,7 @@ class PrometheusSource(_Group):
         description="This cluster's value of the querier's cluster label; the cluster's name "
         "if unset.",
     )
-    url: HttpUrl | None = Field(
+    url: QuerierUrl | None = Field(
         default=None,
         description="Or a querier of its own: base URL of its HTTP API (…/api/v1 is added).",
     )

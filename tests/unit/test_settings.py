@@ -203,6 +203,16 @@ def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.Monk
             + "]\n",
             "not a config: more than 200,000 values, anchors counted each time they are used",
         ),
+        (  # found by an attack: /api/v1/query landed inside the query; every query failed
+            "queriers: [{name: hub, url: 'http://127.0.0.1:9090/?tenant=a'}]\n"
+            "clusters: [{name: a, prometheus: {querier: hub}}]\n",
+            "queriers[0].url: 'http://127.0.0.1:9090/?tenant=a': a base URL, without ?query",
+        ),
+        (  # found by an attack: a __name__ matcher left the cluster healthy without a queue
+            "clusters: [{name: a, prometheus: {url: 'http://127.0.0.1:9090',"
+            " matchers: {__name__: vllm_kv_cache_usage_perc}}}]\n",
+            "clusters[0].prometheus.matchers: '__name__': labels starting __ are Prometheus's",
+        ),
         (  # 0 is off, as any duration is written; false is no duration
             MINIMAL + "weights: {settle: false}\n",
             "weights.settle: not a duration: False",
