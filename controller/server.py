@@ -91,7 +91,8 @@ class Connections:
         deadline; else the one idle longest, kept alive after its answer for ``idle_grace``
         or more with nothing of it left to write (256 clients that each sent one request and
         stayed idle kept every probe out for the idle timeout, renewable: found by an attack;
-        a client kept alive reconnects for its next request, as Prometheus does); ``False``
+        a client kept alive reconnects for its next request, as Prometheus does); else the
+        one whose client has read nothing of its answer for longest (``_stalled``); ``False``
         when every open one is busy."""
         oldest = next((b for b in self._open if b.waiting), None)
         if oldest is None:
@@ -101,11 +102,22 @@ class Connections:
                 ((t, b) for t, b in idle if not b.writing), key=lambda p: p[0], default=(now, None)
             )
             if longest is None or now - since < self.idle_grace:
-                return False
+                longest = self._stalled(now)
+                if longest is None:
+                    return False
             oldest = longest
         self._on_close("limit")
         oldest.abort()
         return True
+
+    def _stalled(self, now: float) -> _Bounded | None:
+        """The connection whose client has read nothing of its answer for longest, if for
+        ``header_timeout`` or more: 16 clients that sent one GET of a 5.6 MB /metrics and read
+        none of it held every slot past both timeouts, the probes shut out until they closed
+        (found by an attack). A slow reader reads now and then, and keeps its slot."""
+        stalled = [(b.stalled_since, b) for b in self._open if b.stalled_since is not None]
+        since, longest = min(stalled, key=lambda p: p[0], default=(now, None))
+        return longest if now - since >= self.header_timeout else None
 
     def answered(self, transport: object) -> None:
         """A whole request arrived on ``transport``: its header deadline no longer applies,
@@ -162,6 +174,7 @@ class _Bounded(asyncio.Protocol):
         self._made = False  # aiohttp's protocol has its connection
         self.idle_since: float | None = None  # kept alive after an answer, since (loop time)
         self._paused = False  # asyncio paused our writing: the client reads slowly
+        self.stalled_since: float | None = None  # paused, and not resumed since (loop time)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -231,10 +244,12 @@ class _Bounded(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._paused = True
+        self.stalled_since = asyncio.get_running_loop().time()
         self._inner.pause_writing()
 
     def resume_writing(self) -> None:
         self._paused = False
+        self.stalled_since = None
         self._inner.resume_writing()
 
     @property

@@ -308,6 +308,40 @@ async def test_accept_errors_are_one_line_a_burst_with_their_count() -> None:
     assert [c["message"] for c in others] == ["something else"]  # to the handler it replaced
 
 
+async def test_a_client_that_reads_none_of_its_answer_gives_its_slot_up(
+    counted: Counted,
+) -> None:
+    """Found by an attack: clients that sent one GET of a large /metrics and read none of it
+    held every slot past both timeouts, and every probe and scrape was refused until they
+    closed. At the limit, one whose client has read nothing for the header deadline is
+    closed for the newcomer; a slow reader (the test above) keeps its slot."""
+    registry = CollectorRegistry()
+    registry.register(_Big())
+    connections = server.Connections(1, 0.5, counted.change, counted.close, idle_grace=0.05)
+    app = server.make_app(registry, Snapshot(), 10.0, connections=connections)
+    serving, port = await server.start(app, "127.0.0.1", 0)
+    try:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32768)
+        sock.connect(("127.0.0.1", port))
+        sock.setblocking(False)
+        _, writer = await asyncio.open_connection(sock=sock, limit=2**16)
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")  # and never read
+        for _ in range(100):  # until its answer is going out and has stalled
+            await asyncio.sleep(0.1)
+            since = [b.stalled_since for b in connections._open if b.stalled_since is not None]
+            if since and asyncio.get_running_loop().time() - since[0] > 0.6:
+                break
+        else:
+            raise AssertionError("the answer never stalled")
+        async with aiohttp.ClientSession() as session:
+            assert await get(session, port) == 200  # the newcomer is served
+        assert counted.closed == ["limit"]
+        writer.close()
+    finally:
+        await serving.cleanup()
+
+
 class _Held(Collector):
     """A collector that holds its render until told: the loop must answer meanwhile."""
 
