@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import hashlib
 import json
+import math
 import os
 import signal
 import sys
@@ -32,6 +33,34 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_CONFIG, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _seconds(text: str) -> float:
+    """A finite number of seconds above 0 (``nan``, ``-5`` and ``0`` ran, then crashed or
+    exited after one tick: found by an attack)."""
+    return _number(text, float, above=0.0)
+
+
+def _delay(text: str) -> float:
+    """A finite number of seconds, 0 or more."""
+    return _number(text, float, above=None)
+
+
+def _count(text: str) -> int:
+    """A whole number, 1 or more."""
+    return int(_number(text, int, above=0))
+
+
+def _number(text: str, kind: type[float] | type[int], above: float | None) -> float:
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if above is None and not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be finite, 0 or more")
+    if above is not None and not (math.isfinite(value) and value > above):
+        raise argparse.ArgumentTypeError(f"{text!r}: must be finite and above {above:g}")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -139,21 +168,21 @@ def _simulate_parser(sub: Any) -> None:
     )
     simulate.add_argument("--scenario", default="all", help="a scenario name, or 'all'")
     simulate.add_argument("--seed", type=int, default=1, help="the first seed")
-    simulate.add_argument("--seeds", type=int, default=5, help="how many seeds (median, worst)")
+    simulate.add_argument("--seeds", type=_count, default=5, help="how many seeds (median, worst)")
     simulate.add_argument(
         "--policies",
         default="",
         help="comma-separated subset of ours,integral,proportional,naive,static (default: all)",
     )
     simulate.add_argument(
-        "--workers", type=int, default=None, help="processes (default: one per core)"
+        "--workers", type=_count, default=None, help="processes (default: one per core)"
     )
     simulate.add_argument("--markdown", action="store_true", help="print the table as Markdown")
-    simulate.add_argument("--interval", type=float, default=10.0, help="scrape/tick, seconds")
+    simulate.add_argument("--interval", type=_seconds, default=10.0, help="scrape/tick, seconds")
     simulate.add_argument(
-        "--delay", type=float, default=10.0, help="publish-to-effect delay, seconds"
+        "--delay", type=_delay, default=10.0, help="publish-to-effect delay, seconds"
     )
-    simulate.add_argument("--duration", type=float, default=None, help="simulated seconds")
+    simulate.add_argument("--duration", type=_seconds, default=None, help="simulated seconds")
     simulate.add_argument(
         "--set",
         action="append",
@@ -181,11 +210,11 @@ def _status_and_demo_parsers(sub: Any) -> None:
     )
     status.add_argument("-o", "--output", choices=["table", "json"], default="table")
     status.add_argument(
-        "--watch", type=float, metavar="SECONDS", help="redraw every SECONDS until Ctrl-C"
+        "--watch", type=_seconds, metavar="SECONDS", help="redraw every SECONDS until Ctrl-C"
     )
     demo = sub.add_parser("demo", help="simulated clusters on loopback + the controller")
-    demo.add_argument("--duration", type=float, default=None, help="seconds, then exit")
-    demo.add_argument("--interval", type=float, default=1.0, help="reconcile period, seconds")
+    demo.add_argument("--duration", type=_seconds, default=None, help="seconds, then exit")
+    demo.add_argument("--interval", type=_seconds, default=1.0, help="reconcile period, seconds")
     demo.add_argument("--bind", default="127.0.0.1:8080", help="our /metrics address")
     demo.add_argument("--verbose", action="store_true", help="also print the structured logs")
     demo.add_argument(

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from controller.cli import _parser
 from controller.errors import ConfigError
 from controller.settings import Settings, build_settings, load_settings
 from controller.sources.prometheus import queries_for
@@ -453,6 +454,30 @@ def test_garbage_files_bad_environment_and_bad_arguments_are_one_line_each(tmp_p
         assert done.returncode == 2, done.stderr
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
         assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["simulate", "--duration", "nan"], "argument --duration: 'nan': must be finite"),
+        (["simulate", "--duration", "0"], "argument --duration: '0': must be finite and above 0"),
+        (["simulate", "--workers", "-2"], "argument --workers: '-2': must be finite and above 0"),
+        (["simulate", "--delay", "-10"], "argument --delay: '-10': must be finite, 0 or more"),
+        (["simulate", "--seeds", "0"], "argument --seeds: '0': must be finite and above 0"),
+        (["demo", "--duration", "-5"], "argument --duration: '-5': must be finite and above 0"),
+        (["demo", "--interval", "inf"], "argument --interval: 'inf': must be finite"),
+        (["status", "--watch", "x"], "argument --watch: 'x' is not a number"),
+    ],
+)
+def test_a_number_no_command_can_run_with_is_refused_as_an_argument(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by an attack: ``simulate --duration nan`` (0, -5) and ``--workers -2`` ended in
+    a traceback, ``--delay -10`` and ``--seeds 0`` ran to a table, ``demo --duration nan``
+    exited 0 after one tick."""
+    with pytest.raises(SystemExit) as ended:
+        _parser().parse_args(argv)
+    assert ended.value.code == 2 and said in capsys.readouterr().err
 
 
 def test_a_config_of_just_a_short_interval_works(tmp_path: Path) -> None:
