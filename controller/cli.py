@@ -38,28 +38,35 @@ class _Parser(argparse.ArgumentParser):
 def _seconds(text: str) -> float:
     """A finite number of seconds above 0 (``nan``, ``-5`` and ``0`` ran, then crashed or
     exited after one tick: found by an attack)."""
-    return _number(text, float, above=0.0)
+    return _number(text, float, 0.0, strict=True)
 
 
 def _delay(text: str) -> float:
     """A finite number of seconds, 0 or more."""
-    return _number(text, float, above=None)
+    return _number(text, float, 0.0, strict=False)
+
+
+COUNT_MAX = 1_000_000
 
 
 def _count(text: str) -> int:
-    """A whole number, 1 or more."""
-    return int(_number(text, int, above=0))
+    """A whole number, 1 or more, and at most ``COUNT_MAX`` (more seeds or processes than
+    that is a typo, and 400 digits overflowed a C integer)."""
+    value = int(_number(text, int, 0, strict=True))
+    if value > COUNT_MAX:
+        raise argparse.ArgumentTypeError(f"{text[:20]!r}: must be at most {COUNT_MAX}")
+    return value
 
 
-def _number(text: str, kind: type[float] | type[int], above: float | None) -> float:
+def _number(text: str, kind: type[float] | type[int], minimum: float, strict: bool) -> float:
     try:
         value = kind(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if above is None and not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"{text!r}: must be finite, 0 or more")
-    if above is not None and not (math.isfinite(value) and value > above):
-        raise argparse.ArgumentTypeError(f"{text!r}: must be finite and above {above:g}")
+    finite = kind is int or math.isfinite(value)  # an int of 400 digits overflows isfinite
+    if not (finite and (value > minimum if strict else value >= minimum)):
+        bound = f" and above {minimum:g}" if strict else f", {minimum:g} or more"
+        raise argparse.ArgumentTypeError(f"{text!r}: must be finite{bound}")
     return value
 
 
@@ -452,7 +459,11 @@ async def _status(
             print(f"error: cannot read {url}{STATE_PATH}: {error}", file=sys.stderr)
         else:
             try:
-                shown = json.dumps(state, indent=2) if output == "json" else render(state, explain)
+                shown = (
+                    json.dumps(state, indent=2)
+                    if output == "json"
+                    else render(state, explain=explain)
+                )
             except (KeyError, TypeError, ValueError, AttributeError) as exc:  # another version's
                 error = f"{type(exc).__name__}: {exc}"
                 print(

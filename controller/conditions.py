@@ -41,14 +41,25 @@ class Conditions:
         return key in self._open
 
     def observe(
-        self, event: str, key: Hashable, level: str = "warning", once: bool = False, **fields: Any
+        self,
+        event: str,
+        key: Hashable,
+        level: str = "warning",
+        once: bool = False,
+        renew: bool = False,
+        **fields: Any,
     ) -> None:
         """The condition ``key`` holds now; log ``event`` if it just started or is due again
-        (``once``: only when it starts, for a condition that is one line while it lasts)."""
+        (``once``: only when it starts, for a condition that is one line while it lasts;
+        ``renew``: another event or other fields under ``key`` end the one open and start
+        their own, for a condition whose every change is news)."""
         now = self._clock()
         found = self._open.get(key)
         # an exception is logged once, never held: its frames would live as long as the condition
         kept = {k: v for k, v in fields.items() if k != "exc_info"}
+        if renew and found is not None and (found.event, found.fields) != (event, kept):
+            self.clear(key)
+            found = None
         if found is None:
             self._open[key] = _Open(event, now, now, 1, kept)
             getattr(self._log, level)(event, **fields)

@@ -683,7 +683,7 @@ def plotting(path: Path | None = None) -> None:
 def writable(flag: str, path: Path) -> None:
     """Say now, before a window is read (minutes for a week), if ``path`` cannot be written:
     found by an attack, a missing directory lost every tick read, after the whole replay."""
-    where = path.parent if str(path.parent) else Path(".")
+    where = path.parent  # Path("r.json").parent is Path(".")
     if path.is_dir():
         raise ReplayError(f"{flag} {path}: a directory")
     if not where.is_dir():

@@ -173,8 +173,8 @@ class _Bounded(asyncio.Protocol):
         self._handshake: asyncio.Task[None] | None = None
         self._made = False  # aiohttp's protocol has its connection
         self.idle_since: float | None = None  # kept alive after an answer, since (loop time)
-        self._paused = False  # asyncio paused our writing: the client reads slowly
-        self.stalled_since: float | None = None  # paused, and not resumed since (loop time)
+        # asyncio paused our writing (the client reads slowly), and has not resumed it since
+        self.stalled_since: float | None = None  # (loop time)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -243,12 +243,10 @@ class _Bounded(asyncio.Protocol):
         return self._inner.eof_received()
 
     def pause_writing(self) -> None:
-        self._paused = True
         self.stalled_since = asyncio.get_running_loop().time()
         self._inner.pause_writing()
 
     def resume_writing(self) -> None:
-        self._paused = False
         self.stalled_since = None
         self._inner.resume_writing()
 
@@ -258,7 +256,7 @@ class _Bounded(asyncio.Protocol):
         after (a review cut a slow scrape of 25 MB at 3.7 MB to make room)."""
         transport = self._secure or self._transport
         buffered = transport.get_write_buffer_size() if transport is not None else 0
-        return self._paused or buffered > 0
+        return self.stalled_since is not None or buffered > 0
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.answered()
@@ -429,6 +427,8 @@ def make_app(
         return web.Response(body=body, content_type="application/json")
 
     async def metrics(request: web.Request) -> web.Response:
+        """As prometheus-client's aiohttp handler answers (its encoder for the Accept, gzip
+        when asked), but rendered off the loop; ``name[]`` filtering is not offered."""
         encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
         zipped = gzip_accepted(request.headers.get("Accept-Encoding", ""))
 

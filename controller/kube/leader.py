@@ -309,5 +309,6 @@ class LeaderElector:
                     body["spec"].update(holderIdentity="", leaseDurationSeconds=1)
                     await self._api.replace_namespaced_lease(s.lease_name, s.namespace, body)
                     log.info("lease released", identity=self.identity)
-        except (*API_EXCEPTIONS, APIError, TimeoutError) as exc:
+        except (*API_EXCEPTIONS, APIError, TimeoutError, ValueError) as exc:  # ValueError:
+            # an answer the client could not decode, as in _attempt
             log.warning("could not release the lease", error=str(exc) or type(exc).__name__)

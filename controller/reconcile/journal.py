@@ -27,9 +27,6 @@ log = structlog.get_logger("controller.journal")
 POD_MISSES_TO_LOG = 2  # a usable cluster's pod that fails this many ticks in a row is logged
 
 
-_HELD = (Mode.PAUSED, Mode.PINNED, Mode.FROZEN)  # by hand, or by weights.freeze
-
-
 class Journal:
     def __init__(self, settings: LogSettings, conditions: Conditions, clock: Callable[[], float]):
         self._every = settings.summary_interval
@@ -39,7 +36,6 @@ class Journal:
         self._engines: dict[str, str] = {}  # the engine each cluster's pages were last read by
         self._shown: dict[str, tuple[object, ...]] = {}  # each cluster's last status_key
         self._misses: dict[tuple[str, str, str], int] = {}  # a usable cluster's pods, in a row
-        self._held: dict[str, tuple[Mode, object, dict[str, int]]] = {}  # a target's hold
 
     def write(self, previous: TickReport, current: TickReport) -> None:
         for name, cluster in current.clusters.items():
@@ -209,22 +205,25 @@ class Journal:
             )
         else:
             self._conditions.clear(("fail static", key))
+        # a hold that changes (a pin for a pause, a new note, a pin ignored) ends the one
+        # before and is said (``renew``): one condition for all of them said none of the
+        # changes and ended with the first's name (found by an attack)
         control = ("control", key)
-        weights = dict(decision.weights or {})
-        held = (decision.mode, note, weights) if decision.mode in _HELD else None
-        if held != self._held.pop(key, None):
-            # a hold that changes (a pin for a pause, a new note, a pin ignored) ends the one
-            # before and is said: one condition for all of them said none of the changes and
-            # ended with the first's name (found by an attack)
-            self._conditions.clear(control)
-        if held is not None:
-            self._held[key] = held
         if decision.mode is Mode.PAUSED:
-            self._conditions.observe("target paused", control, "info", target=key, note=note)
+            self._conditions.observe(
+                "target paused", control, "info", renew=True, target=key, note=note
+            )
         elif decision.mode is Mode.PINNED:
-            self._conditions.observe("target pinned", control, "info", target=key, weights=weights)
+            weights = dict(decision.weights or {})
+            self._conditions.observe(
+                "target pinned", control, "info", renew=True, target=key, weights=weights
+            )
         elif decision.mode is Mode.FROZEN:
-            self._conditions.observe("target frozen", control, "info", target=key, note=note)
+            self._conditions.observe(
+                "target frozen", control, "info", renew=True, target=key, note=note
+            )
+        else:
+            self._conditions.clear(control)
 
     def _write(self, view: TargetView, report: TickReport) -> None:
         """One line per change of a target's weights, with what drove it; a write that keeps

@@ -102,7 +102,7 @@ def read_yaml(path: Path) -> dict[str, Any]:
     except RecursionError:  # 20,000 nested brackets: no config is shaped so
         raise ConfigError([f"{path}: not a config: nested too deeply"]) from None
     except ValueError as exc:  # a number of more digits than Python converts (4,300)
-        raise ConfigError([f"{path}: not a config: {exc}".split(";")[0]]) from None
+        raise ConfigError([f"{path}: not a config: {str(exc).split(';')[0]}"]) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -167,9 +167,8 @@ def build_settings(data: Mapping[str, Any]) -> Settings:
     except RecursionError:  # a WEIGHT_CONTROLLER_* variable of JSON nested past the parser
         raise ConfigError(["environment: a value nested too deeply to be a setting"]) from None
     except ValidationError as exc:
-        lines = dict.fromkeys(_error_lines(exc))
-        lines.update(dict.fromkeys(cross_field_problems(data)))
-        raise ConfigError(_shown(list(lines))) from None
+        lines = list(dict.fromkeys([*_error_lines(exc), *cross_field_problems(data)]))
+        raise ConfigError(_shown(lines)) from None
     except SettingsError as exc:  # a malformed WEIGHT_CONTROLLER_* variable
         cause = exc.__cause__
         detail = f": {cause}" if cause is not None else ""

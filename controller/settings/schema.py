@@ -17,7 +17,6 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import (
     AfterValidator,
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     TypeAdapter,
@@ -40,7 +39,6 @@ from controller.settings.durations import (
     Duration,
     DurationOrZero,
     default_staleness,
-    parse_duration,
     seconds,
 )
 from controller.settings.queries import MAX_WINDOW, PrometheusQueries, default_templates
@@ -137,7 +135,7 @@ def _label_names(value: dict[str, str]) -> dict[str, str]:
 def _base(url: _PydanticHttpUrl) -> _PydanticHttpUrl:
     """A querier's base URL, to which ``/api/v1/query`` is added: one with a query or a
     fragment had the path land inside them, and every query failed (found by an attack)."""
-    if url.query or url.fragment:
+    if url.query is not None or url.fragment is not None:  # "…/?" too
         raise ValueError(f"{str(url)!r}: a base URL, without ?query or #fragment")
     return url
 
@@ -1199,7 +1197,7 @@ class LogSettings(_Group):
     format: Literal["auto", "json", "console"] = Field(
         default="auto", description="auto: key=value (logfmt) on a terminal, JSON otherwise."
     )
-    summary_interval: Annotated[float, BeforeValidator(parse_duration), Field(ge=0)] = Field(
+    summary_interval: DurationOrZero = Field(
         default=300.0,
         description="Every this often, one 'target summary' line per target and one 'cluster "
         "status' line per cluster, so a quiet log still shows the state; 0 turns them off.",

@@ -475,15 +475,16 @@ class Querier:
         url = str(URL(self.base + "_range").with_query(query))
         timeout = max(self._endpoint.timeout, RANGE_TIMEOUT)
         endpoint = replace(self._endpoint, url=url, timeout=timeout)
-        for pause in (*RANGE_RETRIES, None):
+        for pause in RANGE_RETRIES:
             try:
                 async with self._ranges:
                     return await self._get(endpoint)
             except FetchError as exc:
-                if pause is None or not _passing(exc):
+                if not _passing(exc):
                     raise
             await asyncio.sleep(pause)
-        raise AssertionError("unreachable")  # the last try returns or raises
+        async with self._ranges:  # the last try
+            return await self._get(endpoint)
 
     async def _ask(self, promql: str) -> str:
         self.sent += 1

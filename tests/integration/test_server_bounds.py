@@ -141,6 +141,17 @@ class _Big(Collector):
         yield GaugeMetricFamily("big", "x" * (16 << 20), value=1.0)
 
 
+async def unread_scrape(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A GET /metrics from a client with a small receive buffer that reads nothing yet."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32768)
+    sock.connect(("127.0.0.1", port))
+    sock.setblocking(False)
+    reader, writer = await asyncio.open_connection(sock=sock, limit=2**16)
+    writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    return reader, writer
+
+
 async def test_an_answer_still_being_written_is_never_cut_to_make_room(
     counted: Counted,
 ) -> None:
@@ -153,12 +164,7 @@ async def test_an_answer_still_being_written_is_never_cut_to_make_room(
     app = server.make_app(registry, Snapshot(), 10.0, connections=connections)
     serving, port = await server.start(app, "127.0.0.1", 0)
     try:
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32768)  # a scraper reading slowly
-        sock.connect(("127.0.0.1", port))
-        sock.setblocking(False)
-        reader, writer = await asyncio.open_connection(sock=sock, limit=2**16)
-        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        reader, writer = await unread_scrape(port)  # a scraper reading slowly
         head = await reader.readuntil(b"\r\n\r\n")
         length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
         got = len(await reader.read(65536))
@@ -321,16 +327,10 @@ async def test_a_client_that_reads_none_of_its_answer_gives_its_slot_up(
     app = server.make_app(registry, Snapshot(), 10.0, connections=connections)
     serving, port = await server.start(app, "127.0.0.1", 0)
     try:
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32768)
-        sock.connect(("127.0.0.1", port))
-        sock.setblocking(False)
-        _, writer = await asyncio.open_connection(sock=sock, limit=2**16)
-        writer.write(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")  # and never read
+        _, writer = await unread_scrape(port)  # and never read
         for _ in range(100):  # until its answer is going out and has stalled
             await asyncio.sleep(0.1)
-            since = [b.stalled_since for b in connections._open if b.stalled_since is not None]
-            if since and asyncio.get_running_loop().time() - since[0] > 0.6:
+            if connections._stalled(asyncio.get_running_loop().time()) is not None:
                 break
         else:
             raise AssertionError("the answer never stalled")
@@ -347,10 +347,11 @@ class _Held(Collector):
 
     def __init__(self) -> None:
         self.started, self.release = threading.Event(), threading.Event()
+        self.released = False
 
     def collect(self) -> Iterator[Metric]:
         self.started.set()
-        self.release.wait(30)
+        self.released = self.release.wait(30)
         yield GaugeMetricFamily("held", "rendered once released", value=1.0)
 
 
@@ -379,8 +380,10 @@ async def test_a_render_of_metrics_or_state_leaves_the_loop_free_for_probes() ->
                 assert await asyncio.to_thread(held.started.wait, 30), path
                 async with session.get(base + "/healthz") as probe:
                     assert probe.status == 200, path  # answered while the render is held
+                assert not rendering.done(), path
                 held.release.set()
                 status, text = await asyncio.wait_for(rendering, 30)
+                assert held.released, path  # released by us, not by its own timeout
                 assert status == 200 and ("held 1.0" in text or '"ticks"' in text), path
     finally:
         held.release.set()

@@ -48,6 +48,7 @@ async def test_state_and_status_table_show_clusters_targets_and_leader() -> None
                     "status",
                     "--url",
                     url,
+                    "--explain",
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                 )
@@ -104,6 +105,8 @@ async def test_state_and_status_table_show_clusters_targets_and_leader() -> None
     assert json.loads(printed_json)["ticks"] == 3
     printed = stdout.decode()
     assert "CLUSTER" in printed and "east" in printed and "TARGET" in printed
+    # the CLI passes --explain as explain, and now as now (a review: "(-1796684676s ago)")
+    assert "score = capacity share" in printed and "s ago)" in printed and "(-" not in printed
 
 
 async def test_status_of_nothing_running_is_a_clear_error() -> None:

@@ -17,10 +17,12 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
+from typing import TYPE_CHECKING
 
 import pytest
 
-from controller.simulation.report import Job, Outcome, run_all, run_in_process
+if TYPE_CHECKING:  # imported when a session asks for runs: 0.3 s every other session saves
+    from controller.simulation.report import Job, Outcome
 
 WORKERS = 2
 NICE = 10  # CFS weight 110 against the tests' 1024: about a tenth of a contended core
@@ -43,6 +45,8 @@ class Early:
                 jobs.update(dict.fromkeys(getattr(item.module, "JOBS", ())))  # type: ignore[attr-defined]
         if not jobs:
             return
+        from controller.simulation.report import run_in_process
+
         self._pool = ProcessPoolExecutor(max_workers=WORKERS, initializer=_lower_priority)
         self._futures = {job: self._pool.submit(run_in_process, job) for job in jobs}
 
@@ -50,6 +54,8 @@ class Early:
         """The runs' outcomes, in order. Runs the early start has not begun are taken back and
         run now at the tests' own priority: the session is waiting on them, and at a lower one
         any other load on the machine would starve them."""
+        from controller.simulation.report import run_all
+
         if not all(job in self._futures for job in jobs):
             return run_all(jobs, workers=WORKERS)
         taken = [job for job in jobs if self._futures[job].cancel()]
@@ -58,7 +64,7 @@ class Early:
 
     def stop(self) -> None:
         if self._pool is not None:
-            self._pool.shutdown(cancel_futures=True)
+            self._pool.shutdown(wait=False, cancel_futures=True)  # a session cut short
             self._pool = None
 
 

@@ -209,6 +209,11 @@ def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.Monk
             "clusters: [{name: a, prometheus: {querier: hub}}]\n",
             "queriers[0].url: 'http://127.0.0.1:9090/?tenant=a': a base URL, without ?query",
         ),
+        (  # an empty query too (a review): /api/v1/query landed after the "?"
+            "queriers: [{name: hub, url: 'http://127.0.0.1:9090/?'}]\n"
+            "clusters: [{name: a, prometheus: {querier: hub}}]\n",
+            "queriers[0].url: 'http://127.0.0.1:9090/?': a base URL, without ?query",
+        ),
         (  # found by an attack: a __name__ matcher left the cluster healthy without a queue
             "clusters: [{name: a, prometheus: {url: 'http://127.0.0.1:9090',"
             " matchers: {__name__: vllm_kv_cache_usage_perc}}}]\n",
