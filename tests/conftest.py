@@ -20,19 +20,10 @@ from controller.kube.client import tuned
 from controller.kube.sdk import client
 from tests.support.apiserver import FakeAPIServer
 from tests.support.daemon import Daemon
-from tests.support.early import EARLY
 from tests.support.servers import Handler, Server
 
 # Controllers built in this process run as the daemon does: the CLI sets this at start-up.
 lean_metrics()
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    EARLY.start(session.items)  # the simulator's runs, beside the tests before them
-
-
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    EARLY.stop()
 
 
 StartDaemon = Callable[..., Awaitable[Daemon]]

@@ -2,8 +2,8 @@
 
 The targets (issues #9 and #21; controller/simulation/README.md's table says where the law
 misses one) are checked on medians over three seeds at actuation delays of 5, 10 and 30 s.
-The runs are shortened to what each target needs and start in two worker processes when
-collection ends (tests/support/early.py); everything is seeded, nothing sleeps.
+The runs are spread over two processes and shortened to what each target needs; everything is
+seeded, nothing sleeps.
 """
 
 from __future__ import annotations
@@ -24,13 +24,12 @@ import pytest
 from controller.settings import WeightSettings, build_settings
 from controller.simulation.engine import DT, Trace, run
 from controller.simulation.policies import Ours
-from controller.simulation.report import Job, Outcome, run_job, sim_settings
+from controller.simulation.report import Job, Outcome, run_all, run_job, sim_settings
 from controller.simulation.scenarios import SCENARIOS
 from controller.simulation.scores import Scores
 from controller.simulation.vllm import Replica, ReplicaSpec, Request
 from controller.simulation.world import Cluster, ClusterSpec, Scraper, pod_urls
 from controller.sources.reader import PageReader
-from tests.support.early import EARLY
 
 DEFAULTS = WeightSettings()
 INTERVAL = 10.0
@@ -64,8 +63,7 @@ JOBS = [
 
 @pytest.fixture(scope="module")
 def runs() -> list[Outcome]:
-    """Started when collection ends, beside the tests before these (tests/support/early.py)."""
-    return EARLY.outcomes(JOBS)
+    return run_all(JOBS, workers=2)
 
 
 def median(
