@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from dataclasses import replace
 from typing import TextIO
 
@@ -107,7 +108,12 @@ async def run_demo(
     verbose: bool,
     out: TextIO = sys.stdout,
     seed: int = 0,
+    ticks: int | None = None,
 ) -> int:
+    """Run the demo until ``duration`` has passed or a stop signal. With ``ticks``, tick that
+    many times back to back instead, on a clock that moves one interval per tick: the story
+    then owes nothing to how fast the machine is (a scrape still has ``interval / 2`` of real
+    time to answer)."""
     logs.configure("info" if verbose else "warning", "console", sys.stderr)
     stop = asyncio.Event()
     install_signal_handlers(stop)
@@ -128,10 +134,18 @@ async def run_demo(
             apply_scenario(fleet, report.tick, weights)
 
         apply_scenario(fleet, 0)
-        async with Controller(settings, on_tick=on_tick) as controller:
+        stepped = [time.time()]
+        clock = time.time if ticks is None else lambda: stepped[0]
+        async with Controller(settings, clock=clock, on_tick=on_tick) as controller:
             print(f"weight-controller demo: our /metrics on http://{bind}/metrics", file=out)
-            if duration is not None:
-                asyncio.get_running_loop().call_later(duration, stop.set)
-            await controller.run(stop)
+            if ticks is not None:
+                assert controller.reconciler is not None
+                for _ in range(ticks):
+                    stepped[0] += interval
+                    await controller.reconciler.tick()
+            else:
+                if duration is not None:
+                    asyncio.get_running_loop().call_later(duration, stop.set)
+                await controller.run(stop)
     print("\ndemo stopped", file=out)
     return 0

@@ -309,13 +309,20 @@ async def test_the_demo_tells_the_same_story_every_time() -> None:
     from controller.demo.runner import run_demo
 
     runs = []
-    for _ in range(2):
+    for _ in range(2):  # ticks back to back on a stepped clock: no wall time in the story
         out = io.StringIO()
-        await run_demo(2.0, 0.2, "127.0.0.1:0", False, out=out, seed=7)
-        runs.append([b for b in out.getvalue().split("\n\ntick ")[1:] if "demo stopped" not in b])
-    common = min(len(r) for r in runs)
-    assert common >= 3  # bounded by the duration; compare the ticks both runs reached
-    assert runs[0][:common] == runs[1][:common]
+        await run_demo(None, 10.0, "127.0.0.1:0", False, out=out, seed=7, ticks=30)
+        runs.append(out.getvalue().split("\n\ntick ")[1:])
+    assert len(runs[0]) == 30
+    assert runs[0] == runs[1]
+
+    def weight(block: str, cluster: str) -> int:
+        row = next(line for line in block.splitlines() if line.split()[:1] == [cluster])
+        return int(row.rstrip("# ").split()[-1])
+
+    first, last = runs[0][0], runs[0][-1]  # the story is told: b's climb sheds its share,
+    assert weight(last, "cluster-b") < weight(first, "cluster-b") / 4  # c's failure its own
+    assert weight(last, "cluster-c") == 0 and "UNHEALTHY (http_status)" in last
 
 
 def test_once_started_the_collector_skips_what_start_up_loaded_and_passes_less_often() -> None:
