@@ -12,15 +12,17 @@ import ipaddress
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, Literal, Self, get_args
 
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     TypeAdapter,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -39,11 +41,14 @@ from controller.settings.durations import (
     Duration,
     DurationOrZero,
     default_staleness,
+    parse_duration,
     seconds,
 )
 from controller.settings.queries import MAX_WINDOW, PrometheusQueries, default_templates
 
 ENV_PREFIX = "WEIGHT_CONTROLLER_"
+
+LEASE_SECONDS_MAX = 2**31 - 1  # coordination.k8s.io/v1 LeaseSpec.leaseDurationSeconds: int32
 MIN_INTERVAL, MAX_INTERVAL = 0.1, 3600.0
 
 
@@ -53,8 +58,39 @@ def _in_cluster_name(host: str) -> bool:
     return len(labels) >= 3 and (labels[-1] == "svc" or labels[-3:] == ["svc", "cluster", "local"])
 
 
+def _duration(metadata: Any) -> bool:
+    return any(isinstance(m, BeforeValidator) and m.func is parse_duration for m in metadata)
+
+
+def _numeric(annotation: Any) -> bool:
+    """``annotation`` takes a number and no boolean (``int``, ``float``, in a union, under
+    ``Annotated``); a duration says itself what it makes of one."""
+    if annotation in (int, float):
+        return True
+    args = get_args(annotation)
+    return not _duration(args) and bool not in args and any(_numeric(a) for a in args)
+
+
 class _Group(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        """YAML reads ``yes``, ``on`` and ``true`` as a boolean, which pydantic takes for 1 in a
+        number field (an attack: ``floor: yes`` was a floor of 1)."""
+        field = cls.model_fields.get(info.field_name or "")
+        if (
+            isinstance(value, bool)
+            and field is not None
+            and _numeric(field.annotation)
+            and not _duration(field.metadata)
+        ):
+            raise ValueError(
+                f"{str(value).lower()}: a boolean, not a number (YAML reads yes/no, on/off "
+                "and true/false as one)"
+            )
+        return value
 
 
 _LABEL_NAME = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
@@ -1167,7 +1203,9 @@ class LeaderSettings(_Group):
     )
     lease_duration: Duration = Field(
         default=15.0,
-        description="How long followers wait after the last renewal before taking over.",
+        le=LEASE_SECONDS_MAX,
+        description="How long followers wait after the last renewal before taking over (the "
+        "Lease holds it in whole seconds, an int32).",
     )
     renew_deadline: Duration = Field(
         default=RENEW_DEADLINE,

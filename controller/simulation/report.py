@@ -129,7 +129,7 @@ async def run_job(job: Job, keep_trace: bool = False) -> Outcome:
     return Outcome(job, scores, trace if keep_trace else None)
 
 
-def run_in_process(job: Job) -> Outcome:
+def _run_in_process(job: Job) -> Outcome:
     """One run in a worker process: its logs quiet, its own loop."""
     from controller import logs
 
@@ -151,7 +151,7 @@ def run_all(
             _progress(progress, i, len(jobs), job)
         return [results[j] for j in jobs]
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(run_in_process, job): job for job in jobs}
+        futures = {pool.submit(_run_in_process, job): job for job in jobs}
         for i, future in enumerate(as_completed(futures), 1):
             job = futures[future]
             results[job] = future.result()

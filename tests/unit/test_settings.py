@@ -251,6 +251,20 @@ def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.Monk
             "clusters: [{name: a, model_name: m, prometheus: {url: 'http://127.0.0.1:1/'}}]\n",
             "clusters[0]: model_name: read from pages, not through prometheus",
         ),
+        # the Lease holds it as an int32: the API server refused every write of the Lease
+        (
+            MINIMAL + "leader_election: {lease_duration: 10000000000}\n",
+            "leader_election.lease_duration: Input should be less than or equal to 2147483647",
+        ),
+        # an attack: YAML's yes/on/true was taken for 1 by every number field
+        (MINIMAL + "weights: {floor: yes}\n", "weights.floor: true: a boolean, not a number"),
+        (MINIMAL + "health: {min_pod_fraction: on}\n", "health.min_pod_fraction: true: a"),
+        (MINIMAL + "kubernetes: {min_weight: true}\n", "kubernetes.min_weight: true: a boolean"),
+        (MINIMAL + "kubernetes: {write_retries: no}\n", "kubernetes.write_retries: false: a"),
+        (
+            "clusters: [{name: a, vllm_urls: ['http://127.0.0.1:1/'], kv_tokens_per_pod: yes}]\n",
+            "clusters[0].kv_tokens_per_pod: true: a boolean, not a number",
+        ),
     ],
 )
 def test_bad_config_names_field_and_reason(tmp_path: Path, text: str, expected: str) -> None:
