@@ -341,6 +341,8 @@ class PrometheusQueries(BaseModel):
     def _renders(cls, value: str, info: ValidationInfo) -> str:
         quantile = info.field_name == "latency_quantile"
         if info.field_name == "window":
+            if seconds(value) is None:  # was read as 1m without a word
+                raise ValueError(f"{value}: no rate window (at least 4 scrape intervals: 1m)")
             if (seconds(value) or 0.0) > MAX_WINDOW:
                 raise ValueError(f"longer than {MAX_WINDOW // 86400} days: Prometheus keeps 15")
             return value

@@ -511,10 +511,12 @@ class ClusterSettings(_Group):
     )
     model_name: str | None = Field(
         default=None,
+        min_length=1,  # "" matched only series without the label (an empty value is none)
         description="Only series with this model_name label count; unset reads every model.",
     )
     pool_name: str | None = Field(
         default=None,
+        min_length=1,
         description="Only EPP pool-average series with this name label count; unset reads all.",
     )
     bearer_token_file: Path | None = Field(

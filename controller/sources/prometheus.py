@@ -106,7 +106,7 @@ class Windows:
 
     @classmethod
     def of(cls, queries: PrometheusQueries, push_interval: float) -> Windows:
-        configured = seconds(queries.window) or 60.0  # the pattern admits "0m": never 0
+        configured = seconds(queries.window) or 60.0  # settings refuse 0
         rate = max(configured, 4 * push_interval)
         return cls(promql_duration(rate), promql_duration(2 * push_interval))
 

@@ -256,6 +256,13 @@ def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.Monk
             MINIMAL + "leader_election: {lease_duration: 10000000000}\n",
             "leader_election.lease_duration: Input should be less than or equal to 2147483647",
         ),
+        # an empty model_name read only the series without one
+        (
+            "clusters: [{name: a, vllm_urls: ['http://127.0.0.1:1/'], model_name: ''}]\n",
+            "clusters[0].model_name: String should have at least 1 character",
+        ),
+        # a window of 0 was read as 1m without a word
+        (MINIMAL + "prometheus_queries: {window: 0m}\n", "prometheus_queries.window: 0m: no rate"),
         # an attack: YAML's yes/on/true was taken for 1 by every number field
         (MINIMAL + "weights: {floor: yes}\n", "weights.floor: true: a boolean, not a number"),
         (MINIMAL + "health: {min_pod_fraction: on}\n", "health.min_pod_fraction: true: a"),
