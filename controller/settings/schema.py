@@ -975,6 +975,7 @@ class ServerSettings(_Group):
         host, sep, port = value.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
             raise ValueError(f"expected host:port, got {value!r}")
+        _host_name(host)  # 'a..b:8080' passed, then the bind raised UnicodeError at start
         return value
 
     @property

@@ -256,6 +256,9 @@ def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.Monk
             MINIMAL + "leader_election: {lease_duration: 10000000000}\n",
             "leader_election.lease_duration: Input should be less than or equal to 2147483647",
         ),
+        # a bind no socket can take passed, then the daemon failed at start
+        (MINIMAL + "server: {bind: 'a..b:8080'}\n", "server.bind: 'a..b' is not a host name"),
+        (MINIMAL + "server: {probe_bind: 'x y:81'}\n", "server.probe_bind: 'x y' is not a host"),
         # an empty model_name read only the series without one
         (
             "clusters: [{name: a, vllm_urls: ['http://127.0.0.1:1/'], model_name: ''}]\n",
