@@ -587,7 +587,7 @@ async def _replay(settings: Settings, args: argparse.Namespace) -> int:
                 found,
                 args.recorded,
                 args.open_loop,
-                ticks=args.json is not None,
+                ticks=None if args.json is None else args.json.parent,
                 trace=args.plot is not None,
             )
             for found in held
@@ -622,7 +622,6 @@ async def _replay(settings: Settings, args: argparse.Namespace) -> int:
                 "compared": {item: other.row(one.weighed) for item, other in one.compared.items()},
                 "loop": loop,
                 "recorded": recorded,
-                "ticks": one.ticks,
             }
         )
     separate = replay.shared(runs) and not args.open_loop
@@ -646,7 +645,10 @@ async def _replay(settings: Settings, args: argparse.Namespace) -> int:
                 for query, by_name in gaps.items()
             },
         }
-        args.json.write_text(json.dumps(document, indent=2) + "\n")
+        replay.write_document(args.json, document, [r.ticks for r in runs if r.ticks is not None])
+    for one in runs:
+        if one.ticks is not None:
+            one.ticks.close()
     return _read_whole(runs)
 
 

@@ -30,15 +30,17 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import json
 import math
 import os
 import re
+import tempfile
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import IO, Any, TypeVar
 
 import aiohttp
 
@@ -797,6 +799,70 @@ def shared(runs: Sequence[Run]) -> bool:
     return len(weighed) > len(set(weighed))
 
 
+class Ticks:
+    """Each tick as ``--json`` writes it, spooled to a file as it is replayed (one JSON line
+    a tick), never held: a week of 20 clusters held as dicts took 13.7 GB. Read back by
+    iterating; written into the document by ``write_array``."""
+
+    def __init__(self, where: Path) -> None:
+        """Spooled in ``where``: the directory ``--json`` writes in (a container's /tmp may be
+        memory)."""
+        self._file = tempfile.TemporaryFile("w+", encoding="utf-8", dir=where)  # noqa: SIM115
+        self.count = 0
+
+    def add(self, tick: Mapping[str, Any]) -> None:
+        self._file.write(json.dumps(tick, separators=(",", ":")) + "\n")
+        self.count += 1
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        self._file.seek(0)
+        for line in self._file:
+            yield json.loads(line)
+        self._file.seek(0, os.SEEK_END)
+
+    def write_array(self, out: IO[str]) -> None:
+        """The ticks as a JSON array, line by line."""
+        self._file.seek(0)
+        out.write("[")
+        for index, line in enumerate(self._file):
+            out.write(("," if index else "") + "\n" + line.rstrip("\n"))
+        out.write("\n]" if self.count else "]")
+        self._file.seek(0, os.SEEK_END)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def write_document(path: Path, document: Mapping[str, Any], ticks: Sequence[Ticks]) -> None:
+    """``--json``: ``document`` with each of its ``targets`` given its spooled ``ticks``,
+    streamed to a file beside ``path`` and put in its place whole (a replay cut short leaves
+    no half a document)."""
+
+    def members(value: Mapping[str, Any]) -> str:  # an object's members, no braces
+        return json.dumps(value, indent=2)[1:-1].strip()
+
+    rest = members({k: v for k, v in document.items() if k != "targets"})
+    with tempfile.NamedTemporaryFile(
+        "w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", delete=False
+    ) as out:
+        try:
+            out.write('{\n"targets": [')
+            for index, (block, kept) in enumerate(zip(document["targets"], ticks, strict=True)):
+                head = members(block)
+                out.write(("," if index else "") + "\n{\n  " + (f"{head}," if head else ""))
+                out.write('\n  "ticks": ')
+                kept.write_array(out)
+                out.write("\n}")
+            out.write("\n]" + (f",\n{rest}" if rest else "") + "\n}\n")
+        except BaseException:
+            os.unlink(out.name)
+            raise
+    os.replace(out.name, path)
+
+
 @dataclass(slots=True)
 class Run:
     """One target replayed over the history: the record it was weighed as (``found``; none:
@@ -811,7 +877,7 @@ class Run:
     response: Response | None
     summary: Summary
     compared: dict[str, Summary]
-    ticks: list[dict[str, Any]]
+    ticks: Ticks | None
     trace: Trace
 
 
@@ -822,30 +888,31 @@ async def replay_target(
     found: Found,
     recorded: str | None = None,
     open_loop: bool = False,
-    ticks: bool = False,
+    ticks: Path | None = None,
     trace: bool = False,
 ) -> Run:
     """Replay the target ``found`` holds (``recorded_target``; without a record, or where its
     key is no target's, the implicit one) with ``settings`` and each candidate, on the same
     history; closed loop over its record (or ``--recorded``) unless ``open_loop``; each tick
-    kept for ``--json`` (``ticks``) and for ``--plot`` (``trace``). Each target is replayed
-    on its own: its closed loop moves its clusters' routed load with its weights alone, as
-    with one target."""
+    kept for ``--json`` (spooled in the directory ``ticks``) and for ``--plot`` (``trace``).
+    Each target is replayed on its own: its closed loop moves its clusters' routed load with
+    its weights alone, as with one target."""
     record = found.record
     target = recorded_target(record) if record is not None else None
     names = [c.name for c in settings.clusters]
     weighed = names if target is None else [c for c in names if c in target.clusters.values()]
     response = None if open_loop else recorded_split(recorded, names, record)
-    kept: list[dict[str, Any]] = []
+    kept = Ticks(ticks) if ticks is not None else None
     drawn = Trace()
 
     def on_tick(at: float, report: TickReport) -> None:
-        if ticks:
-            kept.append(tick_record(at, report, record))
+        if kept is not None:
+            kept.add(tick_record(at, report, record))
         if trace:
             drawn.add(at, report, record)
 
-    summary = await run(settings, history, on_tick if ticks or trace else None, response, target)
+    watching = kept is not None or trace
+    summary = await run(settings, history, on_tick if watching else None, response, target)
     compared = {
         item: await run(other, history, None, response, target)
         for item, other in candidates.items()
