@@ -59,6 +59,7 @@ from controller.sources.prometheus import (
     PrometheusQuerySource,
     prometheus_source,
     shared_queriers,
+    steps,
 )
 from controller.state import TickReport
 from controller.testing import Driver
@@ -445,6 +446,11 @@ async def read_history(
             f"the window holds {ticks:,.0f} ticks at {settings.interval:g}s, more than "
             f"{MAX_TICKS:,} (a month at 10s, ~500 MB held): replay it in parts, or a "
             "coarser --step"
+        )
+    if not steps(start, end, settings.interval):
+        raise ReplayError(
+            f"the window is empty: no multiple of the {settings.interval:g}s step from "
+            f"{utc(start)} to {utc(end)} (ticks fall on them, as query frontends align them)"
         )
     found = sources(settings, session)
     read = await histories(found, start, end, settings.interval)

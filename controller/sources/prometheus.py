@@ -195,11 +195,17 @@ def _data(body: str, url: str) -> dict[str, Any]:
 
 
 def steps(start: float, end: float, step: float) -> list[float]:
-    """A range query's step times from ``start`` to ``end``. Prometheus keeps time in whole
-    milliseconds: a start or step finer than that would leave its answers' times and these
-    apart, and every step unread."""
-    start, step = round(start, 3), round(step, 3)
-    return [start + i * step for i in range(int((end - start) / step + 1e-9) + 1)]
+    """A range query's step times from ``start`` to ``end``: the multiples of ``step`` in
+    the window, to the ms. Prometheus keeps time in whole milliseconds: a start or step finer
+    than that would leave its answers' times and these apart, and every step unread; and a
+    query frontend before the querier (Thanos's, Cortex's and Mimir's ``step_align``
+    middleware, on by default: thanos-io/thanos#3353, ``--query-range.align-range-with-step``)
+    moves a start between multiples down to one, so the answers' times were none of ours."""
+    step = round(step, 3)
+    first = round(math.ceil(round(start, 3) / step - 1e-9) * step, 3)
+    if first > end:
+        return []
+    return [round(first + i * step, 3) for i in range(int((end - first) / step + 1e-9) + 1)]
 
 
 def matrix_series(body: str, url: str) -> dict[float, list[tuple[dict[str, str], float]]]:

@@ -188,3 +188,30 @@ async def test_a_target_over_clusters_the_config_does_not_read_is_said_not_dropp
     assert [f.note for f in every if f.record is None] == [far]
     assert [f.record.target for f in every if f.record] == ["ExternalModel/llm/llama"]
     assert named.record is None and named.note == far
+
+
+async def test_a_history_read_through_a_step_aligning_frontend_reads_every_step() -> None:
+    """A query frontend (Thanos's, Cortex's, Mimir's ``step_align``, on by default) moves a
+    range query's start down to a multiple of its step: a replay started between multiples
+    got answers at times none of its steps had, and read nothing at all."""
+    asked: list[tuple[float, float]] = []
+
+    async def frontend(request: web.Request) -> web.Response:
+        start, end, step = (float(request.query[k]) for k in ("start", "end", "step"))
+        start, end = start // step * step, end // step * step  # as step_align does
+        asked.append((start, end))
+        times = tuple(start + i * step for i in range(int((end - start) / step) + 1))
+        return holding({"east": 0.5, "west": 0.25}, times=times)
+
+    server = await Server().start({"/api/v1/query_range": frontend})
+    try:
+        async with aiohttp.ClientSession() as session:
+            (querier,) = queriers([server.url("")], session)
+            for cluster in ("east", "west"):
+                querier.hold(cluster)
+            read = await querier.history(1_003.0, 1_041.0, 10.0)
+    finally:
+        await server.stop()
+    assert sorted(read) == [1_010.0, 1_020.0, 1_030.0, 1_040.0]
+    assert all(answers["kv_mean"] == {"east": 0.5, "west": 0.25} for answers in read.values())
+    assert set(asked) == {(1_010.0, 1_040.0)}  # asked on the multiples: nothing moved
