@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import json
 import math
@@ -450,6 +451,12 @@ async def _status(
 
     from controller.status import STATE_PATH, StateError, fetch_state, render
 
+    # Watching ends on Ctrl-C by this flag, checked after each fetch and in each wait, not by
+    # asyncio.run cancelling whatever await it lands in (a run under load once went on
+    # watching for 30 s after SIGINT: a cancellation lost somewhere under the fetch)
+    stop = asyncio.Event()
+    if watch is not None:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGINT, stop.set)
     while True:
         shown = ""
         try:
@@ -474,11 +481,16 @@ async def _status(
             if shown:
                 print(shown)
             return 0 if shown else EXIT_RUNTIME
+        if stop.is_set():
+            return 128 + signal.SIGINT
         if shown:  # watching: a frame that failed is said, and the next one reads again
             if output == "table":
                 print("\033[2J\033[H", end="")  # clear the terminal between frames
-            print(shown)
-        await asyncio.sleep(max(0.5, watch))
+            print(shown, flush=True)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), max(0.5, watch))
+        if stop.is_set():
+            return 128 + signal.SIGINT
 
 
 def _check_config(path: Path) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -323,13 +324,19 @@ async def test_watching_says_a_failed_frame_and_reads_again() -> None:
         *("-m", "controller", "status", "--url", url, "--watch", "0.5", "-o", "json"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"},  # SIGABRT prints where it is
     )
     try:
         assert watching.stdout is not None and watching.stderr is not None
         failed = await asyncio.wait_for(watching.stderr.readline(), 30)
         frame = await asyncio.wait_for(watching.stdout.readline(), 30)
         watching.send_signal(signal.SIGINT)  # Ctrl-C: how watching ends
-        _, rest = await asyncio.wait_for(watching.communicate(), 30)
+        try:
+            _, rest = await asyncio.wait_for(watching.communicate(), 30)
+        except TimeoutError:  # once, under load: say where it was (its stack on stderr)
+            watching.send_signal(signal.SIGABRT)
+            _, where = await asyncio.wait_for(watching.communicate(), 10)
+            raise AssertionError(f"no exit 30 s after SIGINT: {where.decode()[-3000:]}") from None
     finally:
         if watching.returncode is None:
             watching.kill()
