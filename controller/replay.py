@@ -240,7 +240,8 @@ class Summary:
     modes: Counter[str] = field(default_factory=Counter)
     health_changes: Counter[str] = field(default_factory=Counter)
     shed: list[tuple[float, str]] = field(default_factory=list)  # (when, the cluster) set to 0
-    unknown: int = 0  # cluster-ticks without a KV reading (missing or failed queries)
+    # each cluster's ticks without a KV reading (missing or failed queries)
+    unknown: Counter[str] = field(default_factory=Counter)
     # each query a querier could not answer at some ticks: (ticks, the first, why)
     failed: dict[str, tuple[int, float, str]] = field(default_factory=dict)
 
@@ -271,7 +272,8 @@ class Summary:
             "ticks_per_mode": dict(self.modes),
             "health_changes": dict(self.health_changes),
             "shed": [{"time": t, "cluster": c} for t, c in self.shed],
-            "unknown_cluster_ticks": self.unknown,
+            "unknown_cluster_ticks": self.unknown.total(),
+            "unknown_ticks_by_cluster": {n: self.unknown[n] for n in names if self.unknown[n]},
             "failed_queries": {
                 q: {"ticks": n, "first": first, "why": why}
                 for q, (n, first, why) in sorted(self.failed.items())
@@ -563,7 +565,7 @@ async def run(
             read = moved(answers[at], {label: factors.get(n, 1.0) for n, label in members})
             for name, _ in members:
                 metrics[name] = cluster_metrics(name, read, history.asked[name], at, 0.0, previous)
-        summary.unknown += sum(1 for n, m in metrics.items() if n in mine and m.kv_mean is None)
+        summary.unknown.update(n for n, m in metrics.items() if n in mine and m.kv_mean is None)
         seen_kv = seen_kv or any(m.kv_mean is not None for m in metrics.values())
         report = await driver.tick(at, metrics)
         previous = at
@@ -1051,8 +1053,15 @@ def table(
         + ", ".join(f"{m} {n}" for m, n in sorted(row["ticks_per_mode"].items())),
         "  health changes: "
         + (", ".join(f"{c} {n}" for c, n in sorted(row["health_changes"].items())) or "none"),
-        f"  cluster-ticks without a KV reading: {row['unknown_cluster_ticks']}",
+        f"  cluster-ticks without a KV reading: {row['unknown_cluster_ticks']}"
+        + "".join(f", {n} {t}" for n, t in row["unknown_ticks_by_cluster"].items()),
     ]
+    never = [n for n, t in row["unknown_ticks_by_cluster"].items() if t == summary.ticks]
+    if never and len(never) < len(names):  # none read at all is refused before the replay
+        lines.append(
+            f"  never read: {', '.join(never)}: no KV reading at any tick (is the querier's "
+            "label value for it right?)"
+        )
     for query, failed in row["failed_queries"].items():
         lines.append(
             f"  {query} could not be read at {failed['ticks']} ticks, the first at "

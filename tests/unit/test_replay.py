@@ -195,6 +195,23 @@ async def test_each_decision_moves_the_load_read_on_the_next_tick() -> None:
     assert moved >= 10  # the story moved east's load for a while: the check means something
 
 
+async def test_a_cluster_the_querier_never_answered_for_is_named() -> None:
+    """Found by an attack: a cluster whose label value the querier holds no series for (a
+    typo) was replayed as unknown at every tick and counted among the others' missing
+    readings, named nowhere."""
+    names = ["east", "west"]
+    settings, asked = hub(names)
+    times = [1000.0 + 10 * i for i in range(12)]
+    answers: Answers = {"kv_mean": {"east": 0.4}, "running": {"east": 8.0}}
+    history = History(
+        times[0], times[-1], times, {n: dict.fromkeys(times, answers) for n in names}, asked
+    )
+    summary = await run(settings, history, None, recorded_split(None, names))
+    assert summary.unknown == {"west": 12}
+    assert summary.row(names)["unknown_ticks_by_cluster"] == {"west": 12}
+    assert "  never read: west: no KV reading at any tick" in table(summary, names)
+
+
 def test_a_kv_reading_no_cache_can_have_is_not_made_usable() -> None:
     for bad in (1.5, 60.0, -0.2):
         answers = {**recorded(), "kv_mean": {"east": bad, "west": 0.3}}
@@ -224,8 +241,10 @@ async def test_a_range_refused_in_part_is_named_in_the_summary(
     )
     summary = await run(settings, history, None, recorded_split(None, names))
     assert summary.failed == {"kv_mean": (5, 1100.0, "no complete answer within 5s")}
-    assert summary.unknown == 10 and summary.ticks == 30
+    assert summary.unknown == {"east": 5, "west": 5} and summary.ticks == 30
     shown = table(summary, names)
+    assert "cluster-ticks without a KV reading: 10, east 5, west 5" in shown
+    assert "never read" not in shown
     assert "kv_mean could not be read at 5 ticks, the first at 1970-01-01T00:18:20Z" in shown
     assert summary.row(names)["failed_queries"]["kv_mean"]["ticks"] == 5
     # and the exit says so (found by an attack: 91% unread printed 0.0 writes/h, exit 0)
