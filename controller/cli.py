@@ -559,12 +559,18 @@ async def _replay(settings: Settings, args: argparse.Namespace) -> int:
     step = None if args.step is None else _step(args.step)
     where = (args.querier, args.cluster_label, step)
     own = settings.weights.model_dump(mode="json", exclude_unset=True)  # as the file gave them
-    chosen = replay.replay_settings(settings, replay.check_overrides(args.set, own), *where)
+    given = replay.once_each(args.set, "--set")
+    chosen = replay.replay_settings(settings, replay.check_overrides(given, own), *where)
+    if len(set(args.compare)) < len(args.compare):
+        twice = next(c for c in args.compare if args.compare.count(c) > 1)
+        raise ConfigError([f"--compare {twice!r}: given twice"])
     candidates = {
         # a candidate is the replay's own settings (the config's, with --set) with its change
         item: replay.replay_settings(
             settings,
-            replay.check_overrides([*args.set, *item.split(",")], own, "--compare"),
+            replay.check_overrides(
+                [*given, *replay.once_each(item.split(","), "--compare")], own, "--compare"
+            ),
             *where,
         )
         for item in args.compare

@@ -1109,3 +1109,15 @@ def check_overrides(
         lines = [f"{flag} {field}: {message}" for field, message in found.items()]
         raise ConfigError(lines) from None
     return pairs
+
+
+def once_each(items: Sequence[str], flag: str) -> list[str]:
+    """``items`` (``--set``'s, or one ``--compare``'s) if none sets a key another sets: the
+    last one won without a word (``--set floor=5 --set floor=10`` replayed 10)."""
+    seen: dict[str, str] = {}
+    for item in items:
+        key = item.partition("=")[0].removeprefix("weights.")
+        if key in seen:
+            raise ConfigError([f"{flag} {key}: given twice ({seen[key]!r} and {item!r})"])
+        seen[key] = item
+    return list(items)

@@ -823,6 +823,32 @@ def test_set_is_checked_over_the_config_s_own_weights_one_line_a_field() -> None
     ]
 
 
+def test_a_key_set_twice_is_refused_not_the_last_one_taken(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by an attack: ``--set floor=5 --set floor=10`` replayed 10 without a word, and
+    so did ``--compare floor=5,floor=10``; a candidate given twice was replayed once."""
+    from controller.cli import main
+    from controller.replay import check_overrides
+
+    config = tmp_path / "hub.yaml"
+    config.write_text(
+        "queriers: [{name: hub, url: 'http://127.0.0.1:1'}]\n"
+        "clusters: [{name: east, prometheus: {querier: hub, cluster: east}}]\n"
+    )
+    replay = ["replay", "--config", str(config), "--start", "1700000000", "--end", "1700003600"]
+    cases = {
+        ("--set", "floor=5", "--set", "weights.floor=10"): "--set floor: given twice",
+        ("--compare", "floor=5,floor=10"): "--compare floor: given twice ('floor=5' and",
+        ("--compare", "floor=5", "--compare", "floor=5"): "--compare 'floor=5': given twice",
+    }
+    for given, why in cases.items():
+        assert main([*replay, *given]) == 2, given
+        assert why in capsys.readouterr().err, given
+    # a --compare's key over --set's is the candidate's change, as before
+    assert check_overrides(["floor=5", "floor=10"], {}) == {"floor": "10"}
+
+
 def test_json_ticks_are_spooled_not_held_and_written_whole_or_not_at_all(tmp_path: Path) -> None:
     """Found by an attack: ``--json`` held every tick as a dict until the end, 13.7 GB for a
     week of 20 clusters. Ticks go to a file as they are replayed; the document is streamed
