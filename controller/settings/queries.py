@@ -23,6 +23,7 @@ evaluation).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from string import Template
 
@@ -69,7 +70,7 @@ def renders(template: str, quantile: bool = False) -> str | None:
     it. Only the latency quantile's template is given ``$quantile``."""
     extra = {"quantile": "0.5"} if quantile else {}
     try:
-        render(template, ',cluster="a"', "cluster", "1m", "30s", **extra)
+        rendered = render(template, ',cluster="a"', "cluster", "1m", "30s", **extra)
     except KeyError as exc:
         known = "$selector, $by, $and_by, $window, $lookback" + (", $quantile" if quantile else "")
         return f"unknown placeholder ${exc.args[0]} (known: {known}; write a literal $ as $$)"
@@ -79,7 +80,18 @@ def renders(template: str, quantile: bool = False) -> str | None:
         template, "", "", "1m", "30s", quantile="0.9"
     ):
         return "does not use $quantile: p50 and p90 would be the same number"
+    # $selector brings its own leading comma: after '{' or another ',' PromQL refuses the
+    # query on every tick (its grammar takes a trailing comma in a matcher list, never a
+    # leading or a doubled one)
+    if (comma := _STRAY_COMMA.search(rendered)) is not None:
+        return (
+            f"renders {comma.group(0)!r}: $selector brings its own leading comma, so it "
+            'follows a matcher (name{job="x"$selector}) or a name ({__name__="x"$selector})'
+        )
     return unbalanced(template)
+
+
+_STRAY_COMMA = re.compile(r"[{,]\s*,")
 
 
 _CLOSES = {")": "(", "]": "[", "}": "{"}

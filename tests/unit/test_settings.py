@@ -423,6 +423,18 @@ CHECKS = [
         "kubernetes: {api_timeout: 8s}\nleader_election: {enabled: true}\n",
         LEADER,
     ),
+    (  # $selector brings its own comma: {,cluster="a"} is refused by PromQL on every tick
+        "clusters: [{name: a, prometheus: {url: 'http://127.0.0.1:1/'}}]\n"
+        "prometheus_queries: {queue: 'sum(x{$selector})'}\n",
+        "prometheus_queries.queue: renders '{,': $selector brings its own leading comma, so it "
+        'follows a matcher (name{job="x"$selector}) or a name ({__name__="x"$selector})',
+    ),
+    (
+        "clusters: [{name: a, prometheus: {url: 'http://127.0.0.1:1/'}}]\n"
+        "prometheus_queries: {queue: 'sum(x{job=\"y\", $selector})'}\n",
+        "prometheus_queries.queue: renders ', ,': $selector brings its own leading comma, so it "
+        'follows a matcher (name{job="x"$selector}) or a name ({__name__="x"$selector})',
+    ),
     (  # $quantile is the latency quantile's alone
         "clusters: [{name: a, prometheus: {url: 'http://127.0.0.1:1/'}}]\n"
         "prometheus_queries: {kv_max: 'quantile by ($by) ($quantile, x$selector)'}\n",
