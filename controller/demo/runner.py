@@ -124,7 +124,8 @@ async def run_demo(
                 "clusters": fleet.settings_clusters(),
                 "scrape": {"timeout": interval / 2, "min_latency_requests": 3},
                 "server": {"bind": bind},
-            }
+            },
+            environment=False,
         )
 
         def on_tick(report: TickReport) -> None:

@@ -16,7 +16,7 @@ from controller import CONFIG_ENV
 from controller.errors import ConfigError
 from controller.settings.checks import cross_field_problems
 from controller.settings.files import FILE_MAX_BYTES, read_regular
-from controller.settings.schema import ENV_PREFIX, Settings
+from controller.settings.schema import ENV_PREFIX, GivenSettings, Settings
 
 # pydantic's name for a branch of a union or a validator: no field of the config
 _BRANCHES = ("function-after", "function-before", "literal[", "constrained-")
@@ -157,13 +157,14 @@ def unknown_environment(environ: Mapping[str, str] | None = None) -> list[str]:
     return problems
 
 
-def build_settings(data: Mapping[str, Any]) -> Settings:
-    """Validate a mapping (plus the environment) into Settings, or raise ConfigError with
-    every problem: field errors and cross-field ones together, one line each."""
-    if unknown := unknown_environment():
+def build_settings(data: Mapping[str, Any], environment: bool = True) -> Settings:
+    """Validate a mapping (plus the environment, unless ``environment`` is false: the demo's
+    and the simulator's own clusters) into Settings, or raise ConfigError with every
+    problem: field errors and cross-field ones together, one line each."""
+    if environment and (unknown := unknown_environment()):
         raise ConfigError(unknown)
     try:
-        return Settings(**data)
+        return Settings(**data) if environment else GivenSettings(**data)
     except RecursionError:  # a WEIGHT_CONTROLLER_* variable of JSON nested past the parser
         raise ConfigError(["environment: a value nested too deeply to be a setting"]) from None
     except ValidationError as exc:

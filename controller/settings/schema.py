@@ -1427,3 +1427,20 @@ def _own_rows(raw: object) -> list[Engine]:
         except ValueError:
             continue
     return rows
+
+
+class GivenSettings(Settings):
+    """Settings from the mapping alone, no ``WEIGHT_CONTROLLER_*`` variable read: what the
+    demo and the simulator build their own clusters with, so a shell that holds one for a
+    daemon does not change their story."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings,)

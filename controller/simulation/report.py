@@ -82,7 +82,8 @@ def sim_settings(scenario: Scenario, interval: float, overrides: Mapping[str, ob
             "clusters": clusters,
             "scrape": {"timeout": interval / 2},
             "weights": dict(overrides),
-        }
+        },
+        environment=False,
     )
 
 

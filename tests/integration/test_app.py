@@ -303,13 +303,16 @@ async def test_opted_in_risks_are_warned_about_at_start_up_and_exported() -> Non
         assert registry.get_sample_value("weight_controller_cluster_insecure", labels) == 1
 
 
-async def test_the_demo_tells_the_same_story_every_time() -> None:
+async def test_the_demo_tells_the_same_story_every_time(monkeypatch: pytest.MonkeyPatch) -> None:
     import io
 
     from controller.demo.runner import run_demo
 
     runs = []
-    for _ in range(2):  # ticks back to back on a stepped clock: no wall time in the story
+    for run in range(2):  # ticks back to back on a stepped clock: no wall time in the story
+        if run:  # nor the shell's: a daemon's variables left in it (a floor, a typo) change nothing
+            monkeypatch.setenv("WEIGHT_CONTROLLER_WEIGHTS__FLOOR", "40")
+            monkeypatch.setenv("WEIGHT_CONTROLLER_NO_SUCH_SETTING", "1")
         out = io.StringIO()
         await run_demo(None, 10.0, "127.0.0.1:0", False, out=out, seed=7, ticks=30)
         runs.append(out.getvalue().split("\n\ntick ")[1:])

@@ -332,6 +332,18 @@ def test_a_serving_cluster_whose_reads_time_out_keeps_its_traffic(
     assert median(runs, "flapping", "ours", delay, lambda s: s.overload_cluster_s) <= holding + 30
 
 
+def test_the_simulator_s_settings_owe_nothing_to_the_shell(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A WEIGHT_CONTROLLER_* variable left in the shell for a daemon changed every simulated
+    run's settings (a floor, an interval), and a misspelt one failed them all."""
+    scenario = SCENARIOS["heterogeneous"]()
+    before = sim_settings(scenario, INTERVAL, {"floor": 5})
+    monkeypatch.setenv("WEIGHT_CONTROLLER_WEIGHTS__FLOOR", "40")
+    monkeypatch.setenv("WEIGHT_CONTROLLER_INTERVAL", "99s")
+    monkeypatch.setenv("WEIGHT_CONTROLLER_NO_SUCH_SETTING", "1")
+    after = sim_settings(scenario, INTERVAL, {"floor": 5})
+    assert after == before and (after.interval, after.weights.floor) == (INTERVAL, 5)
+
+
 def test_the_actuation_delay_is_measured_from_the_realised_share() -> None:
     """At a 30 s gateway delay the daemon's own estimate (what /debug/state shows) is 30 s
     give or take a tick: the moment a change acted is interpolated within the tick that
