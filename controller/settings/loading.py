@@ -157,6 +157,30 @@ def unknown_environment(environ: Mapping[str, str] | None = None) -> list[str]:
     return problems
 
 
+def _named_by_variable(lines: list[str], environ: Mapping[str, str] | None = None) -> list[str]:
+    """Each problem in a setting a ``WEIGHT_CONTROLLER_*`` variable gave, with the variable's
+    name: the field alone sent an operator looking in a file that had it right."""
+    environ = os.environ if environ is None else environ
+    given = {
+        name[len(ENV_PREFIX) :].lower().replace("__", "."): name
+        for name in environ
+        if name.upper().startswith(ENV_PREFIX)
+    }
+    if not given:
+        return lines
+    named = []
+    for line in lines:
+        where = line.split(": ", 1)[0]
+        by = [v for path, v in given.items() if where == path or _under(where, path)]
+        named.append(f"{line} (from {by[0]})" if by else line)
+    return named
+
+
+def _under(where: str, path: str) -> bool:
+    """``where`` (``clusters[0].name``, ``weights.floor``) is a field inside ``path``."""
+    return where.startswith(path) and where[len(path) : len(path) + 1] in (".", "[")
+
+
 def build_settings(data: Mapping[str, Any], environment: bool = True) -> Settings:
     """Validate a mapping (plus the environment, unless ``environment`` is false: the demo's
     and the simulator's own clusters) into Settings, or raise ConfigError with every
@@ -168,7 +192,10 @@ def build_settings(data: Mapping[str, Any], environment: bool = True) -> Setting
     except RecursionError:  # a WEIGHT_CONTROLLER_* variable of JSON nested past the parser
         raise ConfigError(["environment: a value nested too deeply to be a setting"]) from None
     except ValidationError as exc:
-        lines = list(dict.fromkeys([*_error_lines(exc), *cross_field_problems(data)]))
+        found = _error_lines(exc)
+        if environment:
+            found = _named_by_variable(found)
+        lines = list(dict.fromkeys([*found, *cross_field_problems(data)]))
         raise ConfigError(_shown(lines)) from None
     except SettingsError as exc:  # a malformed WEIGHT_CONTROLLER_* variable
         cause = exc.__cause__

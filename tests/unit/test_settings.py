@@ -301,6 +301,29 @@ def test_probes_may_share_a_port_number_on_another_address(tmp_path: Path) -> No
     assert load_settings(write(tmp_path, MINIMAL + server)).server.probe_bind == "127.0.0.2:8080"
 
 
+def test_a_problem_a_variable_gave_names_the_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by an attack: a bad WEIGHT_CONTROLLER_* value was named by its field alone, and
+    the operator looked in a file that had it right."""
+    monkeypatch.setenv("WEIGHT_CONTROLLER_WEIGHTS__FLOOR", "abc")
+    monkeypatch.setenv("WEIGHT_CONTROLLER_CLUSTERS", '[{"name": "a", "vllm_urls": ["x"]}]')
+    with pytest.raises(ConfigError) as raised:
+        load_settings(write(tmp_path, MINIMAL + "scrape: {timeout: soon}\n"))
+    lines = raised.value.lines
+    assert any(
+        line.startswith("weights.floor: ")
+        and line.endswith("(from WEIGHT_CONTROLLER_WEIGHTS__FLOOR)")
+        for line in lines
+    ), lines
+    assert any(
+        line.startswith("clusters[0].vllm_urls[0]: ")
+        and line.endswith("(from WEIGHT_CONTROLLER_CLUSTERS)")
+        for line in lines
+    ), lines
+    assert any(line.startswith("scrape.timeout: ") and "(from" not in line for line in lines), lines
+
+
 def test_a_misspelt_environment_name_is_refused_not_ignored(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -316,7 +339,9 @@ def test_a_misspelt_environment_name_is_refused_not_ignored(
     monkeypatch.setenv("WEIGHT_CONTROLLER_SCRAPE__TIMOUT", "1s")  # inside a group: the model
     with pytest.raises(ConfigError) as raised:
         load_settings(write(tmp_path, MINIMAL))
-    assert "scrape.timout: Extra inputs are not permitted" in raised.value.lines
+    assert raised.value.lines == [
+        "scrape.timout: Extra inputs are not permitted (from WEIGHT_CONTROLLER_SCRAPE__TIMOUT)"
+    ]
 
 
 def test_cli_exits_2_with_one_line_per_error_and_no_traceback(tmp_path: Path) -> None:
