@@ -29,6 +29,7 @@ recorded load with its own weights, never with the other's (``SEPARATE``).
 from __future__ import annotations
 
 import bisect
+import contextlib
 import itertools
 import json
 import math
@@ -846,29 +847,44 @@ class Ticks:
 
 def write_document(path: Path, document: Mapping[str, Any], ticks: Sequence[Ticks]) -> None:
     """``--json``: ``document`` with each of its ``targets`` given its spooled ``ticks``,
-    streamed to a file beside ``path`` and put in its place whole (a replay cut short leaves
-    no half a document)."""
+    streamed to a file beside ``path`` and put in its place whole (a replay cut short, or a
+    disk that fills, leaves no half a document), with the mode ``write_text`` gives (0666
+    less the umask). A symlink is written through (its target is replaced), and what is no
+    regular file (``/dev/stdout``, a pipe) is written in place."""
+    target = path.resolve()
+    if target.exists() and not target.is_file():
+        with target.open("w", encoding="utf-8") as device:
+            _write_document(device, document, ticks)
+        return
+    out = tempfile.NamedTemporaryFile(  # noqa: SIM115 (closed, then renamed, below)
+        "w", encoding="utf-8", dir=target.parent, prefix=f".{target.name}.", delete=False
+    )
+    try:
+        with out:
+            _write_document(out, document, ticks)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(out.name, 0o666 & ~umask)
+        os.replace(out.name, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(out.name)
+        raise
 
+
+def _write_document(out: IO[str], document: Mapping[str, Any], ticks: Sequence[Ticks]) -> None:
     def members(value: Mapping[str, Any]) -> str:  # an object's members, no braces
         return json.dumps(value, indent=2)[1:-1].strip()
 
     rest = members({k: v for k, v in document.items() if k != "targets"})
-    with tempfile.NamedTemporaryFile(
-        "w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", delete=False
-    ) as out:
-        try:
-            out.write('{\n"targets": [')
-            for index, (block, kept) in enumerate(zip(document["targets"], ticks, strict=True)):
-                head = members(block)
-                out.write(("," if index else "") + "\n{\n  " + (f"{head}," if head else ""))
-                out.write('\n  "ticks": ')
-                kept.write_array(out)
-                out.write("\n}")
-            out.write("\n]" + (f",\n{rest}" if rest else "") + "\n}\n")
-        except BaseException:
-            os.unlink(out.name)
-            raise
-    os.replace(out.name, path)
+    out.write('{\n"targets": [')
+    for index, (block, kept) in enumerate(zip(document["targets"], ticks, strict=True)):
+        head = members(block)
+        out.write(("," if index else "") + "\n{\n  " + (f"{head}," if head else ""))
+        out.write('\n  "ticks": ')
+        kept.write_array(out)
+        out.write("\n}")
+    out.write("\n]" + (f",\n{rest}" if rest else "") + "\n}\n")
 
 
 @dataclass(slots=True)

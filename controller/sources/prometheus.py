@@ -201,11 +201,10 @@ def steps(start: float, end: float, step: float) -> list[float]:
     query frontend before the querier (Thanos's, Cortex's and Mimir's ``step_align``
     middleware, on by default: thanos-io/thanos#3353, ``--query-range.align-range-with-step``)
     moves a start between multiples down to one, so the answers' times were none of ours."""
-    step = round(step, 3)
-    first = round(math.ceil(round(start, 3) / step - 1e-9) * step, 3)
-    if first > end:
-        return []
-    return [round(first + i * step, 3) for i in range(int((end - first) / step + 1e-9) + 1)]
+    each = round(step * 1000)  # in whole ms, as Prometheus counts: a float's ceil at 1.7e9 s
+    first = -(-round(start * 1000) // each) * each  # dropped a start on a multiple (a review)
+    last = round(end * 1000)
+    return [(first + i * each) / 1000 for i in range(max(0, (last - first) // each + 1))]
 
 
 def matrix_series(body: str, url: str) -> dict[float, list[tuple[dict[str, str], float]]]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -849,7 +851,9 @@ def test_a_key_set_twice_is_refused_not_the_last_one_taken(
     assert check_overrides(["floor=5", "floor=10"], {}) == {"floor": "10"}
 
 
-def test_json_ticks_are_spooled_not_held_and_written_whole_or_not_at_all(tmp_path: Path) -> None:
+def test_json_ticks_are_spooled_not_held_and_written_whole_or_not_at_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Found by an attack: ``--json`` held every tick as a dict until the end, 13.7 GB for a
     week of 20 clusters. Ticks go to a file as they are replayed; the document is streamed
     beside the output and put in its place whole."""
@@ -879,6 +883,10 @@ def test_json_ticks_are_spooled_not_held_and_written_whole_or_not_at_all(tmp_pat
     assert [b.get("summary") for b in written["targets"]] == [{"a": 1}, None]
     assert written["targets"][0]["ticks"] == list(first) and written["targets"][1]["ticks"] == []
 
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o666 & ~umask  # as write_text made it (a review)
+
     broken = Ticks(tmp_path)
     broken.add(tick)
     broken.close()  # a write that fails halfway: the last document stays, nothing beside it
@@ -886,3 +894,38 @@ def test_json_ticks_are_spooled_not_held_and_written_whole_or_not_at_all(tmp_pat
         write_document(out, document, [first, broken])
     assert json.loads(out.read_text()) == written
     assert sorted(p.name for p in tmp_path.iterdir()) == ["replay.json"]
+    monkeypatch.setattr(os, "replace", fail_with("no room"))
+    with pytest.raises(OSError, match="no room"):  # the rename refused: nothing left behind
+        write_document(out, document, [first, empty])
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["replay.json"]
+
+    # a symlink is written through, not replaced by a file of its own (a review)
+    link = tmp_path / "link.json"
+    link.symlink_to(out)
+    write_document(link, {**document, "x": 1}, [first, empty])
+    assert link.is_symlink() and json.loads(out.read_text())["x"] == 1
+
+
+def fail_with(message: str) -> Callable[..., None]:
+    def failing(*_: object) -> None:
+        raise OSError(message)
+
+    return failing
+
+
+def test_steps_are_the_step_s_multiples_in_the_window_to_the_ms() -> None:
+    """Ticks fall on the step's multiples, as a query frontend aligns a range. Found by a
+    review: taken in floats, a start exactly on a multiple was dropped for 6,688 of the
+    steps from 100 ms to 60 s at this decade's times (1.7e9 s)."""
+    from controller.sources.prometheus import steps
+
+    dropped = []
+    for each in range(100, 60_001):  # ms
+        start = 1_765_000_000_000 // each * each / 1000  # a multiple, as Prometheus writes it
+        if steps(start, start + each / 1000 / 2, each / 1000) != [start]:
+            dropped.append(each)
+    assert dropped == []
+    assert steps(1003.0, 1041.0, 10.0) == [1010.0, 1020.0, 1030.0, 1040.0]
+    assert steps(1003.0, 1009.0, 10.0) == []  # no multiple in the window
+    assert steps(0.25, 2.0, 0.5) == [0.5, 1.0, 1.5, 2.0]
