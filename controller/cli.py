@@ -451,16 +451,30 @@ async def _status(
 
     from controller.status import STATE_PATH, StateError, fetch_state, render
 
-    # Watching ends on Ctrl-C by this flag, checked after each fetch and in each wait, not by
+    # Watching ends on Ctrl-C by this flag, raced with each fetch and each wait, not by
     # asyncio.run cancelling whatever await it lands in (a run under load once went on
-    # watching for 30 s after SIGINT: a cancellation lost somewhere under the fetch)
+    # watching for 30 s after SIGINT: a cancellation lost somewhere under the fetch). A
+    # second Ctrl-C raises at once, as Python's own handler does.
     stop = asyncio.Event()
     if watch is not None:
-        asyncio.get_running_loop().add_signal_handler(signal.SIGINT, stop.set)
+        loop = asyncio.get_running_loop()
+
+        def interrupted() -> None:
+            stop.set()
+            loop.remove_signal_handler(signal.SIGINT)
+
+        loop.add_signal_handler(signal.SIGINT, interrupted)
     while True:
         shown = ""
+        fetching = asyncio.ensure_future(fetch_state(url, token_file=access[0], ca_file=access[1]))
+        stopping = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({fetching, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if stop.is_set():  # the fetch in flight is dropped, not waited for
+            fetching.cancel()
+            return 128 + signal.SIGINT
         try:
-            state = await fetch_state(url, token_file=access[0], ca_file=access[1])
+            state = fetching.result()
         except (aiohttp.ClientError, OSError, ssl.SSLError, ValueError, StateError) as exc:
             error = str(exc) or type(exc).__name__  # ValueError: a token file with no token
             print(f"error: cannot read {url}{STATE_PATH}: {error}", file=sys.stderr)
@@ -481,8 +495,6 @@ async def _status(
             if shown:
                 print(shown)
             return 0 if shown else EXIT_RUNTIME
-        if stop.is_set():
-            return 128 + signal.SIGINT
         if shown:  # watching: a frame that failed is said, and the next one reads again
             if output == "table":
                 print("\033[2J\033[H", end="")  # clear the terminal between frames

@@ -312,11 +312,17 @@ async def test_an_endless_or_silent_answer_is_bounded_and_named() -> None:
 
 async def test_watching_says_a_failed_frame_and_reads_again() -> None:
     """Found by an attack: ``--watch`` quit on the first answer that came late or failed (a
-    restart of the controller it watches)."""
+    restart of the controller it watches). Ctrl-C in a fetch that hangs ends the watch then,
+    not when the fetch times out (a review of a first flag, which waited for it)."""
     answers = iter([web.Response(status=503), web.json_response(SMALL)])
+    hanging, never = asyncio.Event(), asyncio.Event()
 
     async def flaky(request: web.Request) -> web.StreamResponse:
-        return next(answers, web.json_response(SMALL))
+        answer = next(answers, None)
+        if answer is None:  # the third fetch hangs until the test ends
+            hanging.set()
+            await never.wait()
+        return answer or web.json_response(SMALL)
 
     runner, url = await _answering(flaky)
     watching = await asyncio.create_subprocess_exec(
@@ -330,6 +336,7 @@ async def test_watching_says_a_failed_frame_and_reads_again() -> None:
         assert watching.stdout is not None and watching.stderr is not None
         failed = await asyncio.wait_for(watching.stderr.readline(), 30)
         frame = await asyncio.wait_for(watching.stdout.readline(), 30)
+        await asyncio.wait_for(hanging.wait(), 30)
         watching.send_signal(signal.SIGINT)  # Ctrl-C: how watching ends
         try:
             _, rest = await asyncio.wait_for(watching.communicate(), 30)
@@ -341,6 +348,8 @@ async def test_watching_says_a_failed_frame_and_reads_again() -> None:
         if watching.returncode is None:
             watching.kill()
             await watching.wait()
+        never.set()  # the hung answer ends: the server's clean-up would wait 60 s for it
         await runner.cleanup()
     assert b"503" in failed and frame.strip() == b"{"
     assert watching.returncode == 130 and b"Traceback" not in rest, rest
+    assert b"no answer within" not in rest, rest  # ended in the fetch, not after its timeout
