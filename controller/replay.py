@@ -1073,7 +1073,7 @@ def table(
         + "".join(f", {n} {t}" for n, t in row["unknown_ticks_by_cluster"].items()),
     ]
     never = [n for n, t in row["unknown_ticks_by_cluster"].items() if t == summary.ticks]
-    if never and len(never) < len(names):  # none read at all is refused before the replay
+    if never:
         lines.append(
             f"  never read: {', '.join(never)}: no KV reading at any tick (is the querier's "
             "label value for it right?)"

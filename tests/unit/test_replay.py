@@ -212,6 +212,8 @@ async def test_a_cluster_the_querier_never_answered_for_is_named() -> None:
     assert summary.unknown == {"west": 12}
     assert summary.row(names)["unknown_ticks_by_cluster"] == {"west": 12}
     assert "  never read: west: no KV reading at any tick" in table(summary, names)
+    # a target of west alone (another target read its clusters): named too (a review)
+    assert "  never read: west: no KV reading at any tick" in table(summary, ["west"])
 
 
 def test_a_kv_reading_no_cache_can_have_is_not_made_usable() -> None:
