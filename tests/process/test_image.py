@@ -23,6 +23,7 @@ from tests.support.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 UID = 54321  # no such user: any UID must do, as on OpenShift
+BUILD_IGNORES = (".git", ".venv*", "build", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis")
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +32,11 @@ def installed() -> Iterator[Path]:
         pytest.skip("needs root and setpriv to start the entry point as another user")
     base = Path(tempfile.mkdtemp(prefix="wc-image-", dir="/tmp"))
     try:
+        # built from a copy: pip builds in the tree it is given (build/, *.egg-info), where a
+        # module deleted since the last build would be packaged again, and two workers of
+        # the suite would share it
+        source = base / "source"
+        shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*BUILD_IGNORES))
         wheels = base / "wheels"
         subprocess.run(
             [
@@ -42,7 +48,7 @@ def installed() -> Iterator[Path]:
                 "--no-deps",
                 "-w",
                 str(wheels),
-                str(ROOT),
+                str(source),
             ],
             check=True,
             timeout=300,
