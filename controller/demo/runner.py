@@ -142,6 +142,8 @@ async def run_demo(
             if ticks is not None:
                 assert controller.reconciler is not None
                 for _ in range(ticks):
+                    if stop.is_set():  # Ctrl-C
+                        break
                     stepped[0] += interval
                     await controller.reconciler.tick()
             else:
