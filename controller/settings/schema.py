@@ -407,6 +407,13 @@ class PodDiscovery(_Group):
     port: int = Field(default=8000, ge=1, le=65535, description="vLLM's port (8000).")
     scheme: Literal["http", "https"] = Field(default="http", description="vLLM serves http.")
     path: str = Field(default="/metrics", pattern=r"^/", description="The metrics path.")
+    server_name: HostName | None = Field(
+        default=None,
+        description="Over https, the name each pod's certificate is checked against (and sent "
+        "as SNI): pods are dialed by address, which their certificates rarely name. Unset: the "
+        "Service's name, service.namespace.svc (as OpenShift's serving certificates name it), "
+        "for endpoint_slices, and the dns name for dns.",
+    )
     refresh: Duration = Field(
         default=30.0,
         description="How often the pods are looked up again (a record's TTL, when shorter, "
@@ -430,6 +437,18 @@ class PodDiscovery(_Group):
         if (self.dns is None) == (self.endpoint_slices is None):
             raise ValueError("give exactly one of dns or endpoint_slices")
         return self
+
+    @property
+    def tls_name(self) -> str | None:
+        """The name a pod's certificate is checked against: ``server_name``, else the
+        Service's or the dns name; ``None`` over http."""
+        if self.scheme != "https":
+            return None
+        if self.server_name is not None:
+            return self.server_name
+        if self.endpoint_slices is not None:
+            return f"{self.endpoint_slices.service}.{self.endpoint_slices.namespace}.svc"
+        return None if self.dns is None else self.dns.rstrip(".")
 
 
 class InferencePoolRef(_Group):

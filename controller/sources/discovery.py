@@ -97,6 +97,11 @@ class PodFinder:
         assert s.endpoint_slices is not None
         return f"endpointslices:{s.endpoint_slices.namespace}/{s.endpoint_slices.service}"
 
+    @property
+    def tls_name(self) -> str | None:
+        """What each pod's certificate is checked against (``pods.tls_name``)."""
+        return self._settings.tls_name
+
     async def find(self) -> tuple[list[str], PodError | None]:
         """The pod URLs now, and why the last lookup failed (if it did)."""
         now = self._clock()

@@ -91,6 +91,7 @@ class Endpoint:
     tls: ssl.SSLContext | bool = True
     limiter: Limiter | None = None
     max_samples: int | None = None  # a page's (``get_page``); None: no cap (queriers' JSON)
+    server_name: str | None = None  # what the certificate must name, if not the URL's host
     # Parsed once: yarl keeps a small cache of parsed strings, which a fleet of distinct pod
     # URLs misses on every request (~14 µs a page; benchmarks/HISTORY.md).
     target: URL | str = field(init=False, repr=False, compare=False)
@@ -178,7 +179,11 @@ async def _request(
     try:
         async with asyncio.timeout(endpoint.timeout):
             async with session.get(
-                endpoint.target, headers=headers, ssl=endpoint.tls, allow_redirects=False
+                endpoint.target,
+                headers=headers,
+                ssl=endpoint.tls,
+                allow_redirects=False,
+                server_hostname=endpoint.server_name,
             ) as response:
                 if 300 <= response.status < 400:
                     where = snippet(response.headers.get("Location", ""), 80)

@@ -177,7 +177,9 @@ class ScrapeSource:
         # this cluster's share of the process's slots (see fetch)
         self._slots = asyncio.Semaphore(scrape.max_concurrency_per_cluster)
 
-    def _endpoint(self, url: object, credential: TokenFile | None) -> Endpoint:
+    def _endpoint(
+        self, url: object, credential: TokenFile | None, server_name: str | None = None
+    ) -> Endpoint:
         return Endpoint(
             str(url),
             self._timeout,
@@ -186,6 +188,7 @@ class ScrapeSource:
             self._tls,
             self._limiter,
             self._max_samples,
+            server_name,
         )
 
     @property
@@ -249,6 +252,7 @@ class ScrapeSource:
         if self._finder is None:
             return list(self._vllm.values()), None
         urls, error = await self._finder.find()
-        self._vllm = {u: self._vllm.get(u) or self._endpoint(u, self._token) for u in urls}
+        named = self._finder.tls_name  # pods are dialed by address
+        self._vllm = {u: self._vllm.get(u) or self._endpoint(u, self._token, named) for u in urls}
         self._reader.retain([*urls, *([self._epp.url] if self._epp else [])])
         return list(self._vllm.values()), error

@@ -7,7 +7,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import math
+import ssl
+import subprocess
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -164,7 +167,7 @@ class Pods:
         self.port = 0
         self._runners: dict[str, web.AppRunner] = {}
 
-    async def add(self, address: str, kv: float) -> None:
+    async def add(self, address: str, kv: float, tls: ssl.SSLContext | None = None) -> None:
         async def page(_: web.Request) -> web.Response:
             text = vllm_v1_page(MODEL, [kv], [0.0], [1.0], [CumulativeHistogram()])
             return web.Response(text=text, content_type="text/plain")
@@ -173,7 +176,7 @@ class Pods:
         app.router.add_get("/metrics", page)
         runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=0.1)
         await runner.setup()
-        await web.TCPSite(runner, address, self.port).start()
+        await web.TCPSite(runner, address, self.port, ssl_context=tls).start()
         self.port = self.port or int(runner.addresses[0][1])
         self._runners[address] = runner
 
@@ -197,6 +200,46 @@ async def nameserver() -> AsyncIterator[DNSServer]:
     server = await DNSServer(ttl=0).start()
     yield server
     server.stop()
+
+
+async def test_https_pods_dialed_by_address_are_checked_against_the_name_they_are_found_by(
+    pods: Pods, nameserver: DNSServer, tmp_path: Path
+) -> None:
+    """Pods are dialed by address, which their certificates do not name (an OpenShift serving
+    certificate names service.namespace.svc): every https pod failed verification. Each is
+    checked against the name it was found by, or pods.server_name."""
+    name = "vllm-llama.llm.svc"
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    await asyncio.to_thread(
+        subprocess.run,
+        [
+            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+            *("-subj", f"/CN={name}", "-addext", f"subjectAltName=DNS:{name}"),
+            *("-keyout", str(key), "-out", str(cert)),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    served.load_cert_chain(cert, key)
+    await pods.add("127.0.0.2", 0.2, served)
+    nameserver.records[name] = ["127.0.0.2"]
+    found = {"dns": name, "port": pods.port, "nameserver": nameserver.address, "scheme": "https"}
+    settings = settings_for(
+        [
+            {"name": "by-name", "pods": found, "ca_file": str(cert)},
+            {"name": "other", "pods": {**found, "server_name": "b.llm.svc"}, "ca_file": str(cert)},
+        ]
+    )
+    async with aiohttp.ClientSession() as session:
+        read = [
+            await ScrapeSource(c, settings.scrape, 1.0, session).fetch() for c in settings.clusters
+        ]
+    assert read[0].errors == () and read[0].kv_mean == pytest.approx(0.2)
+    assert read[0].discovered == (f"https://127.0.0.2:{pods.port}/metrics",)
+    assert [e.reason for e in read[1].errors] == [Reason.CONNECT], read[1].errors  # refused
+    assert "certificate" in read[1].errors[0].detail, read[1].errors
 
 
 async def test_pods_behind_a_headless_name_come_and_go_without_a_restart(
