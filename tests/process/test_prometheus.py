@@ -267,7 +267,9 @@ async def test_a_pod_whose_kv_is_no_fraction_is_left_out_through_prometheus_as_d
 
 async def test_promql_failures_map_to_health_reasons(stack: Stack) -> None:
     # PromQL whose shape check-config takes (it is not a parser) and Prometheus refuses
-    bad = prometheus_settings(stack, ["east"], kv_mean="avgg(vllm:kv_cache_usage_perc{$selector})")
+    bad = prometheus_settings(
+        stack, ["east"], kv_mean='avgg({__name__="vllm:kv_cache_usage_perc"$selector})'
+    )
     broken = await promql_source(stack, bad, "east").fetch()
     assert broken.pods_answering == 0 and broken.errors[0].reason is Reason.HTTP_STATUS
     assert "bad_data" in broken.errors[0].detail
