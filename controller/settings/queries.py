@@ -8,7 +8,8 @@ Placeholders: ``$selector`` becomes the matchers, each with a leading comma
 (``,cluster=~"a|b"``) or nothing; ``$by`` the label the answer is grouped by (the querier's
 cluster label, or nothing for a querier of one cluster's own) and ``$and_by`` the same after a
 comma; ``$window`` the rate window and ``$lookback`` how far back a gauge's last sample is taken
-(both follow the querier's push interval); ``$quantile`` the quantile. A ``$`` that PromQL
+(both follow the querier's push interval), ``$resolution`` a subquery's step over the lookback
+(a quarter of the push interval); ``$quantile`` the quantile. A ``$`` that PromQL
 itself needs is written as PromQL writes it: ``label_replace``'s ``"$1"`` and ``"${1}"`` (a
 group by number is never a placeholder; ``$$`` is one ``$`` as well, and a group by name is
 written ``$$name``). An ``ns:`` name is read under
@@ -57,10 +58,24 @@ class _Template(Template):
     pattern = _PLACEHOLDERS  # type: ignore[assignment]  # Template compiles it on subclassing
 
 
-def render(template: str, selected: str, by: str, window: str, lookback: str, **extra: str) -> str:
+def render(
+    template: str,
+    selected: str,
+    by: str,
+    window: str,
+    lookback: str,
+    resolution: str = "1s",
+    **extra: str,
+) -> str:
     and_by = f", {by}" if by else ""
     return _Template(template).substitute(
-        selector=selected, by=by, and_by=and_by, window=window, lookback=lookback, **extra
+        selector=selected,
+        by=by,
+        and_by=and_by,
+        window=window,
+        lookback=lookback,
+        resolution=resolution,
+        **extra,
     )
 
 
@@ -72,7 +87,9 @@ def renders(template: str, quantile: bool = False) -> str | None:
     try:
         rendered = render(template, ',cluster="a"', "cluster", "1m", "30s", **extra)
     except KeyError as exc:
-        known = "$selector, $by, $and_by, $window, $lookback" + (", $quantile" if quantile else "")
+        known = "$selector, $by, $and_by, $window, $lookback, $resolution" + (
+            ", $quantile" if quantile else ""
+        )
         return f"unknown placeholder ${exc.args[0]} (known: {known}; write a literal $ as $$)"
     except ValueError as exc:  # string.Template: "Invalid placeholder in string: line 1, col 5"
         return f"{exc}: a $ is a placeholder, a group's number ($1, ${{1}}) or $$ (a $)"
@@ -258,7 +275,12 @@ def default_templates(engines: Sequence[Engine]) -> dict[str, str]:
         "kv_mean": f"avg by ($by) {kv_valid}",
         "kv_max": f"max by ($by) {kv_valid}",
         "kv_valid_pods": f"count by ($by) (count by (job, instance{units}$and_by) {kv_valid})",
-        "kv_oldest": f"min by ($by) (max_over_time(({kv_times})[$lookback:]))",
+        # the subquery reaches past the querier's lookback delta (5m: a push interval may be
+        # longer) at its own resolution: left out, it is the server's evaluation interval
+        # (1m by default), whose steps are absolute multiples of it, so within a lookback of
+        # 20s there was often no step (no answer: staleness unchecked) and else one up to 20s
+        # old (checked on Prometheus 2.42 at evaluation_interval 1m)
+        "kv_oldest": f"min by ($by) (max_over_time(({kv_times})[$lookback:$resolution]))",
         "pods": f"count by ($by) (count by (job, instance{units}$and_by) ({kv_last}))",
         # engine processes by pod (or replica) and pool; a replica restarted under a new
         # worker while the old one's series linger is still one (``group``)

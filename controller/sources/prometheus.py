@@ -103,12 +103,14 @@ class Windows:
 
     window: str
     lookback: str
+    resolution: str  # a subquery's over the lookback: 8 steps, a quarter push interval apart
 
     @classmethod
     def of(cls, queries: PrometheusQueries, push_interval: float) -> Windows:
         configured = seconds(queries.window) or 60.0  # settings refuse 0
         rate = max(configured, 4 * push_interval)
-        return cls(promql_duration(rate), promql_duration(2 * push_interval))
+        lookback, resolution = 2 * push_interval, push_interval / 4
+        return cls(promql_duration(rate), promql_duration(lookback), promql_duration(resolution))
 
 
 def promql_duration(value: float) -> str:
@@ -130,13 +132,10 @@ def queries_for(
     for (``one_of``), grouped by ``by``."""
     w = windows or Windows.of(queries, 30.0)
     selected = clusters + selector(matchers)
-    built = {
-        name: render(getattr(queries, name), selected, by, w.window, w.lookback) for name in NAMES
-    }
+    spans = (w.window, w.lookback, w.resolution)
+    built = {name: render(getattr(queries, name), selected, by, *spans) for name in NAMES}
     for label, q in (("p50", "0.5"), ("p90", "0.9")):
-        built[label] = render(
-            queries.latency_quantile, selected, by, w.window, w.lookback, quantile=q
-        )
+        built[label] = render(queries.latency_quantile, selected, by, *spans, quantile=q)
     return built
 
 

@@ -16,6 +16,7 @@ from controller.app import Controller
 from controller.fakes.clusters import Fleet, SimCluster
 from controller.render import report_json
 from controller.settings import build_settings
+from controller.sources.prometheus import Windows, queries_for
 from tests.support.prometheus import Prometheus, job
 from tests.support.servers import text_handler
 
@@ -71,6 +72,15 @@ async def test_fifty_clusters_through_one_prometheus_send_a_handful_of_queries(
                 for _ in range(ticks):
                     report = report_json(await controller.once())
                 after = await queries_answered(prometheus)
+            # each cluster's oldest KV sample time, as the hub's kv_oldest asks it of a server
+            # at its default evaluation interval (1m): a subquery at that resolution had no
+            # step within the 2 s lookback at most times (no answer: staleness unchecked)
+            windows = Windows.of(settings.prometheus_queries, 1.0)
+            oldest = queries_for(settings.prometheus_queries, {}, "cluster", windows)["kv_oldest"]
+            for _ in range(3):
+                answer = await prometheus.query(f"time() - ({oldest})")
+                ages = [float(r["value"][1]) for r in answer["data"]["result"]]
+                assert len(ages) == CLUSTERS and max(ages) < 3, (oldest, ages)
     per_tick = (after - before) / ticks
     assert per_tick <= 20, per_tick
     failing = {n: c["errors"] for n, c in report["clusters"].items() if c["errors"]}

@@ -131,7 +131,7 @@ async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack
             for index in range(len(MIXED_KV)):
                 path = f"/mixed-{index}/metrics"
                 jobs.append(job(f"vllm-mixed-{index}", [mixed_at], {"cluster": "mixed"}, path))
-            async with Prometheus(workdir, jobs) as prometheus:
+            async with Prometheus(workdir, jobs, evaluation_interval="1s") as prometheus:
                 # enough history for rate() windows and for every panel to have data
                 await prometheus.wait_for(f'up{{job="{CONTROLLER_JOB}"}} == 1')
                 await prometheus.wait_for(

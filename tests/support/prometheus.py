@@ -46,20 +46,25 @@ class Prometheus:
         jobs: Sequence[dict[str, Any]],
         retention: str = "1h",
         flags: Sequence[str] = (),
+        evaluation_interval: str = "1m",
     ) -> None:
         """``retention``: longer where the TSDB was backfilled (``workdir/data``) with older
-        samples; ``flags``: more of Prometheus's own (its query limits)."""
+        samples; ``flags``: more of Prometheus's own (its query limits);
+        ``evaluation_interval``: Prometheus's own default (1m, docs/configuration), which is
+        also a subquery's default resolution (a 1s one hid a kv_oldest that often answered
+        nothing); shorter where rules must be evaluated within a test."""
         self.port = free_port()
         self._retention = retention
         self.url = f"http://127.0.0.1:{self.port}"
         self._workdir = workdir
         self._jobs = list(jobs)
+        self._evaluation = evaluation_interval
         self._flags = list(flags)
         self._process: asyncio.subprocess.Process | None = None
 
     async def __aenter__(self) -> Prometheus:
         config = {
-            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "global": {"scrape_interval": "1s", "evaluation_interval": self._evaluation},
             "rule_files": [str(RULES)],
             "scrape_configs": self._jobs,
         }

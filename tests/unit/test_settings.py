@@ -464,7 +464,7 @@ CHECKS = [
         "clusters: [{name: a, prometheus: {url: 'http://127.0.0.1:1/'}}]\n"
         "prometheus_queries: {kv_max: 'quantile by ($by) ($quantile, x$selector)'}\n",
         "prometheus_queries.kv_max: unknown placeholder $quantile (known: $selector, $by, "
-        "$and_by, $window, $lookback; write a literal $ as $$)",
+        "$and_by, $window, $lookback, $resolution; write a literal $ as $$)",
     ),
 ]
 
