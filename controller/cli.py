@@ -617,7 +617,7 @@ async def _replay(settings: Settings, args: argparse.Namespace) -> int:
                 found,
                 args.recorded,
                 args.open_loop,
-                ticks=None if args.json is None else args.json.parent,
+                ticks=None if args.json is None else replay.spool_directory(args.json),
                 trace=args.plot is not None,
             )
             for found in held

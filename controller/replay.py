@@ -845,6 +845,15 @@ class Ticks:
         self._file.close()
 
 
+def spool_directory(path: Path) -> Path:
+    """Where ``--json``'s ticks are spooled: beside the file it names (through a symlink),
+    or the temporary directory where that is no regular file (``/dev/stdout``: not /dev)."""
+    target = path.resolve()
+    if target.exists() and not target.is_file():
+        return Path(tempfile.gettempdir())
+    return target.parent
+
+
 def write_document(path: Path, document: Mapping[str, Any], ticks: Sequence[Ticks]) -> None:
     """``--json``: ``document`` with each of its ``targets`` given its spooled ``ticks``,
     streamed to a file beside ``path`` and put in its place whole (a replay cut short, or a

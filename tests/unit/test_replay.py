@@ -860,9 +860,10 @@ def test_json_ticks_are_spooled_not_held_and_written_whole_or_not_at_all(
     week of 20 clusters. Ticks go to a file as they are replayed; the document is streamed
     beside the output and put in its place whole."""
     import json
+    import tempfile
     import tracemalloc
 
-    from controller.replay import Ticks, write_document
+    from controller.replay import Ticks, spool_directory, write_document
 
     tick = {"time": 0.0, "clusters": {f"c{i}": {"kv": 0.5, "healthy": True} for i in range(20)}}
     first, empty = Ticks(tmp_path), Ticks(tmp_path)
@@ -902,6 +903,12 @@ def test_json_ticks_are_spooled_not_held_and_written_whole_or_not_at_all(
     monkeypatch.undo()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["replay.json"]
 
+    # spooled beside the file a link names, and not in /dev for /dev/stdout (a read-through)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "via").symlink_to(elsewhere / "r.json")
+    assert spool_directory(tmp_path / "via") == elsewhere
+    assert spool_directory(Path("/dev/null")) == Path(tempfile.gettempdir())
     # a symlink is written through, not replaced by a file of its own (a review)
     link = tmp_path / "link.json"
     link.symlink_to(out)
