@@ -817,14 +817,14 @@ class Ticks:
         """Spooled in ``where``: the directory ``--json`` writes in (a container's /tmp may be
         memory)."""
         self._file = tempfile.TemporaryFile("w+", encoding="utf-8", dir=where)  # noqa: SIM115
-        self.count = 0
+        self._count = 0
 
     def add(self, tick: Mapping[str, Any]) -> None:
         self._file.write(json.dumps(tick, separators=(",", ":")) + "\n")
-        self.count += 1
+        self._count += 1
 
     def __len__(self) -> int:
-        return self.count
+        return self._count
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         self._file.seek(0)
@@ -838,20 +838,25 @@ class Ticks:
         out.write("[")
         for index, line in enumerate(self._file):
             out.write(("," if index else "") + "\n" + line.rstrip("\n"))
-        out.write("\n]" if self.count else "]")
+        out.write("\n]" if self._count else "]")
         self._file.seek(0, os.SEEK_END)
 
     def close(self) -> None:
         self._file.close()
 
 
-def spool_directory(path: Path) -> Path:
-    """Where ``--json``'s ticks are spooled: beside the file it names (through a symlink),
-    or the temporary directory where that is no regular file (``/dev/stdout``: not /dev)."""
+def _regular(path: Path) -> Path | None:
+    """The file ``path`` names (through a symlink), or ``None`` where that is no regular file
+    (``/dev/stdout``, a pipe)."""
     target = path.resolve()
-    if target.exists() and not target.is_file():
-        return Path(tempfile.gettempdir())
-    return target.parent
+    return None if target.exists() and not target.is_file() else target
+
+
+def spool_directory(path: Path) -> Path:
+    """Where ``--json``'s ticks are spooled: beside the file it names, or the temporary
+    directory where that is no regular file (``/dev/stdout``: not /dev)."""
+    target = _regular(path)
+    return Path(tempfile.gettempdir()) if target is None else target.parent
 
 
 def write_document(path: Path, document: Mapping[str, Any], ticks: Sequence[Ticks]) -> None:
@@ -860,9 +865,9 @@ def write_document(path: Path, document: Mapping[str, Any], ticks: Sequence[Tick
     disk that fills, leaves no half a document), with the mode ``write_text`` gives (0666
     less the umask). A symlink is written through (its target is replaced), and what is no
     regular file (``/dev/stdout``, a pipe) is written in place."""
-    target = path.resolve()
-    if target.exists() and not target.is_file():
-        with target.open("w", encoding="utf-8") as device:
+    target = _regular(path)
+    if target is None:
+        with path.open("w", encoding="utf-8") as device:
             _write_document(device, document, ticks)
         return
     out = tempfile.NamedTemporaryFile(  # noqa: SIM115 (closed, then renamed, below)

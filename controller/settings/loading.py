@@ -171,14 +171,14 @@ def _named_by_variable(lines: list[str], environ: Mapping[str, str] | None = Non
     named = []
     for line in lines:
         where = line.split(": ", 1)[0]
-        by = [v for path, v in given.items() if where == path or _under(where, path)]
-        named.append(f"{line} (from {by[0]})" if by else line)
+        by = [v for path, v in given.items() if _under(where, path)]
+        named.append(f"{line} (from {max(by, key=len)})" if by else line)  # the nearest
     return named
 
 
 def _under(where: str, path: str) -> bool:
-    """``where`` (``clusters[0].name``, ``weights.floor``) is a field inside ``path``."""
-    return where.startswith(path) and where[len(path) : len(path) + 1] in (".", "[")
+    """``where`` (``clusters[0].name``, ``weights.floor``) is ``path`` or a field in it."""
+    return where.startswith(path) and where[len(path) : len(path) + 1] in ("", ".", "[")
 
 
 def build_settings(data: Mapping[str, Any], environment: bool = True) -> Settings:
