@@ -12,7 +12,7 @@ import ipaddress
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, Self, get_args
+from typing import Annotated, Any, ClassVar, Literal, Self, get_args
 
 from pydantic import (
     AfterValidator,
@@ -1378,6 +1378,8 @@ class Settings(BaseSettings):
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
     leader_election: LeaderSettings = Field(default_factory=LeaderSettings)
 
+    read_environment: ClassVar[bool] = True  # WEIGHT_CONTROLLER_* (GivenSettings: none)
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -1388,7 +1390,7 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # The YAML file arrives as init kwargs; the environment overrides it.
-        return env_settings, init_settings
+        return (env_settings, init_settings) if cls.read_environment else (init_settings,)
 
     @model_validator(mode="before")
     @classmethod
@@ -1453,13 +1455,4 @@ class GivenSettings(Settings):
     demo and the simulator build their own clusters with, so a shell that holds one for a
     daemon does not change their story."""
 
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings,)
+    read_environment = False
